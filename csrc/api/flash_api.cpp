@@ -1,0 +1,256 @@
+// The flash_attn custom ops: schemas (TORCH_LIBRARY), their CPU and CUDA implementations (checks, output
+// allocation, params, dispatch to csrc/cpu/ or the CUDA kernel table), and the Python module exposing the
+// capability query. Fake/meta implementations and autograd live in flash_attn/ops.py.
+#include <ATen/ATen.h>
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#include <limits>
+
+#include "../cpu/attention_cpu.h"
+#include "../dispatch/registry.h"
+#include "input_checks.h"
+
+#if defined(FLASH_WITH_CUDA)
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace flash::api {
+namespace {
+
+constexpr const char* kFwdOp = "flash_attn.fwd";
+constexpr const char* kBwdOp = "flash_attn.bwd";
+
+int device_sm(const at::Device& device) {
+#if defined(FLASH_WITH_CUDA)
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index());
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device.index());
+  return major * 10 + minor;
+#else
+  (void)device;
+  return 0;
+#endif
+}
+
+// softmax_lse is float32, float64 for float64 inputs (so float64 gradients keep float64 accuracy).
+at::ScalarType lse_dtype(const at::Tensor& q) {
+  return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+[[noreturn]] void fail_no_cuda_kernel(const FwdParams& params, const at::Device& device, Direction direction) {
+#if defined(FLASH_WITH_CUDA)
+  TORCH_CHECK(false, missing_kernel_message(device_sm(device), params, direction));
+#else
+  (void)params;
+  (void)device;
+  TORCH_CHECK(false, "flash_attn: this build has no CUDA kernels (it was built without nvcc, with "
+              "FLASH_ATTN_SKIP_CUDA=1, or before any CUDA kernel existed for ", direction_name(direction),
+              "). Rebuild with the CUDA toolkit available, or run on CPU tensors.");
+#endif
+}
+
+// Runs the CUDA kernel for this call on the current stream, or fails naming what is missing.
+void launch_cuda(const FwdParams& params, const BwdParams* bwd_params, const at::Device& device) {
+  const Direction direction = bwd_params == nullptr ? Direction::kForward : Direction::kBackward;
+  const KernelEntry* entry = find_kernel(device_sm(device), params, direction);
+  if (entry == nullptr) fail_no_cuda_kernel(params, device, direction);
+#if defined(FLASH_WITH_CUDA)
+  const c10::cuda::CUDAGuard guard(device);
+  void* stream = at::cuda::getCurrentCUDAStream().stream();
+  if (bwd_params == nullptr) {
+    entry->fwd(params, stream);
+  } else {
+    entry->bwd(*bwd_params, stream);
+  }
+#endif
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q,
+    const std::optional<at::Tensor>& cu_seqlens_k, c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
+    double dropout_p, double softmax_scale, int64_t window_left, int64_t window_right, bool bottom_right,
+    double softcap, const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& attn_bias,
+    const std::optional<at::Tensor>& rng_state, bool return_probs, bool deterministic) {
+  (void)deterministic;  // a backward option, carried by the forward op so autograd can hand it on
+  const CallArgs args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q.expect_int(), max_seqlen_k.expect_int(),
+                      dropout_p, softmax_scale, window_left, window_right, bottom_right, softcap, alibi_slopes,
+                      attn_bias, rng_state};
+  CheckedCall call = check_call(kFwdOp, args);
+  FwdParams& p = call.params;
+  const bool padded_rows = call.varlen && call.cu_q_last < call.total_q;
+  const auto lse_options = q.options().dtype(lse_dtype(q));
+  at::Tensor out = padded_rows ? at::zeros(q.sizes(), q.options()) : at::empty(q.sizes(), q.options());
+  at::Tensor lse = call.varlen ? at::full({p.shape.nheads_q, call.total_q}, std::numeric_limits<float>::infinity(),
+                                         lse_options)
+                               : at::empty({p.shape.batch, p.shape.nheads_q, p.shape.seqlen_q}, lse_options);
+  at::Tensor probs = return_probs ? at::zeros({p.shape.batch, p.shape.nheads_q, p.shape.seqlen_q, p.shape.seqlen_k},
+                                              q.options())
+                                  : at::empty({0}, q.options());
+  p.out = out.data_ptr();
+  p.out_strides = strides_of(out, call.varlen);
+  p.lse = lse.data_ptr();
+  p.lse_batch_stride = call.varlen ? 0 : lse.stride(0);
+  p.lse_head_stride = call.varlen ? lse.stride(0) : lse.stride(1);
+  if (return_probs) {
+    p.probs = probs.data_ptr();
+    p.probs_strides = ScoreStrides{probs.stride(0), probs.stride(1), probs.stride(2), probs.stride(3)};
+  }
+  if (q.is_cpu()) {
+    cpu::run_fwd(p);
+  } else {
+    launch_cuda(p, nullptr, q.device());
+  }
+  return {out, lse, probs};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& softmax_lse, const std::optional<at::Tensor>& dlse,
+    const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
+    c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k, double dropout_p, double softmax_scale,
+    int64_t window_left, int64_t window_right, bool bottom_right, double softcap,
+    const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& attn_bias,
+    const std::optional<at::Tensor>& rng_state, bool deterministic, bool bias_requires_grad) {
+  const CallArgs args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q.expect_int(), max_seqlen_k.expect_int(),
+                      dropout_p, softmax_scale, window_left, window_right, bottom_right, softcap, alibi_slopes,
+                      attn_bias, rng_state};
+  CheckedCall call = check_call(kBwdOp, args);
+  check_same_layout(kBwdOp, "dout", dout, q);
+  check_same_layout(kBwdOp, "out", out, q);
+  const std::vector<int64_t> lse_shape =
+      call.varlen ? std::vector<int64_t>{call.params.shape.nheads_q, call.total_q}
+                  : std::vector<int64_t>{call.params.shape.batch, call.params.shape.nheads_q, call.params.shape.seqlen_q};
+  TORCH_CHECK(softmax_lse.scalar_type() == lse_dtype(q) && softmax_lse.sizes() == at::IntArrayRef(lse_shape), kBwdOp,
+              ": softmax_lse must be ", lse_dtype(q), " of shape ", at::IntArrayRef(lse_shape), "; got ",
+              softmax_lse.scalar_type(), " ", softmax_lse.sizes());
+  TORCH_CHECK(!bias_requires_grad || attn_bias.has_value(), kBwdOp, ": bias_requires_grad needs attn_bias");
+  const at::Tensor lse_c = softmax_lse.contiguous();
+  at::Tensor dlse_c;
+  if (dlse.has_value()) {
+    TORCH_CHECK(dlse->sizes() == softmax_lse.sizes(), kBwdOp, ": dlse must have the shape of softmax_lse ",
+                softmax_lse.sizes(), "; got ", dlse->sizes());
+    dlse_c = dlse->to(lse_dtype(q)).contiguous();
+  }
+
+  BwdParams bp;
+  bp.fwd = call.params;
+  FwdParams& p = bp.fwd;
+  p.out = const_cast<void*>(out.data_ptr());
+  p.out_strides = strides_of(out, call.varlen);
+  p.lse = const_cast<void*>(lse_c.data_ptr());
+  p.lse_batch_stride = call.varlen ? 0 : lse_c.stride(0);
+  p.lse_head_stride = call.varlen ? lse_c.stride(0) : lse_c.stride(1);
+  bp.dout = dout.data_ptr();
+  bp.dout_strides = strides_of(dout, call.varlen);
+  bp.dlse = dlse.has_value() ? dlse_c.data_ptr() : nullptr;
+  bp.deterministic = deterministic;
+
+  // Varlen rows beyond cu_seqlens[-1] belong to no sequence: their gradient is 0.
+  auto grad_like = [&](const at::Tensor& t, int64_t last, int64_t total) {
+    return call.varlen && last < total ? at::zeros(t.sizes(), t.options()) : at::empty(t.sizes(), t.options());
+  };
+  at::Tensor dq = grad_like(q, call.cu_q_last, call.total_q);
+  at::Tensor dk = grad_like(k, call.cu_k_last, call.total_k);
+  at::Tensor dv = grad_like(v, call.cu_k_last, call.total_k);
+  at::Tensor dbias = bias_requires_grad
+                         ? at::zeros({p.shape.batch, p.shape.nheads_q, p.shape.seqlen_q, p.shape.seqlen_k},
+                                     q.options().dtype(at::kFloat))
+                         : at::empty({0}, q.options().dtype(at::kFloat));
+  bp.dq = dq.data_ptr();
+  bp.dk = dk.data_ptr();
+  bp.dv = dv.data_ptr();
+  bp.dq_strides = strides_of(dq, call.varlen);
+  bp.dk_strides = strides_of(dk, call.varlen);
+  bp.dv_strides = strides_of(dv, call.varlen);
+  if (bias_requires_grad) {
+    bp.dbias = dbias.data_ptr<float>();
+    bp.dbias_strides = ScoreStrides{dbias.stride(0), dbias.stride(1), dbias.stride(2), dbias.stride(3)};
+  }
+  if (q.is_cpu()) {
+    cpu::run_bwd(bp);
+  } else {
+    launch_cuda(p, &bp, q.device());
+  }
+  return {dq, dk, dv, dbias};
+}
+
+DType dtype_from_name(const std::string& name) {
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat64}) {
+    if (name == dtype_name(dtype)) return dtype;
+  }
+  TORCH_CHECK(false, "flash_attn.is_supported: unknown dtype name '", name, "'; use fp16, bf16, fp32 or fp64");
+}
+
+// Whether flash_attn runs (forward and backward, every mask kind) for this device, dtype and head dim.
+bool is_supported(const std::string& device_type, int64_t device_index, const std::string& dtype, int64_t head_dim) {
+  const DType d = dtype_from_name(dtype);
+  if (device_type == "cpu") return cpu_supports(d, head_dim);
+  if (device_type != "cuda" || d == DType::kFloat32 || d == DType::kFloat64) return false;
+  const int sm = device_sm(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index)));
+  return cuda_supports(sm, d, head_dim);
+}
+
+pybind11::list built_kernels() {
+  pybind11::list kernels;
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat64}) {
+    for (Direction direction : {Direction::kForward, Direction::kBackward}) {
+      pybind11::dict entry;
+      entry["device"] = "cpu";
+      entry["arch"] = pybind11::none();
+      entry["dtype"] = dtype_name(dtype);
+      entry["head_dim"] = pybind11::make_tuple(1, kMaxHeadDim);
+      entry["mask"] = "any";
+      entry["direction"] = direction_name(direction);
+      entry["name"] = std::string("cpu_") + direction_name(direction) + "_" + dtype_name(dtype);
+      kernels.append(entry);
+    }
+  }
+  for (const KernelEntry& kernel : kernel_table()) {
+    pybind11::dict entry;
+    entry["device"] = "cuda";
+    entry["arch"] = "sm" + std::to_string(kernel.key.arch);
+    entry["dtype"] = dtype_name(kernel.key.dtype);
+    entry["head_dim"] = kernel.key.head_dim;
+    entry["mask"] = mask_name(kernel.key.mask);
+    entry["direction"] = direction_name(kernel.key.direction);
+    entry["name"] = kernel.name;
+    kernels.append(entry);
+  }
+  return kernels;
+}
+
+}  // namespace
+}  // namespace flash::api
+
+TORCH_LIBRARY(flash_attn, m) {
+  m.def(
+      "fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt max_seqlen_q, "
+      "SymInt max_seqlen_k, float dropout_p, float softmax_scale, int window_left, int window_right, "
+      "bool bottom_right, float softcap, Tensor? alibi_slopes, Tensor? attn_bias, Tensor? rng_state, "
+      "bool return_probs, bool deterministic=False) -> (Tensor out, Tensor softmax_lse, Tensor probs)");
+  m.def(
+      "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor? dlse, "
+      "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, float dropout_p, "
+      "float softmax_scale, int window_left, int window_right, bool bottom_right, float softcap, "
+      "Tensor? alibi_slopes, Tensor? attn_bias, Tensor? rng_state, bool deterministic, bool bias_requires_grad) "
+      "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dbias)");
+}
+
+TORCH_LIBRARY_IMPL(flash_attn, CPU, m) {
+  m.impl("fwd", &flash::api::fwd);
+  m.impl("bwd", &flash::api::bwd);
+}
+
+TORCH_LIBRARY_IMPL(flash_attn, CUDA, m) {
+  m.impl("fwd", &flash::api::fwd);
+  m.impl("bwd", &flash::api::bwd);
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+  module.doc() = "flash_attn native extension: registers torch.ops.flash_attn.* and the capability query";
+  module.def("built_kernels", &flash::api::built_kernels, "Every compiled kernel as a list of dicts");
+  module.def("is_supported", &flash::api::is_supported, "Whether a (device, dtype, head dim) runs here");
+}

@@ -1,0 +1,58 @@
+// Input validation of the flash_attn ops and the translation of checked tensors into FwdParams / BwdParams.
+// Every message names the argument, the requirement, what was received and, where it helps, the fix.
+// Only csrc/api/ includes torch; what it hands down is the plain params structs.
+#pragma once
+
+#include <torch/library.h>
+
+#include <optional>
+
+#include "flash_attn/params.h"
+
+namespace flash::api {
+
+// The call's tensors after checking: sizes read once, varlen lengths validated.
+struct CheckedCall {
+  FwdParams params;
+  bool varlen = false;
+  int64_t total_q = 0;        // rows of q (varlen) or batch * seqlen_q
+  int64_t cu_q_last = 0;      // varlen: cu_seqlens_q[-1] (rows beyond it are untouched padding)
+  int64_t cu_k_last = 0;
+  int64_t total_k = 0;
+  at::Tensor cu_seqlens_q_cpu;  // varlen: host copies the CPU path reads
+  at::Tensor cu_seqlens_k_cpu;
+  at::Tensor cu_seqlens_q_device;  // varlen: what params.shape points at, on the call's device
+  at::Tensor cu_seqlens_k_device;
+};
+
+struct CallArgs {
+  const at::Tensor& q;
+  const at::Tensor& k;
+  const at::Tensor& v;
+  const std::optional<at::Tensor>& cu_seqlens_q;
+  const std::optional<at::Tensor>& cu_seqlens_k;
+  int64_t max_seqlen_q;
+  int64_t max_seqlen_k;
+  double dropout_p;
+  double softmax_scale;
+  int64_t window_left;
+  int64_t window_right;
+  bool bottom_right;
+  double softcap;
+  const std::optional<at::Tensor>& alibi_slopes;
+  const std::optional<at::Tensor>& attn_bias;
+  const std::optional<at::Tensor>& rng_state;
+};
+
+// Checks q, k, v and every option; fills params except the output pointers.
+CheckedCall check_call(const char* op, const CallArgs& args);
+
+DType to_dtype(at::ScalarType type);
+
+// Element strides of a (batch, seqlen, heads, dim) tensor, or of a varlen (total, heads, dim) one.
+TensorStrides strides_of(const at::Tensor& t, bool varlen);
+
+// Checks that `t` has the sizes, dtype and device of `like` and a unit last stride; names it in the message.
+void check_same_layout(const char* op, const char* name, const at::Tensor& t, const at::Tensor& like);
+
+}  // namespace flash::api

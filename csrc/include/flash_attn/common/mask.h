@@ -1,0 +1,43 @@
+// Which keys a query row may see: the window / causal rule of MaskParams, shared by every backend.
+// visible_keys() gives the half-open key range of one row; mask_kind() folds a call's window into the
+// kernel-table mask kind (none, causal, local).
+#pragma once
+
+#include <cstdint>
+
+#include "flash_attn/common/host_device.h"
+#include "flash_attn/params.h"
+
+namespace flash {
+
+struct KeyRange {
+  int64_t begin;  // first visible key
+  int64_t end;    // one past the last visible key; empty when end <= begin
+};
+
+// Diagonal offset of a sequence: query i lines up with key i + offset.
+FLASH_HOST_DEVICE int64_t diagonal_offset(const MaskParams& mask, int64_t seqlen_q, int64_t seqlen_k) {
+  return mask.bottom_right ? seqlen_k - seqlen_q : 0;
+}
+
+FLASH_HOST_DEVICE KeyRange visible_keys(const MaskParams& mask, int64_t row, int64_t offset, int64_t seqlen_k) {
+  int64_t begin = 0;
+  int64_t end = seqlen_k;
+  if (mask.window_left != kUnboundedWindow) {
+    const int64_t lo = row + offset - mask.window_left;
+    begin = lo > begin ? lo : begin;
+  }
+  if (mask.window_right != kUnboundedWindow) {
+    const int64_t hi = row + offset + mask.window_right + 1;
+    end = hi < end ? hi : end;
+  }
+  return KeyRange{begin, end};
+}
+
+inline MaskKind mask_kind(const MaskParams& mask) {
+  if (mask.window_left == kUnboundedWindow && mask.window_right == kUnboundedWindow) return MaskKind::kNone;
+  if (mask.window_left == kUnboundedWindow && mask.window_right == 0) return MaskKind::kCausal;
+  return MaskKind::kLocal;
+}
+
+}  // namespace flash

@@ -1,0 +1,110 @@
+// The host<->kernel contract: one plain struct per direction (pointers, element strides as int64, sizes,
+// scalars). Built by csrc/api/ from torch tensors; read by every backend (csrc/cpu/, csrc/sm80/, csrc/sm90/).
+// No torch types here. Tensor [b, row, head, dim] lives at base + b*batch + row*row_stride + head*head + dim;
+// for varlen calls batch strides are 0 and rows are offset by cu_seqlens[b].
+#pragma once
+
+#include <cstdint>
+
+namespace flash {
+
+enum class DType : int { kFloat16, kBFloat16, kFloat32, kFloat64 };
+enum class MaskKind : int { kNone, kCausal, kLocal };
+enum class Direction : int { kForward, kBackward };
+
+// Strides, in elements, of a (batch, seqlen, nheads, headdim) tensor; dim stride is 1.
+struct TensorStrides {
+  int64_t batch = 0;
+  int64_t row = 0;
+  int64_t head = 0;
+};
+
+// Strides of a (batch, nheads, seqlen_q, seqlen_k) tensor (attention bias, probabilities, dbias).
+struct ScoreStrides {
+  int64_t batch = 0;
+  int64_t head = 0;
+  int64_t row = 0;
+  int64_t col = 0;
+};
+
+// Sentinel of window_left / window_right for "no limit on this side".
+constexpr int64_t kUnboundedWindow = -1;
+
+struct AttentionShape {
+  int64_t batch = 0;
+  int64_t nheads_q = 0;
+  int64_t nheads_k = 0;
+  int64_t head_dim = 0;
+  // Dense calls: the sequence lengths. Varlen calls: the largest per-sequence length.
+  int64_t seqlen_q = 0;
+  int64_t seqlen_k = 0;
+  // Varlen calls: int32 prefix sums of the sequence lengths (batch + 1 entries); null for dense calls.
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+};
+
+struct MaskParams {
+  // Key j is visible to query i iff i + offset - left <= j <= i + offset + right (an unbounded side has
+  // no limit), with offset = seqlen_k - seqlen_q of that sequence when bottom_right, else 0.
+  int64_t window_left = kUnboundedWindow;
+  int64_t window_right = kUnboundedWindow;
+  bool bottom_right = true;
+  // ALiBi: score(i, j) -= slope[b, h] * |i + offset - j|; null when unused. float32.
+  const float* alibi_slopes = nullptr;
+  int64_t alibi_batch_stride = 0;
+  // Additive bias, (batch, nheads_q, seqlen_q, seqlen_k) with any strides (0 for broadcast dims).
+  const void* bias = nullptr;
+  DType bias_dtype = DType::kFloat32;
+  ScoreStrides bias_strides;
+};
+
+struct DropoutParams {
+  double p = 0.0;  // probability of dropping; 0 disables dropout
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+};
+
+struct FwdParams {
+  DType dtype = DType::kFloat16;
+  AttentionShape shape;
+  MaskParams mask;
+  DropoutParams dropout;
+  double softmax_scale = 1.0;
+  double softcap = 0.0;  // 0 disables softcapping
+
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  TensorStrides q_strides, k_strides, v_strides;
+
+  void* out = nullptr;
+  TensorStrides out_strides;
+  // Log-sum-exp per (batch, head, row): dense (B, H, Sq); varlen (H, total_q) with batch stride 0. float32,
+  // or float64 when the inputs are float64 (so float64 gradients are exact to float64 rounding).
+  void* lse = nullptr;
+  int64_t lse_batch_stride = 0;
+  int64_t lse_head_stride = 0;
+  // Optional normalised probabilities, sign-flipped where dropout dropped; null unless requested.
+  void* probs = nullptr;
+  ScoreStrides probs_strides;
+};
+
+struct BwdParams {
+  FwdParams fwd;  // the forward call's inputs, out and lse (probs unused)
+
+  const void* dout = nullptr;
+  TensorStrides dout_strides;
+  // Optional gradient of the lse output, same layout and dtype as lse.
+  const void* dlse = nullptr;
+
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  TensorStrides dq_strides, dk_strides, dv_strides;
+  // Optional float32 gradient of the attention bias, full (batch, nheads_q, seqlen_q, seqlen_k).
+  float* dbias = nullptr;
+  ScoreStrides dbias_strides;
+  bool deterministic = false;
+};
+
+}  // namespace flash

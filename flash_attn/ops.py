@@ -1,0 +1,114 @@
+"""The torch.library side of the flash_attn ops: loads the extension (which defines the schemas of
+torch.ops.flash_attn.fwd / .bwd and their CPU/CUDA kernels in C++) and registers the fake (meta)
+implementations and the autograd formula, so opcheck passes and torch.compile traces them without breaks."""
+
+from __future__ import annotations
+
+import torch
+
+from . import _C
+
+_C_MODULE = _C  # keeps the extension (and so the op registrations) alive
+
+fwd_op = torch.ops.flash_attn.fwd.default
+bwd_op = torch.ops.flash_attn.bwd.default
+
+# Position of each fwd input, for ctx.needs_input_grad.
+_FWD_INPUTS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "dropout_p",
+               "softmax_scale", "window_left", "window_right", "bottom_right", "softcap", "alibi_slopes",
+               "attn_bias", "rng_state", "return_probs", "deterministic")
+_GRAD_INPUTS = {"q": 0, "k": 1, "v": 2, "attn_bias": _FWD_INPUTS.index("attn_bias")}
+
+
+@torch.library.register_fake("flash_attn::fwd")
+def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+              window_left, window_right, bottom_right, softcap, alibi_slopes, attn_bias, rng_state, return_probs,
+              deterministic=False):
+    nheads = q.shape[-2]
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    out = q.new_empty(q.shape)
+    if cu_seqlens_q is not None:
+        batch = cu_seqlens_q.shape[0] - 1
+        lse = q.new_empty((nheads, q.shape[0]), dtype=lse_dtype)
+        probs_shape = (batch, nheads, max_seqlen_q, max_seqlen_k)
+    else:
+        lse = q.new_empty((q.shape[0], nheads, q.shape[1]), dtype=lse_dtype)
+        probs_shape = (q.shape[0], nheads, q.shape[1], k.shape[1])
+    probs = q.new_empty(probs_shape if return_probs else (0,))
+    return out, lse, probs
+
+
+@torch.library.register_fake("flash_attn::bwd")
+def _bwd_fake(dout, q, k, v, out, softmax_lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+              dropout_p, softmax_scale, window_left, window_right, bottom_right, softcap, alibi_slopes, attn_bias,
+              rng_state, deterministic, bias_requires_grad):
+    if bias_requires_grad:
+        dbias = q.new_empty(attn_bias.shape, dtype=torch.float32)
+    else:
+        dbias = q.new_empty((0,), dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias
+
+
+def _setup_context(ctx, inputs, output):
+    args = dict(zip(_FWD_INPUTS, inputs))
+    out, lse, probs = output
+    ctx.mark_non_differentiable(probs)
+    ctx.save_for_backward(args["q"], args["k"], args["v"], out, lse, args["cu_seqlens_q"], args["cu_seqlens_k"],
+                          args["alibi_slopes"], args["attn_bias"], args["rng_state"])
+    ctx.options = {name: args[name] for name in ("max_seqlen_q", "max_seqlen_k", "dropout_p", "softmax_scale",
+                                                 "window_left", "window_right", "bottom_right", "softcap",
+                                                 "deterministic")}
+
+
+def _backward(ctx, dout, dlse, _dprobs):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, attn_bias, rng_state = ctx.saved_tensors
+    o = ctx.options
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    bias_grad = attn_bias is not None and ctx.needs_input_grad[_GRAD_INPUTS["attn_bias"]]
+    dq, dk, dv, dbias = bwd_op(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, o["max_seqlen_q"],
+                               o["max_seqlen_k"], o["dropout_p"], o["softmax_scale"], o["window_left"],
+                               o["window_right"], o["bottom_right"], o["softcap"], alibi_slopes, attn_bias,
+                               rng_state, o["deterministic"], bias_grad)
+    grads = [None] * len(_FWD_INPUTS)
+    grads[0], grads[1], grads[2] = dq, dk, dv
+    if bias_grad:
+        grads[_GRAD_INPUTS["attn_bias"]] = dbias.to(attn_bias.dtype)
+    return tuple(grads)
+
+
+torch.library.register_autograd("flash_attn::fwd", _backward, setup_context=_setup_context)
+
+
+def new_rng_state(dropout_p: float, device: torch.device) -> torch.Tensor | None:
+    """[seed, offset] for one dropout call, drawn from torch's generator of `device` (so torch.manual_seed
+    reproduces it, and CUDA graph capture records it); None when there is no dropout."""
+    if dropout_p == 0.0:
+        return None
+    seed_bound = 1 << 62
+    offset_bound = 1 << 32
+    seed = torch.randint(0, seed_bound, (1,), dtype=torch.int64, device=device)
+    offset = torch.randint(0, offset_bound, (1,), dtype=torch.int64, device=device)
+    return torch.cat([seed, offset])
+
+
+def built_kernels() -> list[dict]:
+    """Every kernel this build compiled (CPU implementation entries included), as dicts with keys
+    device, arch, dtype, head_dim, mask, direction, name."""
+    return list(_C.built_kernels())
+
+
+_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
+
+
+def is_supported(device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether flash_attn runs forward and backward (every mask kind) for this device, dtype and head dim."""
+    device = torch.device(device)
+    if dtype not in _DTYPE_NAMES:
+        return False
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return False
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return bool(_C.is_supported("cuda", index, _DTYPE_NAMES[dtype], int(head_dim)))
+    return bool(_C.is_supported(device.type, 0, _DTYPE_NAMES[dtype], int(head_dim)))

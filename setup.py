@@ -1,0 +1,107 @@
+# Builds the flash_attn extension: the C++ API layer and CPU implementation always; with nvcc present (and
+# FLASH_ATTN_SKIP_CUDA unset) also the CUDA kernels that tools/kernel_matrix.py selects under the build knobs.
+# Knobs: FLASH_ATTN_CUDA_ARCHS, FLASH_ATTN_HEAD_DIMS, FLASH_ATTN_DTYPES, FLASH_ATTN_MASKS,
+# FLASH_ATTN_DIRECTIONS, FLASH_ATTN_SKIP_CUDA, MAX_JOBS (README "Build knobs").
+import os
+import pathlib
+import platform
+import re
+import sys
+import time
+
+from setuptools import find_packages, setup
+
+ROOT = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "tools"))
+import gen_kernels  # noqa: E402
+import kernel_matrix  # noqa: E402
+
+# Peak resident memory of one compiler job: a C++ file with torch headers ~1.5 GB, a CUDA kernel TU ~3 GB.
+GIB = 1 << 30
+MEMORY_PER_CXX_JOB = int(1.5 * GIB)
+MEMORY_PER_CUDA_JOB = 3 * GIB
+
+
+def read_version() -> str:
+    text = (ROOT / "flash_attn" / "__init__.py").read_text()
+    return re.search(r'^__version__ = "([^"]+)"', text, re.M).group(1)
+
+
+def available_memory() -> int:
+    try:
+        for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * GIB
+
+
+def set_default_max_jobs(has_cuda_units: bool) -> None:
+    """MAX_JOBS defaults to what free memory allows, so a build never exhausts RAM."""
+    if "MAX_JOBS" in os.environ:
+        return
+    per_job = MEMORY_PER_CUDA_JOB if has_cuda_units else MEMORY_PER_CXX_JOB
+    jobs = max(1, min(os.cpu_count() or 1, available_memory() // per_job))
+    os.environ["MAX_JOBS"] = str(jobs)
+
+
+def want_cuda() -> bool:
+    if os.environ.get("FLASH_ATTN_SKIP_CUDA", "0") not in ("", "0"):
+        return False
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    return torch.version.cuda is not None and CUDA_HOME is not None
+
+
+def extension_modules():
+    import torch  # noqa: F401  (fails early with a clear message when torch is missing)
+    from torch.utils.cpp_extension import CppExtension, CUDAExtension
+
+    cuda_units = gen_kernels.generate(ROOT) if want_cuda() else gen_kernels.generate(ROOT, {"FLASH_ATTN_CUDA_ARCHS": ""})
+    set_default_max_jobs(bool(cuda_units))
+    sources = sorted(str(p.relative_to(ROOT)) for folder in ("csrc/api", "csrc/dispatch", "csrc/cpu")
+                     for p in (ROOT / folder).glob("*.cpp"))
+    include_dirs = [str(ROOT / "csrc"), str(ROOT / "csrc" / "include")]
+    openmp = [] if platform.system() == "Darwin" else ["-fopenmp"]
+    cxx_flags = ["-O3", "-std=c++20", "-fno-math-errno", "-fno-trapping-math"] + openmp
+    if not cuda_units:
+        print(f"flash_attn: building the CPU implementation only ({'no CUDA kernel selected' if want_cuda() else 'no nvcc/CUDA torch or FLASH_ATTN_SKIP_CUDA set'})")
+        return [CppExtension("flash_attn._C", sources, include_dirs=include_dirs,
+                             extra_compile_args={"cxx": cxx_flags}, extra_link_args=openmp)]
+    nvcc_flags = ["-O3", "-std=c++20", "--use_fast_math", "--expt-relaxed-constexpr", "-lineinfo"]
+    for arch in sorted({spec.arch for spec, _ in cuda_units}):
+        cc = kernel_matrix.ARCHS[arch][0]
+        nvcc_flags.append(f"-gencode=arch=compute_{cc},code=sm_{cc}")
+    print(f"flash_attn: building {len(cuda_units)} CUDA kernels with MAX_JOBS={os.environ['MAX_JOBS']}")
+    sources += [str(path.relative_to(ROOT)) for _, path in cuda_units]
+    return [CUDAExtension("flash_attn._C", sources, include_dirs=include_dirs,
+                          define_macros=[("FLASH_WITH_CUDA", "1")],
+                          extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags}, extra_link_args=openmp)]
+
+
+def build_ext_class():
+    from torch.utils.cpp_extension import BuildExtension
+
+    class TimedBuildExtension(BuildExtension):
+        def run(self):
+            start = time.time()
+            super().run()
+            print(f"flash_attn: extension built in {time.time() - start:.1f} s")
+
+    return TimedBuildExtension.with_options(use_ninja=True)
+
+
+setup(
+    name="flash_attn",
+    version=read_version(),
+    description="Exact FlashAttention for PyTorch (CPU and CUDA), drop-in for flash_attn 2.x and torch SDPA",
+    license="BSD-3-Clause",
+    packages=find_packages(include=["flash_attn", "flash_attn.*"]),
+    python_requires=">=3.9",
+    install_requires=["torch"],
+    ext_modules=extension_modules(),
+    cmdclass={"build_ext": build_ext_class()},
+    zip_safe=False,
+)
