@@ -36,7 +36,8 @@ def attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, 
     """The one call every public entry point makes: returns (out, softmax_lse, probs)."""
     dropout_p = _check_dropout(dropout_p)
     if softmax_scale is None:
-        softmax_scale = q.shape[-1] ** -0.5
+        # An empty head dim is rejected by the op with a message naming it; keep the default finite here.
+        softmax_scale = q.shape[-1] ** -0.5 if q.shape[-1] > 0 else 1.0
     rng_state = new_rng_state(dropout_p, q.device)
     return fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, float(softmax_scale),
                   window[0], window[1], bottom_right, float(softcap), alibi_slopes, attn_bias, rng_state,

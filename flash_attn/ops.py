@@ -42,10 +42,8 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, d
 def _bwd_fake(dout, q, k, v, out, softmax_lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
               dropout_p, softmax_scale, window_left, window_right, bottom_right, softcap, alibi_slopes, attn_bias,
               rng_state, deterministic, bias_requires_grad):
-    if bias_requires_grad:
-        dbias = q.new_empty(attn_bias.shape, dtype=torch.float32)
-    else:
-        dbias = q.new_empty((0,), dtype=torch.float32)
+    grad_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    dbias = q.new_empty(attn_bias.shape if bias_requires_grad else (0,), dtype=grad_dtype)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias
 
 

@@ -157,8 +157,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
   at::Tensor dv = grad_like(v, call.cu_k_last, call.total_k);
   at::Tensor dbias = bias_requires_grad
                          ? at::zeros({p.shape.batch, p.shape.nheads_q, p.shape.seqlen_q, p.shape.seqlen_k},
-                                     q.options().dtype(at::kFloat))
-                         : at::empty({0}, q.options().dtype(at::kFloat));
+                                     q.options().dtype(lse_dtype(q)))
+                         : at::empty({0}, q.options().dtype(lse_dtype(q)));
   bp.dq = dq.data_ptr();
   bp.dk = dk.data_ptr();
   bp.dv = dv.data_ptr();
@@ -166,7 +166,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
   bp.dk_strides = strides_of(dk, call.varlen);
   bp.dv_strides = strides_of(dv, call.varlen);
   if (bias_requires_grad) {
-    bp.dbias = dbias.data_ptr<float>();
+    bp.dbias = dbias.data_ptr();
     bp.dbias_strides = ScoreStrides{dbias.stride(0), dbias.stride(1), dbias.stride(2), dbias.stride(3)};
   }
   if (q.is_cpu()) {

@@ -26,7 +26,7 @@ struct CpuTileConfig {
   int64_t block_q;
   int64_t block_k;
 };
-constexpr CpuTileConfig kFwdTiles{128, 256};
+constexpr CpuTileConfig kFwdTiles{256, 512};
 constexpr CpuTileConfig kBwdTiles{128, 128};
 
 template <typename T>
@@ -488,8 +488,8 @@ void bwd_impl(const BwdParams& bp) {
               for (int64_t j = 0; j < cols; ++j) dpr[j] = pr[j] * (dpr[j] - delta_r);
               if (bp.dbias != nullptr) {
                 const ScoreStrides& ds = bp.dbias_strides;
-                float* dst = bp.dbias + b * ds.batch + h * ds.head + row * ds.row + col0 * ds.col;
-                for (int64_t j = 0; j < cols; ++j) dst[j * ds.col] = static_cast<float>(dpr[j]);
+                A* dst = static_cast<A*>(bp.dbias) + b * ds.batch + h * ds.head + row * ds.row + col0 * ds.col;
+                for (int64_t j = 0; j < cols; ++j) dst[j * ds.col] = dpr[j];
               }
               if (p.softcap > 0) {
                 const A* t = tanh_buf.data() + r * cols;

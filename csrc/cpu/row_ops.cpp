@@ -33,7 +33,8 @@ constexpr float kExp2Coeff[] = {1.0f,
                                 0.000154035303933816f};
 
 inline float exp_poly(float x) {
-  const float clamped = std::fmin(std::fmax(x, kExpUnderflow), kExpOverflow);
+  const float low_clamped = x > kExpUnderflow ? x : kExpUnderflow;
+  const float clamped = low_clamped < kExpOverflow ? low_clamped : kExpOverflow;
   const float t = clamped * kLog2eF;
   const float n = std::nearbyint(t);
   const float f = t - n;

@@ -101,8 +101,8 @@ struct BwdParams {
   void* dk = nullptr;
   void* dv = nullptr;
   TensorStrides dq_strides, dk_strides, dv_strides;
-  // Optional float32 gradient of the attention bias, full (batch, nheads_q, seqlen_q, seqlen_k).
-  float* dbias = nullptr;
+  // Optional gradient of the attention bias, full (batch, nheads_q, seqlen_q, seqlen_k), in lse's dtype.
+  void* dbias = nullptr;
   ScoreStrides dbias_strides;
   bool deterministic = false;
 };
