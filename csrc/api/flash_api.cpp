@@ -9,6 +9,7 @@
 
 #include "../cpu/attention_cpu.h"
 #include "../dispatch/registry.h"
+#include "error_message.h"
 #include "input_checks.h"
 
 #if defined(FLASH_WITH_CUDA)
@@ -42,11 +43,11 @@ at::ScalarType lse_dtype(const at::Tensor& q) {
 
 [[noreturn]] void fail_no_cuda_kernel(const FwdParams& params, const at::Device& device, Direction direction) {
 #if defined(FLASH_WITH_CUDA)
-  TORCH_CHECK(false, missing_kernel_message(device_sm(device), params, direction));
+  FLASH_FAIL(missing_kernel_message(device_sm(device), params, direction));
 #else
   (void)params;
   (void)device;
-  TORCH_CHECK(false, "flash_attn: this build has no CUDA kernels (it was built without nvcc, with "
+  FLASH_FAIL("flash_attn: this build has no CUDA kernels (it was built without nvcc, with "
               "FLASH_ATTN_SKIP_CUDA=1, or before any CUDA kernel existed for ", direction_name(direction),
               "). Rebuild with the CUDA toolkit available, or run on CPU tensors.");
 #endif
@@ -123,14 +124,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
   const std::vector<int64_t> lse_shape =
       call.varlen ? std::vector<int64_t>{call.params.shape.nheads_q, call.total_q}
                   : std::vector<int64_t>{call.params.shape.batch, call.params.shape.nheads_q, call.params.shape.seqlen_q};
-  TORCH_CHECK(softmax_lse.scalar_type() == lse_dtype(q) && softmax_lse.sizes() == at::IntArrayRef(lse_shape), kBwdOp,
+  FLASH_CHECK(softmax_lse.scalar_type() == lse_dtype(q) && softmax_lse.sizes() == at::IntArrayRef(lse_shape), kBwdOp,
               ": softmax_lse must be ", lse_dtype(q), " of shape ", at::IntArrayRef(lse_shape), "; got ",
               softmax_lse.scalar_type(), " ", softmax_lse.sizes());
-  TORCH_CHECK(!bias_requires_grad || attn_bias.has_value(), kBwdOp, ": bias_requires_grad needs attn_bias");
+  FLASH_CHECK(!bias_requires_grad || attn_bias.has_value(), kBwdOp, ": bias_requires_grad needs attn_bias");
   const at::Tensor lse_c = softmax_lse.contiguous();
   at::Tensor dlse_c;
   if (dlse.has_value()) {
-    TORCH_CHECK(dlse->sizes() == softmax_lse.sizes(), kBwdOp, ": dlse must have the shape of softmax_lse ",
+    FLASH_CHECK(dlse->sizes() == softmax_lse.sizes(), kBwdOp, ": dlse must have the shape of softmax_lse ",
                 softmax_lse.sizes(), "; got ", dlse->sizes());
     dlse_c = dlse->to(lse_dtype(q)).contiguous();
   }
@@ -181,7 +182,7 @@ DType dtype_from_name(const std::string& name) {
   for (DType dtype : {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat64}) {
     if (name == dtype_name(dtype)) return dtype;
   }
-  TORCH_CHECK(false, "flash_attn.is_supported: unknown dtype name '", name, "'; use fp16, bf16, fp32 or fp64");
+  FLASH_FAIL("flash_attn.is_supported: unknown dtype name '", name, "'; use fp16, bf16, fp32 or fp64");
 }
 
 // Whether flash_attn runs (forward and backward, every mask kind) for this device, dtype and head dim.

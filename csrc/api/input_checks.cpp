@@ -4,18 +4,14 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
-#include <sstream>
 
 #include "../dispatch/registry.h"
+#include "error_message.h"
 
 namespace flash::api {
 namespace {
 
-std::string shape_str(const at::Tensor& t) {
-  std::ostringstream os;
-  os << t.sizes();
-  return os.str();
-}
+std::string shape_str(const at::Tensor& t) { return to_text(t.sizes()); }
 
 bool dtype_supported(at::ScalarType type, bool cuda) {
   if (type == at::kHalf || type == at::kBFloat16) return true;
@@ -23,7 +19,7 @@ bool dtype_supported(at::ScalarType type, bool cuda) {
 }
 
 void check_unit_last_stride(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(t.size(-1) == 1 || t.stride(-1) == 1, op, ": ", name,
+  FLASH_CHECK(t.size(-1) == 1 || t.stride(-1) == 1, op, ": ", name,
               " must have stride 1 in its last (head) dimension; got strides ", t.strides(),
               ". Pass ", name, ".contiguous() or a view whose last dimension is contiguous.");
 }
@@ -31,25 +27,25 @@ void check_unit_last_stride(const char* op, const char* name, const at::Tensor& 
 // Validates one cu_seqlens tensor and returns its host copy.
 at::Tensor check_cu_seqlens(const char* op, const char* name, const at::Tensor& cu, const at::Tensor& like,
                             int64_t total, int64_t max_seqlen, const char* max_name, const char* tensor_name) {
-  TORCH_CHECK(cu.scalar_type() == at::kInt, op, ": ", name, " must have dtype torch.int32; got ", cu.scalar_type(),
+  FLASH_CHECK(cu.scalar_type() == at::kInt, op, ": ", name, " must have dtype torch.int32; got ", cu.scalar_type(),
               ". Convert with ", name, ".to(torch.int32).");
-  TORCH_CHECK(cu.device() == like.device(), op, ": ", name, " must be on the same device as q (", like.device(),
+  FLASH_CHECK(cu.device() == like.device(), op, ": ", name, " must be on the same device as q (", like.device(),
               "); got ", cu.device());
-  TORCH_CHECK(cu.dim() == 1 && cu.size(0) >= 2, op, ": ", name,
+  FLASH_CHECK(cu.dim() == 1 && cu.size(0) >= 2, op, ": ", name,
               " must be 1-D with batch_size + 1 >= 2 entries; got shape ", shape_str(cu));
   at::Tensor host = cu.to(at::kCPU).contiguous();
   const int32_t* data = host.data_ptr<int32_t>();
-  TORCH_CHECK(data[0] == 0, op, ": ", name, "[0] must be 0; got ", data[0]);
+  FLASH_CHECK(data[0] == 0, op, ": ", name, "[0] must be 0; got ", data[0]);
   int64_t longest = 0;
   for (int64_t i = 1; i < host.size(0); ++i) {
-    TORCH_CHECK(data[i] >= data[i - 1], op, ": ", name, " must be non-decreasing; got ", name, "[", i - 1,
+    FLASH_CHECK(data[i] >= data[i - 1], op, ": ", name, " must be non-decreasing; got ", name, "[", i - 1,
                 "]=", data[i - 1], " > ", name, "[", i, "]=", data[i]);
     longest = std::max<int64_t>(longest, data[i] - data[i - 1]);
   }
-  TORCH_CHECK(data[host.size(0) - 1] <= total, op, ": ", name, "[-1]=", data[host.size(0) - 1],
+  FLASH_CHECK(data[host.size(0) - 1] <= total, op, ": ", name, "[-1]=", data[host.size(0) - 1],
               " is beyond the ", total, " rows of ", tensor_name, " (", name, " must index rows of ", tensor_name,
               ")");
-  TORCH_CHECK(max_seqlen >= longest, op, ": ", max_name, "=", max_seqlen,
+  FLASH_CHECK(max_seqlen >= longest, op, ": ", max_name, "=", max_seqlen,
               " is smaller than the longest sequence in ", name, " (", longest, "); pass the true maximum");
   return host;
 }
@@ -62,7 +58,7 @@ DType to_dtype(at::ScalarType type) {
     case at::kBFloat16: return DType::kBFloat16;
     case at::kFloat: return DType::kFloat32;
     case at::kDouble: return DType::kFloat64;
-    default: TORCH_CHECK(false, "flash_attn: unsupported dtype ", type);
+    default: FLASH_FAIL("flash_attn: unsupported dtype ", type);
   }
 }
 
@@ -72,11 +68,11 @@ TensorStrides strides_of(const at::Tensor& t, bool varlen) {
 }
 
 void check_same_layout(const char* op, const char* name, const at::Tensor& t, const at::Tensor& like) {
-  TORCH_CHECK(t.sizes() == like.sizes(), op, ": ", name, " must have shape ", shape_str(like), "; got ",
+  FLASH_CHECK(t.sizes() == like.sizes(), op, ": ", name, " must have shape ", shape_str(like), "; got ",
               shape_str(t));
-  TORCH_CHECK(t.scalar_type() == like.scalar_type(), op, ": ", name, " must have dtype ", like.scalar_type(),
+  FLASH_CHECK(t.scalar_type() == like.scalar_type(), op, ": ", name, " must have dtype ", like.scalar_type(),
               "; got ", t.scalar_type());
-  TORCH_CHECK(t.device() == like.device(), op, ": ", name, " must be on ", like.device(), "; got ", t.device());
+  FLASH_CHECK(t.device() == like.device(), op, ": ", name, " must be on ", like.device(), "; got ", t.device());
   check_unit_last_stride(op, name, t);
 }
 
@@ -86,36 +82,36 @@ CheckedCall check_call(const char* op, const CallArgs& a) {
   const at::Tensor& v = a.v;
   CheckedCall call;
   call.varlen = a.cu_seqlens_q.has_value() || a.cu_seqlens_k.has_value();
-  TORCH_CHECK(a.cu_seqlens_q.has_value() == a.cu_seqlens_k.has_value(), op,
+  FLASH_CHECK(a.cu_seqlens_q.has_value() == a.cu_seqlens_k.has_value(), op,
               ": cu_seqlens_q and cu_seqlens_k must be given together (varlen) or both omitted (dense)");
   const int64_t rank = call.varlen ? 3 : 4;
   const char* layout = call.varlen ? "(total_tokens, nheads, headdim)" : "(batch, seqlen, nheads, headdim)";
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"q", q}, {"k", k}, {"v", v}}) {
-    TORCH_CHECK(t.dim() == rank, op, ": ", name, " must be ", rank, "-D ", layout, "; got shape ", shape_str(t));
-    TORCH_CHECK(t.numel() > 0, op, ": ", name, " must be non-empty; got shape ", shape_str(t));
+    FLASH_CHECK(t.dim() == rank, op, ": ", name, " must be ", rank, "-D ", layout, "; got shape ", shape_str(t));
+    FLASH_CHECK(t.numel() > 0, op, ": ", name, " must be non-empty; got shape ", shape_str(t));
     check_unit_last_stride(op, name, t);
   }
-  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), op,
+  FLASH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), op,
               ": q, k, v must have the same dtype; got q=", q.scalar_type(), ", k=", k.scalar_type(),
               ", v=", v.scalar_type());
-  TORCH_CHECK(q.device() == k.device() && q.device() == v.device(), op,
+  FLASH_CHECK(q.device() == k.device() && q.device() == v.device(), op,
               ": q, k, v must be on the same device; got q=", q.device(), ", k=", k.device(), ", v=", v.device());
   const bool cuda = q.is_cuda();
-  TORCH_CHECK(q.is_cpu() || cuda, op, ": q must be a CPU or CUDA tensor; got device ", q.device());
-  TORCH_CHECK(dtype_supported(q.scalar_type(), cuda), op, ": q has dtype ", q.scalar_type(), ", but ",
+  FLASH_CHECK(q.is_cpu() || cuda, op, ": q must be a CPU or CUDA tensor; got device ", q.device());
+  FLASH_CHECK(dtype_supported(q.scalar_type(), cuda), op, ": q has dtype ", q.scalar_type(), ", but ",
               cuda ? "CUDA tensors must be float16 or bfloat16"
                    : "CPU tensors must be float16, bfloat16, float32 or float64");
 
   const int64_t head_dim = q.size(-1);
-  TORCH_CHECK(head_dim >= 1 && head_dim <= kMaxHeadDim, op, ": head dim (last dim of q) must be in [1, ",
+  FLASH_CHECK(head_dim >= 1 && head_dim <= kMaxHeadDim, op, ": head dim (last dim of q) must be in [1, ",
               kMaxHeadDim, "]; got ", head_dim);
-  TORCH_CHECK(k.size(-1) == head_dim && v.size(-1) == head_dim, op,
+  FLASH_CHECK(k.size(-1) == head_dim && v.size(-1) == head_dim, op,
               ": q, k, v must have the same head dim (last dim); got q=", head_dim, ", k=", k.size(-1),
               ", v=", v.size(-1));
-  TORCH_CHECK(k.sizes() == v.sizes(), op, ": k and v must have the same shape; got k=", shape_str(k),
+  FLASH_CHECK(k.sizes() == v.sizes(), op, ": k and v must have the same shape; got k=", shape_str(k),
               ", v=", shape_str(v));
   const int64_t nheads_q = q.size(-2), nheads_k = k.size(-2);
-  TORCH_CHECK(nheads_q % nheads_k == 0, op, ": nheads of q (", nheads_q, ") must be divisible by nheads of k/v (",
+  FLASH_CHECK(nheads_q % nheads_k == 0, op, ": nheads of q (", nheads_q, ") must be divisible by nheads of k/v (",
               nheads_k, ") for MQA/GQA");
 
   FwdParams& p = call.params;
@@ -126,10 +122,10 @@ CheckedCall check_call(const char* op, const CallArgs& a) {
   if (call.varlen) {
     const at::Tensor& cu_q = *a.cu_seqlens_q;
     const at::Tensor& cu_k = *a.cu_seqlens_k;
-    TORCH_CHECK(cu_q.dim() == 1 && cu_k.dim() == 1 && cu_q.size(0) == cu_k.size(0), op,
+    FLASH_CHECK(cu_q.dim() == 1 && cu_k.dim() == 1 && cu_q.size(0) == cu_k.size(0), op,
                 ": cu_seqlens_q and cu_seqlens_k must be 1-D with the same length batch_size + 1; got ",
                 shape_str(cu_q), " and ", shape_str(cu_k));
-    TORCH_CHECK(a.max_seqlen_q >= 0 && a.max_seqlen_k >= 0, op, ": max_seqlen_q and max_seqlen_k must be >= 0; got ",
+    FLASH_CHECK(a.max_seqlen_q >= 0 && a.max_seqlen_k >= 0, op, ": max_seqlen_q and max_seqlen_k must be >= 0; got ",
                 a.max_seqlen_q, " and ", a.max_seqlen_k);
     call.cu_seqlens_q_cpu =
         check_cu_seqlens(op, "cu_seqlens_q", cu_q, q, q.size(0), a.max_seqlen_q, "max_seqlen_q", "q");
@@ -149,7 +145,7 @@ CheckedCall check_call(const char* op, const CallArgs& a) {
     p.shape.cu_seqlens_q = call.cu_seqlens_q_device.data_ptr<int32_t>();
     p.shape.cu_seqlens_k = call.cu_seqlens_k_device.data_ptr<int32_t>();
   } else {
-    TORCH_CHECK(k.size(0) == q.size(0), op, ": q and k must have the same batch size; got q=", q.size(0),
+    FLASH_CHECK(k.size(0) == q.size(0), op, ": q and k must have the same batch size; got q=", q.size(0),
                 ", k=", k.size(0));
     p.shape.batch = q.size(0);
     p.shape.seqlen_q = q.size(1);
@@ -158,11 +154,11 @@ CheckedCall check_call(const char* op, const CallArgs& a) {
     call.total_k = k.size(0) * k.size(1);
   }
 
-  TORCH_CHECK(a.dropout_p >= 0.0 && a.dropout_p < 1.0, op, ": dropout_p must be in [0, 1); got ", a.dropout_p);
-  TORCH_CHECK(std::isfinite(a.softmax_scale), op, ": softmax_scale must be finite; got ", a.softmax_scale);
-  TORCH_CHECK(std::isfinite(a.softcap) && a.softcap >= 0.0, op,
+  FLASH_CHECK(a.dropout_p >= 0.0 && a.dropout_p < 1.0, op, ": dropout_p must be in [0, 1); got ", a.dropout_p);
+  FLASH_CHECK(std::isfinite(a.softmax_scale), op, ": softmax_scale must be finite; got ", a.softmax_scale);
+  FLASH_CHECK(std::isfinite(a.softcap) && a.softcap >= 0.0, op,
               ": softcap must be >= 0 (0 disables it); got ", a.softcap);
-  TORCH_CHECK(a.window_left >= kUnboundedWindow && a.window_right >= kUnboundedWindow, op,
+  FLASH_CHECK(a.window_left >= kUnboundedWindow && a.window_right >= kUnboundedWindow, op,
               ": window_size entries must be >= -1 (-1 means unbounded); got (", a.window_left, ", ",
               a.window_right, ")");
   p.softmax_scale = a.softmax_scale;
@@ -172,9 +168,9 @@ CheckedCall check_call(const char* op, const CallArgs& a) {
   p.mask.bottom_right = a.bottom_right;
 
   if (a.dropout_p > 0.0) {
-    TORCH_CHECK(a.rng_state.has_value(), op, ": dropout_p > 0 needs rng_state (int64 tensor [seed, offset])");
+    FLASH_CHECK(a.rng_state.has_value(), op, ": dropout_p > 0 needs rng_state (int64 tensor [seed, offset])");
     const at::Tensor& rng = *a.rng_state;
-    TORCH_CHECK(rng.scalar_type() == at::kLong && rng.numel() == 2, op,
+    FLASH_CHECK(rng.scalar_type() == at::kLong && rng.numel() == 2, op,
                 ": rng_state must be an int64 tensor of 2 elements [seed, offset]; got dtype ", rng.scalar_type(),
                 " and shape ", shape_str(rng));
     const at::Tensor host = rng.to(at::kCPU).contiguous();
@@ -185,12 +181,12 @@ CheckedCall check_call(const char* op, const CallArgs& a) {
 
   if (a.alibi_slopes.has_value()) {
     const at::Tensor& s = *a.alibi_slopes;
-    TORCH_CHECK(s.scalar_type() == at::kFloat, op, ": alibi_slopes must have dtype torch.float32; got ",
+    FLASH_CHECK(s.scalar_type() == at::kFloat, op, ": alibi_slopes must have dtype torch.float32; got ",
                 s.scalar_type());
-    TORCH_CHECK(s.device() == q.device(), op, ": alibi_slopes must be on ", q.device(), "; got ", s.device());
+    FLASH_CHECK(s.device() == q.device(), op, ": alibi_slopes must be on ", q.device(), "; got ", s.device());
     const bool per_head = s.dim() == 1 && s.size(0) == nheads_q;
     const bool per_batch = s.dim() == 2 && s.size(0) == p.shape.batch && s.size(1) == nheads_q;
-    TORCH_CHECK(per_head || per_batch, op, ": alibi_slopes must have shape (nheads,) = (", nheads_q,
+    FLASH_CHECK(per_head || per_batch, op, ": alibi_slopes must have shape (nheads,) = (", nheads_q,
                 ",) or (batch, nheads) = (", p.shape.batch, ", ", nheads_q, "); got ", shape_str(s));
     check_unit_last_stride(op, "alibi_slopes", s);
     p.mask.alibi_slopes = s.data_ptr<float>();
@@ -199,13 +195,13 @@ CheckedCall check_call(const char* op, const CallArgs& a) {
 
   if (a.attn_bias.has_value()) {
     const at::Tensor& bias = *a.attn_bias;
-    TORCH_CHECK(!call.varlen, op, ": attn_bias is only supported for dense (non-varlen) calls");
-    TORCH_CHECK(bias.scalar_type() == q.scalar_type() || bias.scalar_type() == at::kFloat, op,
+    FLASH_CHECK(!call.varlen, op, ": attn_bias is only supported for dense (non-varlen) calls");
+    FLASH_CHECK(bias.scalar_type() == q.scalar_type() || bias.scalar_type() == at::kFloat, op,
                 ": attn_bias must have the dtype of q (", q.scalar_type(), ") or float32; got ",
                 bias.scalar_type());
-    TORCH_CHECK(bias.device() == q.device(), op, ": attn_bias must be on ", q.device(), "; got ", bias.device());
+    FLASH_CHECK(bias.device() == q.device(), op, ": attn_bias must be on ", q.device(), "; got ", bias.device());
     const std::vector<int64_t> want{p.shape.batch, nheads_q, p.shape.seqlen_q, p.shape.seqlen_k};
-    TORCH_CHECK(bias.sizes() == at::IntArrayRef(want), op, ": attn_bias must have shape (batch, nheads, seqlen_q, seqlen_k) = ",
+    FLASH_CHECK(bias.sizes() == at::IntArrayRef(want), op, ": attn_bias must have shape (batch, nheads, seqlen_q, seqlen_k) = ",
                 at::IntArrayRef(want), " (expand a broadcastable mask first); got ", shape_str(bias));
     p.mask.bias = bias.data_ptr();
     p.mask.bias_dtype = to_dtype(bias.scalar_type());
