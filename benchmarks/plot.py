@@ -207,6 +207,34 @@ def plot(rows, out: Path):
     print(f"wrote {out}")
 
 
+def ratio_summary(rows, ours: str = "flash_attn") -> str:
+    """One markdown row per shape: ours / best peer for forward, backward and forward+backward time
+    (fwd+bwd compares the summed times, the issue bars' "forward+backward")."""
+    times = {}
+    for row in rows:
+        if row["decode"] or row.get("ms") is None:
+            continue
+        shape = (row["dtype"], row["headdim"], row["causal"], row["seqlen"])
+        times.setdefault(shape, {}).setdefault(row["impl"], {})[row["direction"]] = row["ms"]
+    lines = ["| dtype | headdim | causal | seqlen | fwd | bwd | fwd+bwd |", "|---|---|---|---|---|---|---|"]
+    for shape in sorted(times, key=lambda k: (k[0], k[1], k[2], k[3])):
+        impls = times[shape]
+        if ours not in impls:
+            continue
+        cells = []
+        for directions in (("fwd",), ("bwd",), ("fwd", "bwd")):
+            def total(impl):
+                got = impls.get(impl, {})
+                return sum(got[d] for d in directions) if all(d in got for d in directions) else None
+            mine = total(ours)
+            peers = [t for impl in impls if impl != ours for t in [total(impl)] if t is not None]
+            cells.append(f"{min(peers) / mine:.2f}×" if mine and peers else "—")
+        dtype, headdim, causal, seqlen = shape
+        lines.append(f"| {dtype} | {headdim} | {'yes' if causal else 'no'} | {seqlen_label(seqlen)} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Plot or tabulate bench_attention.py results.")
     parser.add_argument("results", nargs="+", help="results JSON files")
@@ -214,15 +242,19 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--markdown", action="store_true", help="print markdown tables; writes the PNG only if --out is given"
     )
+    parser.add_argument("--ratios", action="store_true",
+                        help="print one markdown table of flash_attn / best peer (fwd, bwd, fwd+bwd) per shape")
     args = parser.parse_args(argv)
 
     rows = load(args.results)
     if not rows:
         print("no rows in the given files", file=sys.stderr)
         return 1
+    if args.ratios:
+        print(ratio_summary(rows))
     if args.markdown:
         print(markdown(rows))
-    if args.out or not args.markdown:
+    if args.out or not (args.markdown or args.ratios):
         if importlib.util.find_spec("matplotlib") is None:
             print("plot.py needs matplotlib for the PNG: python3 -m pip install matplotlib", file=sys.stderr)
             return 1
