@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# The one benchmark CLI of flash_attn, following /work/shared/BENCHMARKS.md: times flash_attn against
+# The one benchmark CLI of flash_attn, following the project's shared BENCHMARKS.md: times flash_attn against
 # torch SDPA (each backend forced) and FlexAttention side by side in one run, for training shapes
 # (TFLOP/s, forward and backward) and for decode (TB/s of K+V read), checks each implementation
 # against a float32 SDPA reference once per shape, prints a table and writes every row with the
