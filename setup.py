@@ -6,6 +6,7 @@ import os
 import pathlib
 import platform
 import re
+import shutil
 import sys
 import time
 
@@ -46,6 +47,19 @@ def set_default_max_jobs(has_cuda_units: bool) -> None:
     os.environ["MAX_JOBS"] = str(jobs)
 
 
+def locate_cuda_home() -> None:
+    """Sets CUDA_HOME to a toolkit that has its headers when it is unset: torch guesses it from the nvcc on
+    PATH, which is wrong when that nvcc is a wrapper script outside the toolkit (as on our CI machines)."""
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
+        return
+    nvcc = shutil.which("nvcc")
+    candidates = ([pathlib.Path(nvcc).resolve().parent.parent] if nvcc else []) + [pathlib.Path("/usr/local/cuda")]
+    for home in candidates:
+        if (home / "include" / "cuda_runtime_api.h").exists():
+            os.environ["CUDA_HOME"] = str(home)
+            return
+
+
 def want_cuda() -> bool:
     if os.environ.get("FLASH_ATTN_SKIP_CUDA", "0") not in ("", "0"):
         return False
@@ -56,6 +70,7 @@ def want_cuda() -> bool:
 
 
 def extension_modules():
+    locate_cuda_home()  # before torch.utils.cpp_extension reads CUDA_HOME at import
     import torch  # noqa: F401  (fails early with a clear message when torch is missing)
     from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
@@ -71,9 +86,7 @@ def extension_modules():
         return [CppExtension("flash_attn._C", sources, include_dirs=include_dirs,
                              extra_compile_args={"cxx": cxx_flags}, extra_link_args=openmp)]
     nvcc_flags = ["-O3", "-std=c++20", "--use_fast_math", "--expt-relaxed-constexpr", "-lineinfo"]
-    for arch in sorted({spec.arch for spec, _ in cuda_units}):
-        cc = kernel_matrix.ARCHS[arch][0]
-        nvcc_flags.append(f"-gencode=arch=compute_{cc},code=sm_{cc}")
+    nvcc_flags += kernel_matrix.gencode_flags()
     print(f"flash_attn: building {len(cuda_units)} CUDA kernels with MAX_JOBS={os.environ['MAX_JOBS']}")
     sources += [str(path.relative_to(ROOT)) for _, path in cuda_units]
     return [CUDAExtension("flash_attn._C", sources, include_dirs=include_dirs,

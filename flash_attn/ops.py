@@ -99,8 +99,9 @@ def built_kernels() -> list[dict]:
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
 
 
-def is_supported(device, dtype: torch.dtype, head_dim: int) -> bool:
-    """Whether flash_attn runs forward and backward (every mask kind) for this device, dtype and head dim."""
+def is_supported(device, dtype: torch.dtype, head_dim: int, backward: bool = True) -> bool:
+    """Whether flash_attn runs the forward, and the backward unless backward=False, for every mask kind on
+    this device, dtype and head dim."""
     device = torch.device(device)
     if dtype not in _DTYPE_NAMES:
         return False
@@ -108,5 +109,5 @@ def is_supported(device, dtype: torch.dtype, head_dim: int) -> bool:
         if not torch.cuda.is_available():
             return False
         index = device.index if device.index is not None else torch.cuda.current_device()
-        return bool(_C.is_supported("cuda", index, _DTYPE_NAMES[dtype], int(head_dim)))
-    return bool(_C.is_supported(device.type, 0, _DTYPE_NAMES[dtype], int(head_dim)))
+        return bool(_C.is_supported("cuda", index, _DTYPE_NAMES[dtype], int(head_dim), backward))
+    return bool(_C.is_supported(device.type, 0, _DTYPE_NAMES[dtype], int(head_dim), backward))

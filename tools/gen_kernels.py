@@ -21,6 +21,7 @@ def _translation_unit(spec: kernel_matrix.KernelSpec) -> str:
     source = kernel_matrix.KERNEL_SOURCES[(spec.arch, spec.direction)]
     return (
         HEADER_NOTE
+        + '#include "kernels/generated/kernel_table.h"\n'
         + f'#include "{pathlib.Path(source).relative_to("csrc").as_posix()}"\n\n'
         + f"void flash::kernels::{spec.name}(const flash::{PARAMS_TYPE[spec.direction]}& params, void* stream) {{\n"
         + f"  flash::{spec.arch}::run_{spec.direction}<flash::DType::{DTYPE_ENUM[spec.dtype]}, {spec.head_dim}, "
@@ -42,7 +43,7 @@ def _table_header(specs: list[kernel_matrix.KernelSpec]) -> str:
     lines.append("// X(arch, sm, dtype, head_dim, mask, direction, launch function)\n")
     lines.append("#define FLASH_KERNEL_TABLE(X)")
     for spec in specs:
-        sm = kernel_matrix.ARCHS[spec.arch][0].rstrip("a")
+        sm = spec.arch.removeprefix("sm")
         lines.append(
             f" \\\n  X({spec.arch}, {sm}, {DTYPE_ENUM[spec.dtype]}, {spec.head_dim}, {MASK_ENUM[spec.mask]}, "
             f"{spec.direction}, flash::kernels::{spec.name})")

@@ -12,16 +12,21 @@ HEAD_DIM_BUCKETS = (32, 64, 96, 128, 160, 192, 224, 256)
 DTYPES = ("fp16", "bf16")
 MASKS = ("none", "causal", "local")
 DIRECTIONS = ("fwd", "bwd")
-# arch name -> (compute capability for -gencode, directory of its hand-written code)
-ARCHS = {
-    "sm80": ("80", "csrc/sm80"),
-    "sm90": ("90a", "csrc/sm90"),
+# Code paths -> the compute capabilities each runs on. The portable sm80 path also serves later GPUs
+# (and is the Hopper fallback); the sm90 path uses Hopper-only instructions.
+ARCH_PATHS = {
+    "sm80": (80, 86, 89, 90),
+    "sm90": (90,),
 }
+# Capabilities FLASH_ATTN_CUDA_ARCHS may name (each compiled to its own SASS).
+KNOWN_CAPABILITIES = (80, 86, 89, 90)
 DEFAULT_CUDA_ARCHS = "80;90"
 
 # (arch, direction) -> header that defines the launch template for that pair. A pair appears here only
 # once its kernel exists; until then a CUDA call fails with a message naming what is missing.
-KERNEL_SOURCES: dict[tuple[str, str], str] = {}
+KERNEL_SOURCES: dict[tuple[str, str], str] = {
+    ("sm80", "fwd"): "csrc/sm80/fwd_launch.h",
+}
 
 # The CPU implementation is one generic code path (csrc/cpu/), built always, for these dtypes and head dims.
 CPU_DTYPES = ("fp16", "bf16", "fp32", "fp64")
@@ -45,16 +50,23 @@ def _split(value: str) -> list[str]:
     return [item.strip() for item in value.replace(",", ";").split(";") if item.strip()]
 
 
-def _parse_archs(value: str) -> list[str]:
-    archs = []
+def parse_capabilities(value: str) -> list[int]:
+    """FLASH_ATTN_CUDA_ARCHS ('80;90', 'sm_90', '9.0') -> sorted compute capabilities."""
+    caps = set()
     for item in _split(value):
-        name = "sm" + item.lower().removeprefix("sm").removesuffix("a")
-        if name not in ARCHS:
+        digits = item.lower().removeprefix("sm").removeprefix("_").removesuffix("a").replace(".", "")
+        if not digits.isdigit() or int(digits) not in KNOWN_CAPABILITIES:
             raise ValueError(
                 f"FLASH_ATTN_CUDA_ARCHS: unknown arch {item!r}; choose from "
-                f"{';'.join(a.removeprefix('sm') for a in ARCHS)} (e.g. FLASH_ATTN_CUDA_ARCHS='80;90')")
-        archs.append(name)
-    return archs
+                f"{';'.join(map(str, KNOWN_CAPABILITIES))} (e.g. FLASH_ATTN_CUDA_ARCHS='80;90')")
+        caps.add(int(digits))
+    return sorted(caps)
+
+
+def gencode_flags(environ=os.environ) -> list[str]:
+    """nvcc -gencode flags: SASS for every requested capability."""
+    caps = parse_capabilities(environ.get("FLASH_ATTN_CUDA_ARCHS", DEFAULT_CUDA_ARCHS))
+    return [f"-gencode=arch=compute_{cap},code=sm_{cap}" for cap in caps]
 
 
 def _parse_choice(knob: str, value: str, allowed: tuple, convert=str) -> list:
@@ -74,7 +86,8 @@ def selected_kernels(environ=os.environ) -> list[KernelSpec]:
     """The kernels this build compiles, after the build knobs:
     FLASH_ATTN_CUDA_ARCHS ('80;90'), FLASH_ATTN_HEAD_DIMS ('64;128'), FLASH_ATTN_DTYPES ('bf16'),
     FLASH_ATTN_MASKS ('none;causal'), FLASH_ATTN_DIRECTIONS ('fwd')."""
-    archs = _parse_archs(environ.get("FLASH_ATTN_CUDA_ARCHS", DEFAULT_CUDA_ARCHS))
+    caps = set(parse_capabilities(environ.get("FLASH_ATTN_CUDA_ARCHS", DEFAULT_CUDA_ARCHS)))
+    archs = [path for path, runs_on in ARCH_PATHS.items() if caps & set(runs_on)]
     head_dims = _parse_choice("FLASH_ATTN_HEAD_DIMS", environ.get("FLASH_ATTN_HEAD_DIMS", ""),
                               HEAD_DIM_BUCKETS, int) or list(HEAD_DIM_BUCKETS)
     dtypes = _parse_choice("FLASH_ATTN_DTYPES", environ.get("FLASH_ATTN_DTYPES", ""), DTYPES) or list(DTYPES)

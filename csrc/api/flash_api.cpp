@@ -13,7 +13,8 @@
 #include "input_checks.h"
 
 #if defined(FLASH_WITH_CUDA)
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 #endif
@@ -60,12 +61,13 @@ void launch_cuda(const FwdParams& params, const BwdParams* bwd_params, const at:
   if (entry == nullptr) fail_no_cuda_kernel(params, device, direction);
 #if defined(FLASH_WITH_CUDA)
   const c10::cuda::CUDAGuard guard(device);
-  void* stream = at::cuda::getCurrentCUDAStream().stream();
+  void* stream = c10::cuda::getCurrentCUDAStream().stream();
   if (bwd_params == nullptr) {
     entry->fwd(params, stream);
   } else {
     entry->bwd(*bwd_params, stream);
   }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 #endif
 }
 
@@ -80,6 +82,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(
                       dropout_p, softmax_scale, window_left, window_right, bottom_right, softcap, alibi_slopes,
                       attn_bias, rng_state};
   CheckedCall call = check_call(kFwdOp, args);
+  FLASH_CHECK(!return_probs || q.is_cpu(), kFwdOp,
+              ": return_attn_probs=True is not supported on CUDA tensors yet; call without it, or on CPU tensors");
   FwdParams& p = call.params;
   const bool padded_rows = call.varlen && call.cu_q_last < call.total_q;
   const auto lse_options = q.options().dtype(lse_dtype(q));
@@ -185,13 +189,14 @@ DType dtype_from_name(const std::string& name) {
   FLASH_FAIL("flash_attn.is_supported: unknown dtype name '", name, "'; use fp16, bf16, fp32 or fp64");
 }
 
-// Whether flash_attn runs (forward and backward, every mask kind) for this device, dtype and head dim.
-bool is_supported(const std::string& device_type, int64_t device_index, const std::string& dtype, int64_t head_dim) {
+// Whether flash_attn runs (forward, and backward if asked; every mask kind) for this device, dtype, head dim.
+bool is_supported(const std::string& device_type, int64_t device_index, const std::string& dtype, int64_t head_dim,
+                  bool backward) {
   const DType d = dtype_from_name(dtype);
   if (device_type == "cpu") return cpu_supports(d, head_dim);
   if (device_type != "cuda" || d == DType::kFloat32 || d == DType::kFloat64) return false;
   const int sm = device_sm(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index)));
-  return cuda_supports(sm, d, head_dim);
+  return cuda_supports(sm, d, head_dim, backward);
 }
 
 pybind11::list built_kernels() {

@@ -78,7 +78,7 @@ std::string missing_kernel_message(int sm, const FwdParams& params, Direction di
   return message;
 }
 
-bool cuda_supports(int sm, DType dtype, int64_t head_dim) {
+bool cuda_supports(int sm, DType dtype, int64_t head_dim, bool backward) {
   FwdParams params;
   params.dtype = dtype;
   params.shape.head_dim = head_dim;
@@ -87,9 +87,8 @@ bool cuda_supports(int sm, DType dtype, int64_t head_dim) {
   for (const auto& window : windows) {
     params.mask.window_left = window[0];
     params.mask.window_right = window[1];
-    for (Direction direction : {Direction::kForward, Direction::kBackward}) {
-      if (find_kernel(sm, params, direction) == nullptr) return false;
-    }
+    if (find_kernel(sm, params, Direction::kForward) == nullptr) return false;
+    if (backward && find_kernel(sm, params, Direction::kBackward) == nullptr) return false;
   }
   return true;
 }

@@ -31,8 +31,8 @@ const KernelEntry* find_kernel(int sm, const FwdParams& params, Direction direct
 // "no CUDA kernel for ..." with the key, what is built, and how to build more.
 std::string missing_kernel_message(int sm, const FwdParams& params, Direction direction);
 
-// Whether every mask kind of both directions is built for (sm, dtype, head_dim).
-bool cuda_supports(int sm, DType dtype, int64_t head_dim);
+// Whether every mask kind is built for (sm, dtype, head_dim): forward, and backward too if asked.
+bool cuda_supports(int sm, DType dtype, int64_t head_dim, bool backward);
 
 // Head dims and dtypes the CPU implementation takes.
 constexpr int64_t kMaxHeadDim = 256;

@@ -50,7 +50,7 @@ FLASH_HOST_DEVICE PhiloxBlock dropout_words(uint64_t seed, uint64_t offset, int6
 }
 
 // An element is kept iff its word < threshold = floor((1 - p) * 2^32); 64-bit so p -> 0 cannot overflow.
-inline uint64_t dropout_keep_threshold(double p) {
+FLASH_HOST_DEVICE uint64_t dropout_keep_threshold(double p) {
   constexpr double kTwoPow32 = 4294967296.0;
   return static_cast<uint64_t>((1.0 - p) * kTwoPow32);
 }

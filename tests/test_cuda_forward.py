@@ -1,0 +1,169 @@
+# CUDA forward kernels against the fp64 reference under the FlashAttention tolerance rule: every head-dim
+# bucket, odd seqlens both ways, GQA/MQA, causal/window/softcap/ALiBi, varlen with empty sequences, SDPA
+# masks, and dropout (the kernel's mask must be the Philox mask of the reference). Collected only where a
+# GPU and a built forward kernel exist (flash_attn.is_supported(..., backward=False)).
+import pytest
+import torch
+
+import flash_attn
+from flash_attn import flash_attn_func, flash_attn_varlen_func
+from flash_attn.reference import (
+    attention_ref,
+    attention_varlen_ref,
+    cu_from_seqlens,
+    dropout_keep_mask,
+)
+from helpers import CaptureRngState, assert_close_fa, randn
+
+HAS_CUDA = torch.cuda.is_available()
+pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+LOW = [torch.bfloat16, torch.float16]
+HEAD_DIMS = [32, 40, 64, 96, 128, 160, 192, 200, 256]
+
+
+def _require(dtype, head_dim):
+    if not flash_attn.is_supported("cuda", dtype, head_dim, backward=False):
+        pytest.skip(f"no CUDA forward kernel built for {dtype} head_dim={head_dim}")
+
+
+def _check(out, ref_fn, inputs, mult=2.0):
+    """ours vs fp64 reference, naive = the same reference in the inputs' low precision."""
+    truth = ref_fn(*[x.double() for x in inputs], compute_dtype=torch.float64)[0]
+    naive = ref_fn(*inputs, compute_dtype=inputs[0].dtype)[0]
+    assert_close_fa(out.cpu(), truth.cpu(), naive.cpu(), mult)
+
+
+def _qkv(b, sq, sk, h, hk, d, dtype):
+    return (randn(b, sq, h, d, dtype=dtype, device="cuda"), randn(b, sk, hk, d, dtype=dtype, device="cuda"),
+            randn(b, sk, hk, d, dtype=dtype, device="cuda"))
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dims(head_dim, causal, dtype):
+    _require(dtype, head_dim)
+    q, k, v = _qkv(2, 113, 255, 4, 2, head_dim, dtype)
+    out = flash_attn_func(q, k, v, causal=causal)
+    _check(out, lambda *x, **kw: attention_ref(*x, causal=causal, **kw), (q, k, v))
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("shape", [(1, 1, 1, 2, 2), (2, 17, 1, 4, 1), (1, 1, 1000, 4, 4), (2, 1000, 113, 2, 1),
+                                   (1, 128, 128, 8, 2), (3, 255, 128, 4, 4)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_seqlens(shape, causal, dtype):
+    b, sq, sk, h, hk = shape
+    _require(dtype, 64)
+    q, k, v = _qkv(b, sq, sk, h, hk, 64, dtype)
+    out = flash_attn_func(q, k, v, causal=causal)
+    _check(out, lambda *x, **kw: attention_ref(*x, causal=causal, **kw), (q, k, v))
+
+
+FEATURES = {
+    "window": dict(window_size=(8, 3)),
+    "window_left": dict(window_size=(20, -1)),
+    "softcap": dict(softcap=5.0),
+    "alibi": dict(alibi=True, causal=True),
+    "scale": dict(softmax_scale=0.3),
+    "all": dict(alibi=True, softcap=8.0, window_size=(16, 3), softmax_scale=0.2),
+}
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("feature", list(FEATURES))
+def test_features(feature, dtype):
+    _require(dtype, 128)
+    kwargs = dict(FEATURES[feature])
+    q, k, v = _qkv(2, 100, 140, 4, 2, 128, dtype)
+    if kwargs.pop("alibi", False):
+        kwargs["alibi_slopes"] = torch.rand(2, 4, device="cuda") * 0.5 + 0.05
+    out = flash_attn_func(q, k, v, **kwargs)
+    ref_kwargs = {key: (val.cpu() if torch.is_tensor(val) else val) for key, val in kwargs.items()}
+    _check(out, lambda *x, **kw: attention_ref(*[t.cpu() for t in x], **ref_kwargs, **kw), (q, k, v))
+
+
+def test_lse_and_rows_without_keys():
+    _require(torch.bfloat16, 64)
+    q, k, v = _qkv(1, 40, 30, 2, 2, 64, torch.bfloat16)
+    # window (0, 0) with bottom-right alignment: query i sees only key i - 10, so rows 0..9 see nothing.
+    out, lse, _ = torch.ops.flash_attn.fwd(q, k, v, None, None, 0, 0, 0.0, 0.125, 0, 0, True, 0.0, None, None,
+                                            None, False)
+    assert not torch.isnan(out).any()
+    assert out[:, :10].float().abs().max() == 0
+    assert torch.isinf(lse[:, :, :10]).all() and (lse[:, :, :10] > 0).all()
+    ref_out, ref_lse = attention_ref(*[x.double().cpu() for x in (q, k, v)], softmax_scale=0.125,
+                                     window_size=(0, 0), compute_dtype=torch.float64)[:2]
+    torch.testing.assert_close(lse[:, :, 10:].cpu().double(), ref_lse[:, :, 10:], atol=2e-2, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen(causal, dtype):
+    _require(dtype, 64)
+    seqlens_q, seqlens_k = [37, 0, 128, 1, 200], [53, 9, 128, 0, 70]
+    q = randn(sum(seqlens_q), 4, 64, dtype=dtype, device="cuda")
+    k = randn(sum(seqlens_k), 2, 64, dtype=dtype, device="cuda")
+    v = randn(sum(seqlens_k), 2, 64, dtype=dtype, device="cuda")
+    cu_q, cu_k = cu_from_seqlens(seqlens_q, "cuda"), cu_from_seqlens(seqlens_k, "cuda")
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), causal=causal)
+
+    def ref(q, k, v, compute_dtype):
+        return attention_varlen_ref(q.cpu(), k.cpu(), v.cpu(), cu_q.cpu(), cu_k.cpu(), causal=causal,
+                                    compute_dtype=compute_dtype)
+
+    _check(out, ref, (q, k, v))
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "float"])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_sdpa(mask_kind, is_causal):
+    _require(torch.bfloat16, 64)
+    q = randn(2, 4, 70, 64, dtype=torch.bfloat16, device="cuda")
+    k = randn(2, 2, 90, 64, dtype=torch.bfloat16, device="cuda")
+    v = randn(2, 2, 90, 64, dtype=torch.bfloat16, device="cuda")
+    mask = None
+    if not is_causal:
+        mask = (torch.rand(1, 4, 70, 90, device="cuda") < 0.7) if mask_kind == "bool" else \
+            randn(2, 1, 70, 90, dtype=torch.bfloat16, device="cuda")
+        if mask_kind == "bool":
+            mask[..., 0] = True
+    out = flash_attn.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=True)
+    kk, vv = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    truth = torch.nn.functional.scaled_dot_product_attention(
+        q.double(), kk.double(), vv.double(), attn_mask=None if mask is None else
+        (mask if mask.dtype == torch.bool else mask.double()), is_causal=is_causal)
+    naive = torch.nn.functional.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, is_causal=is_causal)
+    assert_close_fa(out.cpu(), truth.cpu(), naive.cpu(), 2)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_dropout_mask_is_the_philox_mask(p):
+    _require(torch.bfloat16, 64)
+    q, k, v = _qkv(2, 77, 90, 4, 2, 64, torch.bfloat16)
+    with CaptureRngState() as capture:
+        out = flash_attn_func(q, k, v, dropout_p=p, causal=True)
+    keep = dropout_keep_mask(capture.last(), 2, 4, 77, 90, p)
+
+    def ref(q, k, v, compute_dtype):
+        return attention_ref(q.cpu(), k.cpu(), v.cpu(), causal=True, dropout_mask=keep, dropout_p=p,
+                             compute_dtype=compute_dtype)
+
+    _check(out, ref, (q, k, v))
+
+
+def test_return_attn_probs_is_rejected_on_cuda():
+    _require(torch.bfloat16, 64)
+    q, k, v = _qkv(1, 16, 16, 2, 2, 64, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="return_attn_probs"):
+        flash_attn_func(q, k, v, return_attn_probs=True)
+
+
+def test_backward_without_kernel_raises_clearly():
+    _require(torch.bfloat16, 64)
+    if flash_attn.is_supported("cuda", torch.bfloat16, 64):
+        pytest.skip("a CUDA backward kernel is built")
+    q, k, v = [x.requires_grad_() for x in _qkv(1, 16, 16, 2, 2, 64, torch.bfloat16)]
+    out = flash_attn_func(q, k, v)
+    with pytest.raises(RuntimeError, match="no CUDA kernel"):
+        out.sum().backward()
