@@ -146,11 +146,11 @@ def import_flash_attn():
         return None, f"{type(exc).__name__}: {exc}"
 
 
-def make_ours(fa_module, fa_error) -> Impl:
+def make_ours(fa_module, fa_error, backward: bool) -> Impl:
     def build(p: Problem):
         if fa_module is None:
             raise RuntimeError(f"flash_attn is not importable: {fa_error}")
-        if not fa_module.is_supported(torch.device(p.device), p.dtype, p.headdim):
+        if not fa_module.is_supported(torch.device(p.device), p.dtype, p.headdim, backward=backward):
             raise RuntimeError(
                 f"flash_attn.is_supported({p.device}, {DTYPE_NAMES[p.dtype]}, head_dim={p.headdim}) is False"
             )
@@ -197,9 +197,9 @@ def make_flex() -> Impl:
     return Impl("flex", "bhsd", build, contextlib.nullcontext)
 
 
-def make_impls(names, fa_module, fa_error) -> list:
+def make_impls(names, fa_module, fa_error, backward: bool) -> list:
     factories = {
-        OURS: lambda: make_ours(fa_module, fa_error),
+        OURS: lambda: make_ours(fa_module, fa_error, backward),
         "sdpa": lambda: make_sdpa("sdpa", None),
         "sdpa_flash": lambda: make_sdpa("sdpa_flash", "FLASH_ATTENTION"),
         "sdpa_cudnn": lambda: make_sdpa("sdpa_cudnn", "CUDNN_ATTENTION"),
@@ -707,11 +707,11 @@ def run_benchmark(argv=None) -> list:
     torch.manual_seed(SEED)
     fa_module, fa_error = import_flash_attn()
     env = environment(args, fa_module, fa_error)
-    impls = make_impls(args.impls, fa_module, fa_error)
     decode = args.decode
     directions = ["fwd"] if decode or args.direction == "fwd" else (
         ["bwd"] if args.direction == "bwd" else ["fwd", "bwd"]
     )
+    impls = make_impls(args.impls, fa_module, fa_error, backward="bwd" in directions)
     problems = decode_problems(args) if decode else training_problems(args)
 
     print(
