@@ -1,7 +1,8 @@
 // Forward attention kernel of the portable sm80+ path: one CTA of 4 warps per (query tile of 64 rows,
 // head, batch entry); each warp owns 16 query rows, keeps its Q fragments and O accumulators in registers,
 // and runs the online softmax over key tiles staged in shared memory, with mma.sync m16n8k16.
-// Correctness-first version: plain loads (no cp.async pipeline, no ldmatrix, no swizzle); see perf_log.md.
+// First version: synchronous K/V staging (no cp.async pipeline), padded rather than swizzled shared memory;
+// see docs/perf_log.md.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,6 +13,7 @@
 #include "flash_attn/common/mask.h"
 #include "flash_attn/common/philox.h"
 #include "flash_attn/params.h"
+#include "flash_attn/ptx/ldmatrix_sm80.h"
 #include "flash_attn/ptx/mma_sm80.h"
 
 namespace flash::sm80 {
@@ -135,18 +137,38 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim).warps* kWarpSize)
   const float inv_keep = dropout ? static_cast<float>(1.0 / (1.0 - p.dropout.p)) : 1.f;
   const int64_t batch_head = static_cast<int64_t>(b) * shape.nheads_q + h;
 
+  // 16-byte loads of K/V rows when every row starts 16-byte aligned and the head dim fills the bucket.
+  constexpr int kVectorWidth = 16 / sizeof(T);
+  constexpr int kVectorsPerRow = kHeadDim / kVectorWidth;
+  const bool vector_loads = head_dim == kHeadDim && p.k_strides.row % kVectorWidth == 0 &&
+                            p.v_strides.row % kVectorWidth == 0 &&
+                            reinterpret_cast<uintptr_t>(k) % 16 == 0 && reinterpret_cast<uintptr_t>(v) % 16 == 0;
+
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.f, 0.f};
   ptx::MmaC acc[kDTiles];
 
   for (int64_t n0 = key_begin; n0 < key_end; n0 += kBlockN) {
     __syncthreads();
-    for (int idx = tid; idx < kBlockN * kHeadDim; idx += kThreads) {
-      const int r = idx / kHeadDim;
-      const int c = idx % kHeadDim;
-      const bool valid = n0 + r < seqlen_k && c < head_dim;
-      s_k[r * kStride + c] = valid ? k[(n0 + r) * p.k_strides.row + c] : zero;
-      s_v[r * kStride + c] = valid ? v[(n0 + r) * p.v_strides.row + c] : zero;
+    if (vector_loads) {
+      for (int idx = tid; idx < kBlockN * kVectorsPerRow; idx += kThreads) {
+        const int r = idx / kVectorsPerRow;
+        const int c = (idx % kVectorsPerRow) * kVectorWidth;
+        const bool valid = n0 + r < seqlen_k;
+        const uint4 zeros = make_uint4(0u, 0u, 0u, 0u);
+        *reinterpret_cast<uint4*>(s_k + r * kStride + c) =
+            valid ? *reinterpret_cast<const uint4*>(k + (n0 + r) * p.k_strides.row + c) : zeros;
+        *reinterpret_cast<uint4*>(s_v + r * kStride + c) =
+            valid ? *reinterpret_cast<const uint4*>(v + (n0 + r) * p.v_strides.row + c) : zeros;
+      }
+    } else {
+      for (int idx = tid; idx < kBlockN * kHeadDim; idx += kThreads) {
+        const int r = idx / kHeadDim;
+        const int c = idx % kHeadDim;
+        const bool valid = n0 + r < seqlen_k && c < head_dim;
+        s_k[r * kStride + c] = valid ? k[(n0 + r) * p.k_strides.row + c] : zero;
+        s_v[r * kStride + c] = valid ? v[(n0 + r) * p.v_strides.row + c] : zero;
+      }
     }
     __syncthreads();
 
@@ -232,13 +254,10 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim).warps* kWarpSize)
       p_frag.reg[1] = ptx::pack2(from_float<T>(left.reg[2]), from_float<T>(left.reg[3]));
       p_frag.reg[2] = ptx::pack2(from_float<T>(right.reg[0]), from_float<T>(right.reg[1]));
       p_frag.reg[3] = ptx::pack2(from_float<T>(right.reg[2]), from_float<T>(right.reg[3]));
-      const T* v_rows = s_v + (kk * kMmaK + 2 * t) * kStride + g;
+      const T* v_row = s_v + (kk * kMmaK + lane % kMmaK) * kStride;
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
-        const T* v_col = v_rows + dt * kMmaN;
-        ptx::MmaB frag;
-        frag.reg[0] = ptx::pack2(v_col[0], v_col[kStride]);
-        frag.reg[1] = ptx::pack2(v_col[8 * kStride], v_col[9 * kStride]);
+        const ptx::MmaB frag = ptx::ldmatrix_x2_trans(v_row + dt * kMmaN);
         ptx::mma_m16n8k16(acc[dt], p_frag, frag, zero);
       }
     }
