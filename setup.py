@@ -89,6 +89,8 @@ def extension_modules():
     nvcc_flags += kernel_matrix.gencode_flags()
     print(f"flash_attn: building {len(cuda_units)} CUDA kernels with MAX_JOBS={os.environ['MAX_JOBS']}")
     sources += [str(path.relative_to(ROOT)) for _, path in cuda_units]
+    # Hand-written CUDA units outside the kernel table (helpers every table kernel shares, test kernels).
+    sources += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "sm80").glob("*.cu"))
     return [CUDAExtension("flash_attn._C", sources, include_dirs=include_dirs,
                           define_macros=[("FLASH_WITH_CUDA", "1")],
                           extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags}, extra_link_args=openmp)]

@@ -173,10 +173,10 @@ CheckedCall check_call(const char* op, const CallArgs& a) {
     FLASH_CHECK(rng.scalar_type() == at::kLong && rng.numel() == 2, op,
                 ": rng_state must be an int64 tensor of 2 elements [seed, offset]; got dtype ", rng.scalar_type(),
                 " and shape ", shape_str(rng));
-    const at::Tensor host = rng.to(at::kCPU).contiguous();
+    FLASH_CHECK(rng.device() == q.device() && rng.is_contiguous(), op, ": rng_state must be a contiguous tensor on ",
+                q.device(), "; got one on ", rng.device());
     p.dropout.p = a.dropout_p;
-    p.dropout.seed = static_cast<uint64_t>(host.data_ptr<int64_t>()[0]);
-    p.dropout.offset = static_cast<uint64_t>(host.data_ptr<int64_t>()[1]);
+    p.dropout.rng_state = rng.data_ptr<int64_t>();
   }
 
   if (a.alibi_slopes.has_value()) {

@@ -238,8 +238,8 @@ struct DropoutRule {
 
   explicit DropoutRule(const DropoutParams& d)
       : active(d.p > 0.0),
-        seed(d.seed),
-        offset(d.offset),
+        seed(d.p > 0.0 ? static_cast<uint64_t>(d.rng_state[0]) : 0),
+        offset(d.p > 0.0 ? static_cast<uint64_t>(d.rng_state[1]) : 0),
         threshold(dropout_keep_threshold(d.p)),
         inv_keep(d.p > 0.0 ? 1.0 / (1.0 - d.p) : 1.0) {}
 

@@ -133,6 +133,8 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim).warps* kWarpSize)
   const float alibi_slope =
       p.mask.alibi_slopes != nullptr ? p.mask.alibi_slopes[b * p.mask.alibi_batch_stride + h] : 0.f;
   const bool dropout = p.dropout.p > 0.0;
+  const uint64_t seed = dropout ? static_cast<uint64_t>(p.dropout.rng_state[0]) : 0;
+  const uint64_t rng_offset = dropout ? static_cast<uint64_t>(p.dropout.rng_state[1]) : 0;
   const uint64_t keep_threshold = dropout_keep_threshold(p.dropout.p);
   const float inv_keep = dropout ? static_cast<float>(1.0 / (1.0 - p.dropout.p)) : 1.f;
   const int64_t batch_head = static_cast<int64_t>(b) * shape.nheads_q + h;
@@ -233,7 +235,7 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim).warps* kWarpSize)
       for (int r = 0; r < 2; ++r) {
         const int64_t col = n0 + nt * kMmaN + 2 * t;
         PhiloxBlock words{};
-        if (dropout) words = dropout_words(p.dropout.seed, p.dropout.offset, batch_head, rows[r], col / 4);
+        if (dropout) words = dropout_words(seed, rng_offset, batch_head, rows[r], col / 4);
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           float prob = __expf(s[nt].reg[2 * r + c] - tile_max[r]);

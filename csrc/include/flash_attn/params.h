@@ -60,8 +60,9 @@ struct MaskParams {
 
 struct DropoutParams {
   double p = 0.0;  // probability of dropping; 0 disables dropout
-  uint64_t seed = 0;
-  uint64_t offset = 0;
+  // int64 [seed, offset] in the tensors' memory (device memory for CUDA calls), read by the kernel itself so
+  // a call needs no host synchronisation and can be captured in a CUDA graph.
+  const int64_t* rng_state = nullptr;
 };
 
 struct FwdParams {
