@@ -10,6 +10,7 @@
 #include "../cpu/attention_cpu.h"
 #include "../dispatch/registry.h"
 #include "error_message.h"
+#include "fwd_cuda_plan.h"
 #include "input_checks.h"
 
 #if defined(FLASH_WITH_CUDA)
@@ -106,6 +107,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(
   if (q.is_cpu()) {
     cpu::run_fwd(p);
   } else {
+    std::vector<at::Tensor> scratch;
+    plan_cuda_fwd(p, q, scratch);
     launch_cuda(p, nullptr, q.device());
   }
   return {out, lse, probs};

@@ -1,288 +1,442 @@
-// Forward attention kernel of the portable sm80+ path: one CTA of 4 warps per (query tile of 64 rows,
-// head, batch entry); each warp owns 16 query rows, keeps its Q fragments and O accumulators in registers,
-// and runs the online softmax over key tiles staged in shared memory, with mma.sync m16n8k16.
-// First version: synchronous K/V staging (no cp.async pipeline), padded rather than swizzled shared memory;
-// see docs/perf_log.md.
+// Forward attention kernel of the portable sm80+ path: one CTA of 4 warps per (query tile, head, batch entry
+// [, key split]). Q is staged once in shared memory; K and V tiles stream through cp.async (V of tile n loads
+// while S = Q K^T and the softmax of tile n run, K of tile n-1 while P V runs); every operand reaches the
+// tensor cores through ldmatrix and mma.sync m16n8k16. Key tiles run last to first, so the tiles that need the
+// window/causal mask come first and the rest skip it. Tile shapes: fwd_tile_config.h.
 #pragma once
-
-#include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
 
 #include "flash_attn/common/mask.h"
+#include "flash_attn/common/math.h"
 #include "flash_attn/common/philox.h"
 #include "flash_attn/params.h"
+#include "flash_attn/ptx/cp_async_sm80.h"
 #include "flash_attn/ptx/ldmatrix_sm80.h"
 #include "flash_attn/ptx/mma_sm80.h"
+#include "sm80/fwd_tile_config.h"
+#include "sm80/kernel_common.h"
 
 namespace flash::sm80 {
 
-template <DType kDType>
-struct Element;
-template <>
-struct Element<DType::kFloat16> {
-  using type = __half;
-};
-template <>
-struct Element<DType::kBFloat16> {
-  using type = __nv_bfloat16;
-};
-
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-
-// Tile shape: 4 warps x 16 rows; key tiles of 64 (32 for head dims > 128, so K and V tiles stay < 48 KB).
-struct FwdTileConfig {
-  int block_m;
-  int block_n;
-  int warps;
-};
-__host__ __device__ constexpr FwdTileConfig fwd_tile_config(int head_dim) { return {64, head_dim <= 128 ? 64 : 32, 4}; }
-
-constexpr int kWarpSize = 32;
-constexpr int kMmaM = 16;
-constexpr int kMmaN = 8;
-constexpr int kMmaK = 16;
-// Shared-memory rows are padded by 8 elements (16 bytes) so the 8 rows a fragment load touches fall in
-// different banks.
-constexpr int kSmemRowPad = 8;
-
-__device__ __forceinline__ float read_bias(const void* base, DType dtype, int64_t index) {
-  switch (dtype) {
-    case DType::kFloat16: return __half2float(static_cast<const __half*>(base)[index]);
-    case DType::kBFloat16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[index]);
-    case DType::kFloat32: return static_cast<const float*>(base)[index];
-    case DType::kFloat64: return static_cast<float>(static_cast<const double*>(base)[index]);
-  }
-  return 0.f;
+template <int kHeadDim, bool kGeneral>
+constexpr int fwd_smem_bytes(int element_bytes) {
+  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral);
+  return (kTile.block_m + 2 * kTile.block_n) * (kHeadDim + kSmemRowPad) * element_bytes;
 }
 
-template <typename T, int kHeadDim, MaskKind kMask>
-__global__ void __launch_bounds__(fwd_tile_config(kHeadDim).warps* kWarpSize)
+// Which keys the rows of one CTA may see, from the call's mask: the window bounds as ints (clamped so sums
+// cannot overflow) and the key range [lo, hi) any row of rows [m0, m_last] can see.
+struct CtaWindow {
+  bool has_left;
+  bool has_right;
+  int left;
+  int right;
+  int offset;
+};
+
+template <MaskKind kMask>
+__device__ __forceinline__ CtaWindow cta_window(const MaskParams& mask, int seqlen_q, int seqlen_k) {
+  // A window wider than both sequences together is the same as no bound; clamping keeps int arithmetic exact.
+  const int64_t limit = static_cast<int64_t>(seqlen_q) + seqlen_k;
+  auto clamp = [&](int64_t w) { return static_cast<int>(w < limit ? w : limit); };
+  CtaWindow w;
+  w.has_left = kMask == MaskKind::kLocal && mask.window_left != kUnboundedWindow;
+  w.has_right = kMask == MaskKind::kCausal || (kMask == MaskKind::kLocal && mask.window_right != kUnboundedWindow);
+  w.left = w.has_left ? clamp(mask.window_left) : 0;
+  w.right = kMask == MaskKind::kCausal ? 0 : (w.has_right ? clamp(mask.window_right) : 0);
+  w.offset = mask.bottom_right ? seqlen_k - seqlen_q : 0;
+  return w;
+}
+
+template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral>
+__global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral).warps* kWarpSize)
     fwd_kernel(const FwdParams p) {
-  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim);
+  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral);
   constexpr int kBlockM = kTile.block_m;
   constexpr int kBlockN = kTile.block_n;
-  constexpr int kThreads = kTile.warps * kWarpSize;
+  constexpr int kWarps = kTile.warps;
+  constexpr int kThreads = kWarps * kWarpSize;
+  constexpr int kStrips = kBlockM / (kWarps * kMmaM);  // 16-row strips per warp
+  constexpr int kStripStride = kWarps * kMmaM;          // rows between a warp's strips
   constexpr int kStride = kHeadDim + kSmemRowPad;
   constexpr int kKSteps = kHeadDim / kMmaK;
   constexpr int kNTiles = kBlockN / kMmaN;
   constexpr int kDTiles = kHeadDim / kMmaN;
-  static_assert(kHeadDim % kMmaK == 0 && kBlockM == kTile.warps * kMmaM, "tile shape");
-  __shared__ __align__(16) T s_k[kBlockN * kStride];
-  __shared__ __align__(16) T s_v[kBlockN * kStride];
+  static_assert(kHeadDim % (2 * kMmaK) == 0 && kBlockN % (2 * kMmaK) == 0 && kStrips >= 1, "tile shape");
 
-  const int b = blockIdx.z;
-  const int h = blockIdx.y;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* s_q = reinterpret_cast<T*>(smem_raw);
+  T* s_k = s_q + kBlockM * kStride;
+  T* s_v = s_k + kBlockN * kStride;
+
   const AttentionShape& shape = p.shape;
-  int64_t q_row0 = 0, k_row0 = 0, seqlen_q = shape.seqlen_q, seqlen_k = shape.seqlen_k;
+  const int h = blockIdx.y;
+  const int b = blockIdx.z / p.num_splits;
+  const int split = blockIdx.z % p.num_splits;
+  int64_t q_row0 = 0, k_row0 = 0;
+  int seqlen_q = static_cast<int>(shape.seqlen_q), seqlen_k = static_cast<int>(shape.seqlen_k);
   if (shape.cu_seqlens_q != nullptr) {
     q_row0 = shape.cu_seqlens_q[b];
-    seqlen_q = shape.cu_seqlens_q[b + 1] - q_row0;
+    seqlen_q = shape.cu_seqlens_q[b + 1] - static_cast<int>(q_row0);
     k_row0 = shape.cu_seqlens_k[b];
-    seqlen_k = shape.cu_seqlens_k[b + 1] - k_row0;
+    seqlen_k = shape.cu_seqlens_k[b + 1] - static_cast<int>(k_row0);
   }
-  const int64_t row_begin = static_cast<int64_t>(blockIdx.x) * kBlockM;
-  if (row_begin >= seqlen_q) return;
-  const int64_t offset = diagonal_offset(p.mask, seqlen_q, seqlen_k);
-  const int64_t hk = h / (shape.nheads_q / shape.nheads_k);
-  const int64_t head_dim = shape.head_dim;
+  const int m0 = blockIdx.x * kBlockM;
+  if (m0 >= seqlen_q) return;
+  const CtaWindow win = cta_window<kMask>(p.mask, seqlen_q, seqlen_k);
+  const int hk = h / static_cast<int>(shape.nheads_q / shape.nheads_k);
+  const int head_dim = static_cast<int>(shape.head_dim);
 
   const int tid = threadIdx.x;
   const int warp = tid / kWarpSize;
   const int lane = tid % kWarpSize;
   const int g = lane / 4;
   const int t = lane % 4;
-  const int64_t rows[2] = {row_begin + warp * kMmaM + g, row_begin + warp * kMmaM + g + 8};
 
-  const T* q = static_cast<const T*>(p.q) + b * p.q_strides.batch + q_row0 * p.q_strides.row + h * p.q_strides.head;
-  const T* k = static_cast<const T*>(p.k) + b * p.k_strides.batch + k_row0 * p.k_strides.row + hk * p.k_strides.head;
-  const T* v = static_cast<const T*>(p.v) + b * p.v_strides.batch + k_row0 * p.v_strides.row + hk * p.v_strides.head;
-  const T zero = from_float<T>(0.f);
-
-  auto q_at = [&](int64_t row, int64_t col) {
-    return row < seqlen_q && col < head_dim ? q[row * p.q_strides.row + col] : zero;
-  };
-  ptx::MmaA q_frag[kKSteps];
-#pragma unroll
-  for (int kk = 0; kk < kKSteps; ++kk) {
-    const int col = kk * kMmaK + 2 * t;
-    q_frag[kk].reg[0] = ptx::pack2(q_at(rows[0], col), q_at(rows[0], col + 1));
-    q_frag[kk].reg[1] = ptx::pack2(q_at(rows[1], col), q_at(rows[1], col + 1));
-    q_frag[kk].reg[2] = ptx::pack2(q_at(rows[0], col + 8), q_at(rows[0], col + 9));
-    q_frag[kk].reg[3] = ptx::pack2(q_at(rows[1], col + 8), q_at(rows[1], col + 9));
+  // Key tiles this CTA (and split) visits.
+  const int m_last = min(m0 + kBlockM, seqlen_q) - 1;
+  const int key_lo = win.has_left ? max(0, m0 + win.offset - win.left) : 0;
+  const int key_hi = win.has_right ? min(seqlen_k, m_last + win.offset + win.right + 1) : seqlen_k;
+  int n_first = key_lo / kBlockN;
+  int n_last = key_hi > key_lo ? (key_hi - 1) / kBlockN : n_first - 1;
+  if (p.num_splits > 1) {
+    const int per_split = (n_last - n_first + p.num_splits) / p.num_splits;
+    const int lo = n_first + split * per_split;
+    n_last = min(n_last, lo + per_split - 1);
+    n_first = lo;
   }
 
-  KeyRange row_keys[2];
-  for (int r = 0; r < 2; ++r) row_keys[r] = visible_keys(p.mask, rows[r], offset, seqlen_k);
-  const int64_t last_row = row_begin + kBlockM - 1 < seqlen_q ? row_begin + kBlockM - 1 : seqlen_q - 1;
-  int64_t key_begin = visible_keys(p.mask, row_begin, offset, seqlen_k).begin;
-  int64_t key_end = visible_keys(p.mask, last_row, offset, seqlen_k).end;
-  key_begin = key_begin < 0 ? 0 : key_begin;
-  key_end = key_end > seqlen_k ? seqlen_k : key_end;
+  const T* q = static_cast<const T*>(p.q) + b * p.q_strides.batch + (q_row0 + m0) * p.q_strides.row +
+               h * p.q_strides.head;
+  const T* k = static_cast<const T*>(p.k) + b * p.k_strides.batch + k_row0 * p.k_strides.row +
+               static_cast<int64_t>(hk) * p.k_strides.head;
+  const T* v = static_cast<const T*>(p.v) + b * p.v_strides.batch + k_row0 * p.v_strides.row +
+               static_cast<int64_t>(hk) * p.v_strides.head;
 
+  load_tile_async<kBlockM, kHeadDim, kThreads>(s_q, q, p.q_strides.row, seqlen_q - m0, head_dim, tid);
+  if (n_last >= n_first) {
+    const int n0 = n_last * kBlockN;
+    load_tile_async<kBlockN, kHeadDim, kThreads>(s_k, k + n0 * p.k_strides.row, p.k_strides.row, seqlen_k - n0,
+                                                 head_dim, tid);
+  }
+  ptx::cp_async_commit();
+
+  // Softmax in the log2 domain: p = 2^(x * x_scale - m). The fast path keeps raw scores (x_scale folds the
+  // softmax scale and log2(e) into one FFMA); the general path turns scores into log2-domain logits first.
+  const float scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
+  const float x_scale = kGeneral ? 1.f : scale_log2;
   const float scale = static_cast<float>(p.softmax_scale);
   const float softcap = static_cast<float>(p.softcap);
-  const float alibi_slope =
-      p.mask.alibi_slopes != nullptr ? p.mask.alibi_slopes[b * p.mask.alibi_batch_stride + h] : 0.f;
-  const bool dropout = p.dropout.p > 0.0;
-  const uint64_t seed = dropout ? static_cast<uint64_t>(p.dropout.rng_state[0]) : 0;
-  const uint64_t rng_offset = dropout ? static_cast<uint64_t>(p.dropout.rng_state[1]) : 0;
-  const uint64_t keep_threshold = dropout_keep_threshold(p.dropout.p);
-  const float inv_keep = dropout ? static_cast<float>(1.0 / (1.0 - p.dropout.p)) : 1.f;
+  const float log2e = static_cast<float>(kLog2e);
+  float alibi_slope = 0.f;
+  bool dropout = false;
+  uint64_t seed = 0, rng_offset = 0, keep_threshold = 0;
+  float inv_keep = 1.f;
+  if constexpr (kGeneral) {
+    alibi_slope = p.mask.alibi_slopes != nullptr ? p.mask.alibi_slopes[b * p.mask.alibi_batch_stride + h] : 0.f;
+    dropout = p.dropout.p > 0.0;
+    if (dropout) {
+      seed = static_cast<uint64_t>(p.dropout.rng_state[0]);
+      rng_offset = static_cast<uint64_t>(p.dropout.rng_state[1]);
+      keep_threshold = dropout_keep_threshold(p.dropout.p);
+      inv_keep = static_cast<float>(1.0 / (1.0 - p.dropout.p));
+    }
+  }
   const int64_t batch_head = static_cast<int64_t>(b) * shape.nheads_q + h;
 
-  // 16-byte loads of K/V rows when every row starts 16-byte aligned and the head dim fills the bucket.
-  constexpr int kVectorWidth = 16 / sizeof(T);
-  constexpr int kVectorsPerRow = kHeadDim / kVectorWidth;
-  const bool vector_loads = head_dim == kHeadDim && p.k_strides.row % kVectorWidth == 0 &&
-                            p.v_strides.row % kVectorWidth == 0 &&
-                            reinterpret_cast<uintptr_t>(k) % 16 == 0 && reinterpret_cast<uintptr_t>(v) % 16 == 0;
+  // Rows (within the sequence) of this thread's accumulator entries: strip s, half r -> g + 8r.
+  int rows[kStrips][2];
+#pragma unroll
+  for (int s = 0; s < kStrips; ++s) {
+    rows[s][0] = m0 + warp * kMmaM + s * kStripStride + g;
+    rows[s][1] = rows[s][0] + 8;
+  }
 
-  float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.f, 0.f};
-  ptx::MmaC acc[kDTiles];
+  float row_max[kStrips][2], row_sum[kStrips][2];
+  ptx::MmaC acc[kStrips][kDTiles];
+#pragma unroll
+  for (int s = 0; s < kStrips; ++s) {
+    row_max[s][0] = row_max[s][1] = -INFINITY;
+    row_sum[s][0] = row_sum[s][1] = 0.f;
+  }
+  const T zero = from_float<T>(0.f);
 
-  for (int64_t n0 = key_begin; n0 < key_end; n0 += kBlockN) {
-    __syncthreads();
-    if (vector_loads) {
-      for (int idx = tid; idx < kBlockN * kVectorsPerRow; idx += kThreads) {
-        const int r = idx / kVectorsPerRow;
-        const int c = (idx % kVectorsPerRow) * kVectorWidth;
-        const bool valid = n0 + r < seqlen_k;
-        const uint4 zeros = make_uint4(0u, 0u, 0u, 0u);
-        *reinterpret_cast<uint4*>(s_k + r * kStride + c) =
-            valid ? *reinterpret_cast<const uint4*>(k + (n0 + r) * p.k_strides.row + c) : zeros;
-        *reinterpret_cast<uint4*>(s_v + r * kStride + c) =
-            valid ? *reinterpret_cast<const uint4*>(v + (n0 + r) * p.v_strides.row + c) : zeros;
+  for (int n = n_last; n >= n_first; --n) {
+    const int n0 = n * kBlockN;
+    ptx::cp_async_wait<0>();
+    __syncthreads();  // K[n] (and Q) landed; every warp is done with V[n+1], so s_v may be refilled
+    load_tile_async<kBlockN, kHeadDim, kThreads>(s_v, v + n0 * p.v_strides.row, p.v_strides.row, seqlen_k - n0,
+                                                 head_dim, tid);
+    ptx::cp_async_commit();
+
+    ptx::MmaC sc[kStrips][kNTiles];
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      ptx::MmaA a[kStrips];
+#pragma unroll
+      for (int s = 0; s < kStrips; ++s) {
+        ptx::ldmatrix_x4(a[s].reg,
+                         s_q + (warp * kMmaM + s * kStripStride + lane % 16) * kStride + kk * kMmaK + (lane / 16) * 8);
       }
-    } else {
-      for (int idx = tid; idx < kBlockN * kHeadDim; idx += kThreads) {
-        const int r = idx / kHeadDim;
-        const int c = idx % kHeadDim;
-        const bool valid = n0 + r < seqlen_k && c < head_dim;
-        s_k[r * kStride + c] = valid ? k[(n0 + r) * p.k_strides.row + c] : zero;
-        s_v[r * kStride + c] = valid ? v[(n0 + r) * p.v_strides.row + c] : zero;
-      }
-    }
-    __syncthreads();
-
-    ptx::MmaC s[kNTiles];
 #pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt) {
+      for (int np = 0; np < kNTiles / 2; ++np) {
+        uint32_t kb[4];
+        ptx::ldmatrix_x4(kb, s_k + (np * 16 + lane % 8 + 8 * (lane / 16)) * kStride + kk * kMmaK +
+                                 8 * ((lane / 8) % 2));
+        const ptx::MmaB b0{{kb[0], kb[1]}};
+        const ptx::MmaB b1{{kb[2], kb[3]}};
 #pragma unroll
-      for (int kk = 0; kk < kKSteps; ++kk) {
-        const T* k_row = s_k + (nt * kMmaN + g) * kStride + kk * kMmaK + 2 * t;
-        ptx::MmaB frag;
-        frag.reg[0] = *reinterpret_cast<const uint32_t*>(k_row);
-        frag.reg[1] = *reinterpret_cast<const uint32_t*>(k_row + 8);
-        ptx::mma_m16n8k16(s[nt], q_frag[kk], frag, zero);
-      }
-    }
-
-    // Scores -> softmax inputs (scale, softcap, ALiBi, bias, mask), then the running max per row.
-    float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2;
-        const int64_t col = n0 + nt * kMmaN + 2 * t + (e % 2);
-        float z = s[nt].reg[e];
-        z = softcap > 0.f ? softcap * tanhf(z * scale / softcap) : z * scale;
-        if (p.mask.alibi_slopes != nullptr) {
-          const int64_t distance = rows[r] + offset - col;
-          z -= alibi_slope * static_cast<float>(distance < 0 ? -distance : distance);
+        for (int s = 0; s < kStrips; ++s) {
+          ptx::mma_m16n8k16(sc[s][2 * np], a[s], b0, zero);
+          ptx::mma_m16n8k16(sc[s][2 * np + 1], a[s], b1, zero);
         }
-        const bool visible = rows[r] < seqlen_q && col < seqlen_k &&
-                             (kMask == MaskKind::kNone || (col >= row_keys[r].begin && col < row_keys[r].end));
-        if (visible && p.mask.bias != nullptr) {
-          const ScoreStrides& bs = p.mask.bias_strides;
-          z += read_bias(p.mask.bias, p.mask.bias_dtype,
-                         b * bs.batch + h * bs.head + rows[r] * bs.row + col * bs.col);
+      }
+    }
+
+    // General path: scores -> log2-domain logits (scale, softcap, ALiBi, bias).
+    if constexpr (kGeneral) {
+#pragma unroll
+      for (int s = 0; s < kStrips; ++s) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int row = rows[s][e / 2];
+            const int col = n0 + nt * kMmaN + 2 * t + (e % 2);
+            float z = sc[s][nt].reg[e] * scale;
+            if (softcap > 0.f) z = softcap * tanhf(z / softcap);
+            if (p.mask.alibi_slopes != nullptr) z -= alibi_slope * fabsf(static_cast<float>(row + win.offset - col));
+            if (p.mask.bias != nullptr && row < seqlen_q && col < seqlen_k) {
+              const ScoreStrides& bs = p.mask.bias_strides;
+              z += read_bias(p.mask.bias, p.mask.bias_dtype,
+                             b * bs.batch + h * bs.head + static_cast<int64_t>(row) * bs.row + col * bs.col);
+            }
+            sc[s][nt].reg[e] = z * log2e;
+          }
         }
-        z = visible ? z : -INFINITY;
-        s[nt].reg[e] = z;
-        tile_max[r] = fmaxf(tile_max[r], z);
       }
     }
+
+    // Mask only the tiles some row of this CTA cannot fully see.
+    const bool needs_mask = n0 + kBlockN > seqlen_k || (win.has_right && n0 + kBlockN - 1 > m0 + win.offset + win.right) ||
+                            (win.has_left && n0 < m0 + kBlockM - 1 + win.offset - win.left);
+    if (needs_mask) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      const float new_max = fmaxf(row_max[r], tile_max[r]);
-      const float shift = new_max == -INFINITY ? 0.f : new_max;
-      const float rescale = __expf(row_max[r] - shift);
-      row_sum[r] *= rescale;
+      for (int s = 0; s < kStrips; ++s) {
 #pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt) {
-        acc[dt].reg[2 * r] *= rescale;
-        acc[dt].reg[2 * r + 1] *= rescale;
+        for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int row = rows[s][e / 2];
+            const int col = n0 + nt * kMmaN + 2 * t + (e % 2);
+            const bool visible = col < seqlen_k && (!win.has_left || col >= row + win.offset - win.left) &&
+                                 (!win.has_right || col <= row + win.offset + win.right);
+            if (!visible) sc[s][nt].reg[e] = -INFINITY;
+          }
+        }
       }
-      row_max[r] = new_max;
-      tile_max[r] = shift;
     }
+
+    // Online softmax: new running max, rescale of the running sum and O, then P = 2^(x * x_scale - max).
 #pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt) {
+    for (int s = 0; s < kStrips; ++s) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int64_t col = n0 + nt * kMmaN + 2 * t;
-        PhiloxBlock words{};
-        if (dropout) words = dropout_words(seed, rng_offset, batch_head, rows[r], col / 4);
+        float tile_max = -INFINITY;
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          float prob = __expf(s[nt].reg[2 * r + c] - tile_max[r]);
-          row_sum[r] += prob;
-          if (dropout) prob = words.word[(col + c) % 4] < keep_threshold ? prob * inv_keep : 0.f;
-          s[nt].reg[2 * r + c] = prob;
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          tile_max = fmaxf(tile_max, fmaxf(sc[s][nt].reg[2 * r], sc[s][nt].reg[2 * r + 1]));
+        }
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        const float new_max = fmaxf(row_max[s][r], tile_max * x_scale);
+        const float shift = new_max == -INFINITY ? 0.f : new_max;
+        const float rescale = exp2f(row_max[s][r] - shift);
+        row_max[s][r] = new_max;
+        row_sum[s][r] *= rescale;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          acc[s][dt].reg[2 * r] *= rescale;
+          acc[s][dt].reg[2 * r + 1] *= rescale;
+        }
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const float prob = exp2f(fmaf(sc[s][nt].reg[2 * r + c], x_scale, -shift));
+            sum += prob;
+            sc[s][nt].reg[2 * r + c] = prob;
+          }
+        }
+        row_sum[s][r] += sum;
+      }
+    }
+
+    // Dropout: the row sum keeps every probability; only P V sees the kept ones, scaled by 1 / (1 - p).
+    if (kGeneral && dropout) {
+#pragma unroll
+      for (int s = 0; s < kStrips; ++s) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int col = n0 + nt * kMmaN + 2 * t;
+            const PhiloxBlock words = dropout_words(seed, rng_offset, batch_head, rows[s][r], col / 4);
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              float& prob = sc[s][nt].reg[2 * r + c];
+              prob = words.word[(col + c) % 4] < keep_threshold ? prob * inv_keep : 0.f;
+            }
+          }
         }
       }
     }
 
-    // O += P V, P taken from the score accumulators (their C layout is the A layout of the next MMA).
+    ptx::cp_async_wait<0>();
+    __syncthreads();  // V[n] landed; every warp is done with K[n], so s_k may be refilled
+    if (n > n_first) {
+      const int n0_next = n0 - kBlockN;
+      load_tile_async<kBlockN, kHeadDim, kThreads>(s_k, k + n0_next * p.k_strides.row, p.k_strides.row,
+                                                   seqlen_k - n0_next, head_dim, tid);
+      ptx::cp_async_commit();
+    }
+
+    // O += P V: two adjacent n8 accumulator tiles of P are one k16 A fragment.
 #pragma unroll
     for (int kk = 0; kk < kBlockN / kMmaK; ++kk) {
-      ptx::MmaA p_frag;
-      const ptx::MmaC& left = s[2 * kk];
-      const ptx::MmaC& right = s[2 * kk + 1];
-      p_frag.reg[0] = ptx::pack2(from_float<T>(left.reg[0]), from_float<T>(left.reg[1]));
-      p_frag.reg[1] = ptx::pack2(from_float<T>(left.reg[2]), from_float<T>(left.reg[3]));
-      p_frag.reg[2] = ptx::pack2(from_float<T>(right.reg[0]), from_float<T>(right.reg[1]));
-      p_frag.reg[3] = ptx::pack2(from_float<T>(right.reg[2]), from_float<T>(right.reg[3]));
-      const T* v_row = s_v + (kk * kMmaK + lane % kMmaK) * kStride;
+      ptx::MmaA pa[kStrips];
 #pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt) {
-        const ptx::MmaB frag = ptx::ldmatrix_x2_trans(v_row + dt * kMmaN);
-        ptx::mma_m16n8k16(acc[dt], p_frag, frag, zero);
+      for (int s = 0; s < kStrips; ++s) {
+        const ptx::MmaC& left = sc[s][2 * kk];
+        const ptx::MmaC& right = sc[s][2 * kk + 1];
+        pa[s].reg[0] = pack_float2<T>(left.reg[0], left.reg[1]);
+        pa[s].reg[1] = pack_float2<T>(left.reg[2], left.reg[3]);
+        pa[s].reg[2] = pack_float2<T>(right.reg[0], right.reg[1]);
+        pa[s].reg[3] = pack_float2<T>(right.reg[2], right.reg[3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < kHeadDim / 16; ++dp) {
+        uint32_t vb[4];
+        ptx::ldmatrix_x4_trans(vb, s_v + (kk * kMmaK + lane % 16) * kStride + dp * 16 + 8 * (lane / 16));
+        const ptx::MmaB b0{{vb[0], vb[1]}};
+        const ptx::MmaB b1{{vb[2], vb[3]}};
+#pragma unroll
+        for (int s = 0; s < kStrips; ++s) {
+          ptx::mma_m16n8k16(acc[s][2 * dp], pa[s], b0, zero);
+          ptx::mma_m16n8k16(acc[s][2 * dp + 1], pa[s], b1, zero);
+        }
       }
     }
   }
 
-  T* out = static_cast<T*>(p.out) + b * p.out_strides.batch + q_row0 * p.out_strides.row + h * p.out_strides.head;
-  float* lse = static_cast<float*>(p.lse) + b * p.lse_batch_stride + h * p.lse_head_stride + q_row0;
+  // Epilogue: normalise; a split writes fp32 partials, a whole call stages O (in T) through the warp's own Q
+  // rows of shared memory and stores 16-byte chunks.
+  ptx::cp_async_wait<0>();
+  __syncthreads();
+  const bool split_call = p.num_splits > 1;
+  const int64_t split_row0 =
+      ((static_cast<int64_t>(split) * shape.batch + b) * shape.nheads_q + h) * shape.seqlen_q;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
-    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
-    if (rows[r] >= seqlen_q) continue;
-    const bool empty = row_sum[r] == 0.f;
-    const float inv_sum = empty ? 0.f : 1.f / row_sum[r];
+  for (int s = 0; s < kStrips; ++s) {
 #pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt) {
-      const int col = dt * kMmaN + 2 * t;
-      if (col < head_dim) out[rows[r] * p.out_strides.row + col] = from_float<T>(acc[dt].reg[2 * r] * inv_sum);
-      if (col + 1 < head_dim) {
-        out[rows[r] * p.out_strides.row + col + 1] = from_float<T>(acc[dt].reg[2 * r + 1] * inv_sum);
+    for (int r = 0; r < 2; ++r) {
+      float sum = row_sum[s][r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const bool empty = sum == 0.f;
+      const float inv_sum = empty ? 0.f : 1.f / sum;
+      const float lse = empty ? (split_call ? -INFINITY : INFINITY)
+                              : row_max[s][r] * static_cast<float>(kLn2) + logf(sum);
+      const int row = rows[s][r];
+      const int local = row - m0;
+      if (split_call) {
+        if (row < seqlen_q) {
+          float* o = p.split_out + (split_row0 + row) * kHeadDim;
+#pragma unroll
+          for (int dt = 0; dt < kDTiles; ++dt) {
+            const int col = dt * kMmaN + 2 * t;
+            *reinterpret_cast<float2*>(o + col) =
+                make_float2(acc[s][dt].reg[2 * r] * inv_sum, acc[s][dt].reg[2 * r + 1] * inv_sum);
+          }
+          if (t == 0) p.split_lse[split_row0 + row] = lse;
+        }
+      } else {
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          const int col = dt * kMmaN + 2 * t;
+          *reinterpret_cast<uint32_t*>(s_q + local * kStride + col) =
+              pack_float2<T>(acc[s][dt].reg[2 * r] * inv_sum, acc[s][dt].reg[2 * r + 1] * inv_sum);
+        }
+        if (t == 0 && row < seqlen_q) {
+          float* lse_out = static_cast<float*>(p.lse) + b * p.lse_batch_stride + h * p.lse_head_stride + q_row0;
+          lse_out[row] = lse;
+        }
       }
     }
-    if (t == 0) lse[rows[r]] = empty ? INFINITY : row_max[r] + logf(row_sum[r]);
+  }
+  if (split_call) return;
+  __syncwarp();
+  T* out = static_cast<T*>(p.out) + b * p.out_strides.batch + (q_row0 + m0) * p.out_strides.row +
+           h * p.out_strides.head;
+  constexpr int kChunksPerRow = kHeadDim / kChunkElems;
+#pragma unroll
+  for (int s = 0; s < kStrips; ++s) {
+    const int strip0 = warp * kMmaM + s * kStripStride;
+#pragma unroll
+    for (int c = lane; c < kMmaM * kChunksPerRow; c += kWarpSize) {
+      const int local = strip0 + c / kChunksPerRow;
+      const int col = (c % kChunksPerRow) * kChunkElems;
+      if (m0 + local < seqlen_q && col < head_dim) {
+        *reinterpret_cast<uint4*>(out + local * p.out_strides.row + col) =
+            *reinterpret_cast<const uint4*>(s_q + local * kStride + col);
+      }
+    }
+  }
+}
+
+// Merges the per-split partials of a split-KV call: one warp per (batch, head, row).
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(4 * kWarpSize) fwd_combine_kernel(const FwdParams p) {
+  constexpr int kRowsPerBlock = 4;
+  const int64_t rows_total = p.shape.batch * p.shape.nheads_q * p.shape.seqlen_q;
+  const int64_t flat = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
+  if (flat >= rows_total) return;
+  const int lane = threadIdx.x % kWarpSize;
+  const int row = static_cast<int>(flat % p.shape.seqlen_q);
+  const int h = static_cast<int>((flat / p.shape.seqlen_q) % p.shape.nheads_q);
+  const int b = static_cast<int>(flat / (p.shape.seqlen_q * p.shape.nheads_q));
+  int64_t q_row0 = 0;
+  if (p.shape.cu_seqlens_q != nullptr) {
+    q_row0 = p.shape.cu_seqlens_q[b];
+    if (row >= p.shape.cu_seqlens_q[b + 1] - q_row0) return;
+  }
+  const int64_t split_stride = rows_total;
+  float max_lse = -INFINITY;
+  for (int s = 0; s < p.num_splits; ++s) max_lse = fmaxf(max_lse, p.split_lse[s * split_stride + flat]);
+  float total = 0.f;
+  if (max_lse != -INFINITY) {
+    for (int s = 0; s < p.num_splits; ++s) total += expf(p.split_lse[s * split_stride + flat] - max_lse);
+  }
+  const bool empty = total == 0.f;
+  const float lse = empty ? INFINITY : max_lse + logf(total);
+  T* out = static_cast<T*>(p.out) + b * p.out_strides.batch + (q_row0 + row) * p.out_strides.row +
+           h * p.out_strides.head;
+  for (int col = lane; col < p.shape.head_dim; col += kWarpSize) {
+    float o = 0.f;
+    if (!empty) {
+      for (int s = 0; s < p.num_splits; ++s) {
+        const float weight = expf(p.split_lse[s * split_stride + flat] - lse);
+        o += weight * p.split_out[(s * split_stride + flat) * kHeadDim + col];
+      }
+    }
+    out[col] = from_float<T>(o);
+  }
+  if (lane == 0) {
+    float* lse_out = static_cast<float*>(p.lse) + b * p.lse_batch_stride + h * p.lse_head_stride + q_row0;
+    lse_out[row] = lse;
   }
 }
 

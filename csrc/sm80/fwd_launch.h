@@ -1,21 +1,49 @@
-// run_fwd<dtype, head dim, mask>: launches the sm80+ forward kernel for one call on the given stream.
-// Included by the generated translation units (tools/gen_kernels.py), one instantiation per TU.
+// run_fwd<dtype, head dim, mask>: launches the sm80+ forward kernel for one call on the given stream (plus the
+// split-KV combine kernel when the call was split). Included by the generated translation units
+// (tools/gen_kernels.py), one instantiation per TU.
 #pragma once
 
 #include "sm80/fwd_kernel.h"
 
 namespace flash::sm80 {
 
-template <DType kDType, int kHeadDim, MaskKind kMask>
-void run_fwd(const FwdParams& params, void* stream) {
-  using T = typename Element<kDType>::type;
-  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim);
+// Calls using any of these take the general kernel; the rest take the lean one (no per-element feature work).
+inline bool fwd_needs_general_kernel(const FwdParams& p) {
+  return p.softcap > 0.0 || p.mask.alibi_slopes != nullptr || p.mask.bias != nullptr || p.dropout.p > 0.0 ||
+         !(p.softmax_scale > 0.0);
+}
+
+template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral>
+void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream) {
+  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral);
+  constexpr int kSmemBytes = fwd_smem_bytes<kHeadDim, kGeneral>(sizeof(T));
+  auto* kernel = fwd_kernel<T, kHeadDim, kMask, kGeneral>;
+  // Above 48 KB of dynamic shared memory a kernel must opt in; once per instantiation and process.
+  static const cudaError_t opt_in =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  (void)opt_in;
   const int64_t query_tiles = (params.shape.seqlen_q + kTile.block_m - 1) / kTile.block_m;
-  if (query_tiles == 0 || params.shape.batch == 0) return;
   const dim3 grid(static_cast<unsigned>(query_tiles), static_cast<unsigned>(params.shape.nheads_q),
-                  static_cast<unsigned>(params.shape.batch));
-  fwd_kernel<T, kHeadDim, kMask>
-      <<<grid, kTile.warps * kWarpSize, 0, static_cast<cudaStream_t>(stream)>>>(params);
+                  static_cast<unsigned>(params.shape.batch * params.num_splits));
+  kernel<<<grid, kTile.warps * kWarpSize, kSmemBytes, stream>>>(params);
+}
+
+template <DType kDType, int kHeadDim, MaskKind kMask>
+void run_fwd(const FwdParams& params, void* stream_ptr) {
+  using T = typename Element<kDType>::type;
+  if (params.shape.seqlen_q == 0 || params.shape.batch == 0 || params.shape.nheads_q == 0) return;
+  const auto stream = static_cast<cudaStream_t>(stream_ptr);
+  if (fwd_needs_general_kernel(params)) {
+    launch_fwd_kernel<T, kHeadDim, kMask, true>(params, stream);
+  } else {
+    launch_fwd_kernel<T, kHeadDim, kMask, false>(params, stream);
+  }
+  if (params.num_splits > 1) {
+    constexpr int kRowsPerBlock = 4;
+    const int64_t rows = params.shape.batch * params.shape.nheads_q * params.shape.seqlen_q;
+    const unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+    fwd_combine_kernel<T, kHeadDim><<<blocks, kRowsPerBlock * kWarpSize, 0, stream>>>(params);
+  }
 }
 
 }  // namespace flash::sm80

@@ -88,6 +88,15 @@ struct FwdParams {
   // Optional normalised probabilities, sign-flipped where dropout dropped; null unless requested.
   void* probs = nullptr;
   ScoreStrides probs_strides;
+
+  // Split-KV (decode-shaped CUDA calls with too few CTAs to fill the GPU): the key range is cut into
+  // num_splits parts; each CTA writes its part's normalised fp32 output and natural-log lse (-inf when it saw no
+  // key) to these buffers and a combine kernel merges them into out / lse. Laid out as
+  // split_out[split][batch][nheads_q][seqlen_q][head_dim] and split_lse[split][batch][nheads_q][seqlen_q] with
+  // seqlen_q the (maximum) query length. Unused when num_splits == 1.
+  int num_splits = 1;
+  float* split_out = nullptr;
+  float* split_lse = nullptr;
 };
 
 struct BwdParams {

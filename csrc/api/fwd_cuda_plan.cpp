@@ -1,0 +1,37 @@
+// plan_cuda_fwd (fwd_cuda_plan.h).
+#include "fwd_cuda_plan.h"
+
+#include "../dispatch/fwd_plan.h"
+
+#if defined(FLASH_WITH_CUDA)
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+namespace flash::api {
+
+namespace {
+constexpr int64_t kHeadDimGranule = 32;  // split_out rows are padded to the kernel's head-dim bucket
+}  // namespace
+
+void plan_cuda_fwd(FwdParams& p, const at::Tensor& q, std::vector<at::Tensor>& scratch) {
+#if defined(FLASH_WITH_CUDA)
+  pack_gqa_decode(p);
+  const int num_sms = at::cuda::getDeviceProperties(q.device().index())->multiProcessorCount;
+  p.num_splits = choose_fwd_num_splits(p, num_sms);
+  if (p.num_splits > 1) {
+    const int64_t rows = p.num_splits * p.shape.batch * p.shape.nheads_q * p.shape.seqlen_q;
+    const int64_t bucket = (p.shape.head_dim + kHeadDimGranule - 1) / kHeadDimGranule * kHeadDimGranule;
+    const auto options = q.options().dtype(at::kFloat);
+    scratch.push_back(at::empty({rows * bucket}, options));
+    scratch.push_back(at::empty({rows}, options));
+    p.split_out = scratch[0].data_ptr<float>();
+    p.split_lse = scratch[1].data_ptr<float>();
+  }
+#else
+  (void)p;
+  (void)q;
+  (void)scratch;
+#endif
+}
+
+}  // namespace flash::api

@@ -1,0 +1,16 @@
+// Prepares a CUDA forward call's params after the checks: GQA decode packing and split-KV scratch
+// (csrc/dispatch/fwd_plan.h decides; this file allocates through torch's caching allocator, so no host sync).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "flash_attn/params.h"
+
+namespace flash::api {
+
+// Rewrites `p` for the kernel launch; `scratch` keeps the split buffers alive until the launch is queued.
+void plan_cuda_fwd(FwdParams& p, const at::Tensor& q, std::vector<at::Tensor>& scratch);
+
+}  // namespace flash::api

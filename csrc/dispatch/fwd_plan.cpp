@@ -1,0 +1,61 @@
+// Decode packing and split-KV choice for CUDA forward calls (fwd_plan.h).
+#include "fwd_plan.h"
+
+#include <algorithm>
+
+#include "flash_attn/common/mask.h"
+#include "sm80/fwd_tile_config.h"
+
+namespace flash {
+namespace {
+
+constexpr int kHeadDimGranule = 32;  // head-dim buckets are multiples of 32 (tools/kernel_matrix.py)
+// Two CTAs of the forward kernel fit on one SM (255 registers x 128 threads each).
+constexpr int kCtasPerSm = 2;
+// More splits than this cost more in the combine pass than they gain (FA2 caps at 128 with finer tiles).
+constexpr int kMaxSplits = 32;
+// Each split should cover at least this many key tiles, or its fixed cost (Q load, epilogue) dominates.
+constexpr int kMinTilesPerSplit = 2;
+
+bool sees_every_key(const MaskParams& mask, int64_t seqlen_q, int64_t seqlen_k) {
+  const KeyRange keys = visible_keys(mask, 0, diagonal_offset(mask, seqlen_q, seqlen_k), seqlen_k);
+  return seqlen_q == 1 && keys.begin <= 0 && keys.end >= seqlen_k;
+}
+
+}  // namespace
+
+bool pack_gqa_decode(FwdParams& p) {
+  AttentionShape& s = p.shape;
+  const bool eligible = s.cu_seqlens_q == nullptr && s.seqlen_q == 1 && s.nheads_q > s.nheads_k &&
+                        p.mask.alibi_slopes == nullptr && p.mask.bias == nullptr && p.dropout.p == 0.0 &&
+                        p.probs == nullptr && p.lse_head_stride == 1 && sees_every_key(p.mask, 1, s.seqlen_k);
+  if (!eligible) return false;
+  const int64_t group = s.nheads_q / s.nheads_k;
+  s.seqlen_q = group;
+  s.nheads_q = s.nheads_k;
+  p.q_strides.row = p.q_strides.head;
+  p.q_strides.head *= group;
+  p.out_strides.row = p.out_strides.head;
+  p.out_strides.head *= group;
+  p.lse_head_stride *= group;
+  p.mask.window_left = kUnboundedWindow;
+  p.mask.window_right = kUnboundedWindow;
+  return true;
+}
+
+int choose_fwd_num_splits(const FwdParams& p, int num_sms) {
+  if (p.probs != nullptr || p.shape.seqlen_k <= 0) return 1;
+  const int bucket = static_cast<int>((p.shape.head_dim + kHeadDimGranule - 1) / kHeadDimGranule) * kHeadDimGranule;
+  const bool general = p.softcap > 0.0 || p.mask.alibi_slopes != nullptr || p.mask.bias != nullptr ||
+                       p.dropout.p > 0.0 || !(p.softmax_scale > 0.0);
+  const sm80::FwdTileConfig tile = sm80::fwd_tile_config(bucket, general);
+  const int64_t ctas = p.shape.batch * p.shape.nheads_q * ((p.shape.seqlen_q + tile.block_m - 1) / tile.block_m);
+  const int64_t key_tiles = (p.shape.seqlen_k + tile.block_n - 1) / tile.block_n;
+  const int64_t slots = static_cast<int64_t>(num_sms) * kCtasPerSm;
+  if (ctas <= 0 || ctas * 2 > slots) return 1;
+  const int64_t wanted = (slots + ctas - 1) / ctas;
+  const int64_t splits = std::min<int64_t>({wanted, key_tiles / kMinTilesPerSplit, kMaxSplits});
+  return splits >= 2 ? static_cast<int>(splits) : 1;
+}
+
+}  // namespace flash

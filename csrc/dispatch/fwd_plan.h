@@ -1,0 +1,21 @@
+// Host-side planning of a CUDA forward call before its kernel is picked: folding the query heads of a GQA group
+// into rows for single-token decode, and choosing how many key splits (split-KV) fill the GPU. No torch here;
+// csrc/api allocates the split scratch the plan asks for.
+#pragma once
+
+#include <cstdint>
+
+#include "flash_attn/params.h"
+
+namespace flash {
+
+// Single-query GQA/MQA calls with no per-head or per-position feature: view q (b, 1, hq, d) as (b, g, hk, d) so
+// one CTA serves the g query heads sharing a K/V head (K/V read once instead of g times). Rewrites shapes,
+// strides and the mask of `p` in place; returns whether it did.
+bool pack_gqa_decode(FwdParams& p);
+
+// Key splits for a forward call: 1 unless the (batch x heads x query tiles) grid leaves the GPU's
+// num_sms SMs mostly idle and the key range is long enough to share.
+int choose_fwd_num_splits(const FwdParams& p, int num_sms);
+
+}  // namespace flash
