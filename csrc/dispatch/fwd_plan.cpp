@@ -10,10 +10,12 @@ namespace flash {
 namespace {
 
 constexpr int kHeadDimGranule = 32;  // head-dim buckets are multiples of 32 (tools/kernel_matrix.py)
-// Two CTAs of the forward kernel fit on one SM (255 registers x 128 threads each).
+// Two CTAs of the 4-warp forward kernel fit on one SM (255 registers x 128 threads each); the one-warp decode
+// CTAs are limited by shared memory to about four (hd 128: 39 KB each).
 constexpr int kCtasPerSm = 2;
-// More splits than this cost more in the combine pass than they gain (FA2 caps at 128 with finer tiles).
-constexpr int kMaxSplits = 32;
+constexpr int kDecodeCtasPerSm = 4;
+// The combine pass reads num_splits partial rows per output row; FA2 caps its splits at 128 too.
+constexpr int kMaxSplits = 128;
 // Each split should cover at least this many key tiles, or its fixed cost (Q load, epilogue) dominates.
 constexpr int kMinTilesPerSplit = 2;
 
@@ -48,10 +50,11 @@ int choose_fwd_num_splits(const FwdParams& p, int num_sms) {
   const int bucket = static_cast<int>((p.shape.head_dim + kHeadDimGranule - 1) / kHeadDimGranule) * kHeadDimGranule;
   const bool general = p.softcap > 0.0 || p.mask.alibi_slopes != nullptr || p.mask.bias != nullptr ||
                        p.dropout.p > 0.0 || !(p.softmax_scale > 0.0);
-  const sm80::FwdTileConfig tile = sm80::fwd_tile_config(bucket, general);
+  const bool decode = sm80::fwd_uses_decode_tile(p.shape.seqlen_q, general);
+  const sm80::FwdTileConfig tile = sm80::fwd_tile_config(bucket, general, decode);
   const int64_t ctas = p.shape.batch * p.shape.nheads_q * ((p.shape.seqlen_q + tile.block_m - 1) / tile.block_m);
   const int64_t key_tiles = (p.shape.seqlen_k + tile.block_n - 1) / tile.block_n;
-  const int64_t slots = static_cast<int64_t>(num_sms) * kCtasPerSm;
+  const int64_t slots = static_cast<int64_t>(num_sms) * (decode ? kDecodeCtasPerSm : kCtasPerSm);
   if (ctas <= 0 || ctas * 2 > slots) return 1;
   const int64_t wanted = (slots + ctas - 1) / ctas;
   const int64_t splits = std::min<int64_t>({wanted, key_tiles / kMinTilesPerSplit, kMaxSplits});

@@ -20,9 +20,9 @@
 
 namespace flash::sm80 {
 
-template <int kHeadDim, bool kGeneral>
+template <int kHeadDim, bool kGeneral, bool kDecode>
 constexpr int fwd_smem_bytes(int element_bytes) {
-  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral);
+  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral, kDecode);
   return (kTile.block_m + 2 * kTile.block_n) * (kHeadDim + kSmemRowPad) * element_bytes;
 }
 
@@ -50,10 +50,10 @@ __device__ __forceinline__ CtaWindow cta_window(const MaskParams& mask, int seql
   return w;
 }
 
-template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral>
-__global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral).warps* kWarpSize)
+template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, bool kDecode>
+__global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kDecode).warps* kWarpSize)
     fwd_kernel(const FwdParams p) {
-  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral);
+  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral, kDecode);
   constexpr int kBlockM = kTile.block_m;
   constexpr int kBlockN = kTile.block_n;
   constexpr int kWarps = kTile.warps;

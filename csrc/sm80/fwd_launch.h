@@ -13,11 +13,11 @@ inline bool fwd_needs_general_kernel(const FwdParams& p) {
          !(p.softmax_scale > 0.0);
 }
 
-template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral>
+template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, bool kDecode>
 void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream) {
-  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral);
-  constexpr int kSmemBytes = fwd_smem_bytes<kHeadDim, kGeneral>(sizeof(T));
-  auto* kernel = fwd_kernel<T, kHeadDim, kMask, kGeneral>;
+  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral, kDecode);
+  constexpr int kSmemBytes = fwd_smem_bytes<kHeadDim, kGeneral, kDecode>(sizeof(T));
+  auto* kernel = fwd_kernel<T, kHeadDim, kMask, kGeneral, kDecode>;
   // Above 48 KB of dynamic shared memory a kernel must opt in; once per instantiation and process.
   static const cudaError_t opt_in =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
@@ -34,9 +34,11 @@ void run_fwd(const FwdParams& params, void* stream_ptr) {
   if (params.shape.seqlen_q == 0 || params.shape.batch == 0 || params.shape.nheads_q == 0) return;
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
   if (fwd_needs_general_kernel(params)) {
-    launch_fwd_kernel<T, kHeadDim, kMask, true>(params, stream);
+    launch_fwd_kernel<T, kHeadDim, kMask, true, false>(params, stream);
+  } else if (fwd_uses_decode_tile(params.shape.seqlen_q, false)) {
+    launch_fwd_kernel<T, kHeadDim, kMask, false, true>(params, stream);
   } else {
-    launch_fwd_kernel<T, kHeadDim, kMask, false>(params, stream);
+    launch_fwd_kernel<T, kHeadDim, kMask, false, false>(params, stream);
   }
   if (params.num_splits > 1) {
     constexpr int kRowsPerBlock = 4;

@@ -17,9 +17,22 @@ struct FwdTileConfig {
 // stay within 255 registers). Above 128 the O accumulator alone is head_dim/2 registers per strip: one strip
 // per warp, 64 rows per CTA (FA2 uses the same 64 x 64 x 4-warp tile on H100 for head dim 256). The general
 // kernel (softcap, ALiBi, bias, dropout) keeps 64-key tiles at head dim 64: with 128 it spilled 1.2 KB.
-FLASH_HOST_DEVICE constexpr FwdTileConfig fwd_tile_config(int head_dim, bool general = false) {
-  return head_dim <= 64 ? FwdTileConfig{128, general ? 64 : 128, 4}
-                        : head_dim <= 128 ? FwdTileConfig{128, 64, 4} : FwdTileConfig{64, 64, 4};
+//
+// Decode-shaped calls (at most kDecodeMaxRows query rows per CTA after GQA packing) take one-warp CTAs of 16
+// rows: the work is memory-bound, and small CTAs let ~5 of them stream K/V on each SM at once where a 4-warp
+// 128-row CTA (2 per SM) kept too few bytes in flight (0.4-0.8x FA2's decode bandwidth, docs/perf_log.md).
+constexpr int kDecodeMaxRows = 16;
+
+FLASH_HOST_DEVICE constexpr FwdTileConfig fwd_tile_config(int head_dim, bool general = false, bool decode = false) {
+  return decode             ? FwdTileConfig{16, 64, 1}
+         : head_dim <= 64   ? FwdTileConfig{128, general ? 64 : 128, 4}
+         : head_dim <= 128  ? FwdTileConfig{128, 64, 4}
+                            : FwdTileConfig{64, 64, 4};
+}
+
+// Whether a call takes the decode tile (fast kernel only; calls with per-element features keep the general one).
+FLASH_HOST_DEVICE constexpr bool fwd_uses_decode_tile(long long seqlen_q, bool general) {
+  return !general && seqlen_q <= kDecodeMaxRows;
 }
 
 }  // namespace flash::sm80
