@@ -191,3 +191,17 @@ def test_probs_do_not_change_out_and_lse():
     assert empty.numel() == 0 and probs.shape == (2, 4, 70, 70)
     torch.testing.assert_close(out, out_plain, rtol=0, atol=0)
     torch.testing.assert_close(lse, lse_plain, rtol=0, atol=0)
+
+
+def test_sign_check_tells_rng_states_apart():
+    # The comparison above can fail: the CPU path run with the next Philox offset must be rejected.
+    _require(torch.bfloat16, 64)
+    q, k, v = (randn(1, 64, 2, 64, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+    other = _rng_state()
+    other[1] += 1
+    cuda_result = _fwd(q, k, v, dropout_p=0.5, rng_state=_rng_state())
+    cpu_result = _fwd(q, k, v, dropout_p=0.5, rng_state=other, device="cpu")
+    ref = attention_ref(q.cpu().double(), k.cpu().double(), v.cpu().double(), return_probs=True,
+                        compute_dtype=torch.float64)[2]
+    with pytest.raises(AssertionError):
+        _check(cuda_result, cpu_result, ref, ref.to(torch.bfloat16), dropout_keep_mask(other, 1, 2, 64, 64, 0.5))

@@ -121,7 +121,10 @@ __global__ void __launch_bounds__(kProbsThreads) probs_kernel(const FwdParams p)
       value = expf(z - row_lse);
       if (dropout) {
         const PhiloxBlock words = dropout_words(seed, rng_offset, batch_head, row, col / kPhiloxWordsPerCall);
-        if (words.word[col % kPhiloxWordsPerCall] >= keep_threshold) value = -value;
+        // Selected by value, not by a runtime index, so the block stays in registers (no local memory).
+        const int w = static_cast<int>(col % kPhiloxWordsPerCall);
+        const uint32_t word = w == 0 ? words.word[0] : w == 1 ? words.word[1] : w == 2 ? words.word[2] : words.word[3];
+        if (word >= keep_threshold) value = -value;
       }
     }
     probs[col * ps.col] = from_float<T>(value);
