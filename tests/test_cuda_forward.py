@@ -152,13 +152,6 @@ def test_dropout_mask_is_the_philox_mask(p):
     _check(out, ref, (q, k, v))
 
 
-def test_return_attn_probs_is_rejected_on_cuda():
-    _require(torch.bfloat16, 64)
-    q, k, v = _qkv(1, 16, 16, 2, 2, 64, torch.bfloat16)
-    with pytest.raises(RuntimeError, match="return_attn_probs"):
-        flash_attn_func(q, k, v, return_attn_probs=True)
-
-
 def test_backward_without_kernel_raises_clearly():
     _require(torch.bfloat16, 64)
     if flash_attn.is_supported("cuda", torch.bfloat16, 64):

@@ -18,6 +18,8 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
+
+#include "../sm80/probs_kernel.h"
 #endif
 
 namespace flash::api {
@@ -72,6 +74,20 @@ void launch_cuda(const FwdParams& params, const BwdParams* bwd_params, const at:
 #endif
 }
 
+// return_attn_probs on CUDA: a separate kernel recomputes P from q, k and the lse the forward kernel wrote.
+void launch_cuda_probs(const FwdParams& params, const at::Device& device) {
+#if defined(FLASH_WITH_CUDA)
+  const c10::cuda::CUDAGuard guard(device);
+  FLASH_CHECK(sm80::launch_probs(params, c10::cuda::getCurrentCUDAStream().stream()), kFwdOp,
+              ": return_attn_probs=True on CUDA needs fp16 or bf16 inputs with head_dim <= ", sm80::kProbsMaxHeadDim,
+              "; got ", dtype_name(params.dtype), " head_dim=", params.shape.head_dim,
+              ". Call without return_attn_probs, or on CPU tensors");
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+#else
+  fail_no_cuda_kernel(params, device, Direction::kForward);
+#endif
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q,
     const std::optional<at::Tensor>& cu_seqlens_k, c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
@@ -83,8 +99,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(
                       dropout_p, softmax_scale, window_left, window_right, bottom_right, softcap, alibi_slopes,
                       attn_bias, rng_state};
   CheckedCall call = check_call(kFwdOp, args);
-  FLASH_CHECK(!return_probs || q.is_cpu(), kFwdOp,
-              ": return_attn_probs=True is not supported on CUDA tensors yet; call without it, or on CPU tensors");
   FwdParams& p = call.params;
   const bool padded_rows = call.varlen && call.cu_q_last < call.total_q;
   const auto lse_options = q.options().dtype(lse_dtype(q));
@@ -110,6 +124,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(
     std::vector<at::Tensor> scratch;
     plan_cuda_fwd(p, q, scratch);
     launch_cuda(p, nullptr, q.device());
+    if (return_probs) launch_cuda_probs(p, q.device());
   }
   return {out, lse, probs};
 }

@@ -1,0 +1,123 @@
+// torch.ops.flash_attn._ptx_selftest(name, inputs) -> outputs: a test-only op that runs one of the one-tile
+// self tests of the inline-PTX wrappers (csrc/sm80/ptx_selftest.{h,cu}) on CUDA tensors and returns what the
+// lanes produced; tests/test_ptx_wrappers.py compares that with the documented layouts. Builds without CUDA
+// register the op too, and it raises a clear error there.
+#include <ATen/ATen.h>
+#include <c10/util/string_view.h>
+#include <torch/library.h>
+
+#include <string>
+#include <vector>
+
+#include "error_message.h"
+
+#if defined(FLASH_WITH_CUDA)
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "sm80/ptx_selftest.h"
+#endif
+
+namespace flash::api {
+namespace {
+
+constexpr const char* kSelftestOp = "flash_attn._ptx_selftest";
+constexpr const char* kSelftestNames = "mma_m16n8k16, pack2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans, cp_async_16";
+
+#if defined(FLASH_WITH_CUDA)
+
+// Checks inputs[index] (named `what`) and returns it contiguous.
+at::Tensor checked_input(const std::string& test, const std::vector<at::Tensor>& inputs, size_t index,
+                         const char* what, std::vector<int64_t> sizes, std::vector<at::ScalarType> dtypes) {
+  FLASH_CHECK(index < inputs.size(), kSelftestOp, "('", test, "'): needs input ", static_cast<int64_t>(index), " (",
+              what, "); got ", static_cast<int64_t>(inputs.size()), " inputs");
+  const at::Tensor& t = inputs[index];
+  FLASH_CHECK(t.is_cuda(), kSelftestOp, "('", test, "'): ", what, " must be a CUDA tensor; got ", t.device());
+  FLASH_CHECK(t.sizes() == at::IntArrayRef(sizes), kSelftestOp, "('", test, "'): ", what, " must have shape ",
+              sizes, "; got ", t.sizes());
+  bool dtype_ok = false;
+  std::string allowed;
+  for (at::ScalarType dtype : dtypes) {
+    dtype_ok = dtype_ok || t.scalar_type() == dtype;
+    allowed += (allowed.empty() ? "" : " or ") + to_text(dtype);
+  }
+  FLASH_CHECK(dtype_ok, kSelftestOp, "('", test, "'): ", what, " must have dtype ", allowed, "; got ",
+              t.scalar_type());
+  return t.contiguous();
+}
+
+DType half_dtype(at::ScalarType type) { return type == at::kHalf ? DType::kFloat16 : DType::kBFloat16; }
+
+std::vector<at::Tensor> run_selftest(const std::string& name, const std::vector<at::Tensor>& inputs) {
+  namespace st = sm80::selftest;
+  FLASH_CHECK(!inputs.empty(), kSelftestOp, "('", name, "'): needs at least one input tensor");
+  const c10::cuda::CUDAGuard guard(inputs[0].device());
+  void* stream = c10::cuda::getCurrentCUDAStream().stream();
+  const auto int32_on = [&](std::vector<int64_t> sizes) {
+    return at::empty(sizes, inputs[0].options().dtype(at::kInt));
+  };
+  std::vector<at::Tensor> outputs;
+  if (name == "mma_m16n8k16") {
+    const at::Tensor a = checked_input(name, inputs, 0, "a", {st::kTileRows, st::kTileCols}, {at::kHalf, at::kBFloat16});
+    const at::Tensor b = checked_input(name, inputs, 1, "b_nk", {st::kMmaCols, st::kTileCols}, {a.scalar_type()});
+    const at::Tensor c = checked_input(name, inputs, 2, "c", {st::kTileRows, st::kMmaCols}, {at::kFloat});
+    at::Tensor d = at::empty_like(c);
+    const bool launched = st::mma_m16n8k16(half_dtype(a.scalar_type()), a.data_ptr(), b.data_ptr(),
+                                           c.data_ptr<float>(), d.data_ptr<float>(), stream);
+    FLASH_CHECK(launched, kSelftestOp, "('", name, "'): no kernel for dtype ", a.scalar_type());
+    outputs.push_back(d);
+  } else if (name == "pack2") {
+    const at::Tensor values =
+        checked_input(name, inputs, 0, "values", {2 * st::kPackedPairs}, {at::kHalf, at::kBFloat16});
+    at::Tensor packed = int32_on({st::kPackedPairs});
+    const bool launched = st::pack2(half_dtype(values.scalar_type()), values.data_ptr(),
+                                    reinterpret_cast<uint32_t*>(packed.data_ptr()), stream);
+    FLASH_CHECK(launched, kSelftestOp, "('", name, "'): no kernel for dtype ", values.scalar_type());
+    outputs.push_back(packed);
+  } else if (name == "ldmatrix_x2_trans") {
+    const at::Tensor tile = checked_input(name, inputs, 0, "tile", {st::kTileRows, st::kMmaCols}, {at::kShort});
+    at::Tensor regs = int32_on({st::kWarpLanes, 2});
+    st::ldmatrix_x2_trans(reinterpret_cast<const uint16_t*>(tile.data_ptr()),
+                          reinterpret_cast<uint32_t*>(regs.data_ptr()), stream);
+    outputs.push_back(regs);
+  } else if (name == "ldmatrix_x4" || name == "ldmatrix_x4_trans") {
+    const at::Tensor tile = checked_input(name, inputs, 0, "tile", {st::kTileRows, st::kTileCols}, {at::kShort});
+    at::Tensor regs = int32_on({st::kWarpLanes, 4});
+    st::ldmatrix_x4(reinterpret_cast<const uint16_t*>(tile.data_ptr()), reinterpret_cast<uint32_t*>(regs.data_ptr()),
+                    name == "ldmatrix_x4_trans", stream);
+    outputs.push_back(regs);
+  } else if (name == "cp_async_16") {
+    const at::Tensor src =
+        checked_input(name, inputs, 0, "src", {st::kCpAsyncChunks, st::kCpAsyncChunkWords}, {at::kInt});
+    const at::Tensor valid = checked_input(name, inputs, 1, "valid", {st::kCpAsyncChunks}, {at::kInt});
+    at::Tensor dst = int32_on({st::kCpAsyncChunks, st::kCpAsyncChunkWords});
+    st::cp_async_16(src.data_ptr<int32_t>(), valid.data_ptr<int32_t>(), dst.data_ptr<int32_t>(), stream);
+    outputs.push_back(dst);
+  } else {
+    FLASH_FAIL(kSelftestOp, ": unknown self test '", name, "'; use one of ", kSelftestNames);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return outputs;
+}
+
+#endif
+
+// The schema's str arrives as a string_view (the only string type kernel registration accepts).
+std::vector<at::Tensor> ptx_selftest(c10::string_view name_view, const std::vector<at::Tensor>& inputs) {
+  const std::string name(name_view);
+#if defined(FLASH_WITH_CUDA)
+  return run_selftest(name, inputs);
+#else
+  (void)inputs;
+  FLASH_FAIL(kSelftestOp, "('", name, "'): this build has no CUDA code (built without nvcc or with "
+             "FLASH_ATTN_SKIP_CUDA=1); the PTX self tests need a CUDA build and CUDA tensors");
+#endif
+}
+
+}  // namespace
+}  // namespace flash::api
+
+TORCH_LIBRARY_FRAGMENT(flash_attn, m) {
+  m.def("_ptx_selftest(str name, Tensor[] inputs) -> Tensor[]", &flash::api::ptx_selftest);
+}

@@ -1,0 +1,164 @@
+// One-warp, one-tile kernels that exercise each inline-PTX wrapper of include/flash_attn/ptx/ and write out
+// exactly what the lanes got (declared in ptx_selftest.h). Test-only: they check the documented fragment
+// layouts against tests/test_ptx_wrappers.py, so a wrapper or a layout comment that is wrong fails there
+// rather than deep inside an attention kernel.
+#include "sm80/ptx_selftest.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "flash_attn/ptx/cp_async_sm80.h"
+#include "flash_attn/ptx/ldmatrix_sm80.h"
+#include "flash_attn/ptx/mma_sm80.h"
+
+namespace flash::sm80::selftest {
+namespace {
+
+// Shared-memory tiles are padded by 8 16-bit elements per row (as the attention kernels do), so the test
+// also proves that ldmatrix takes per-lane row addresses rather than assuming a dense 8x8 block.
+constexpr int kSmemRowPad = 8;
+// Shared memory is filled with this word before cp.async runs, so a missing zero-fill cannot pass as zeros.
+constexpr uint32_t kSmemFillWord = 0xA5A5A5A5u;
+
+__device__ __forceinline__ uint32_t load_pair(const uint16_t* row_major, int cols, int row, int col) {
+  const uint32_t low = row_major[row * cols + col];
+  const uint32_t high = row_major[row * cols + col + 1];
+  return low | (high << 16);
+}
+
+// Fragments built straight from global memory by the layout of mma_sm80.h (g = lane / 4, t = lane % 4).
+template <typename T>
+__global__ void mma_kernel(const uint16_t* a, const uint16_t* b_nk, const float* c, float* d) {
+  const int lane = threadIdx.x;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  ptx::MmaA a_frag;
+  a_frag.reg[0] = load_pair(a, kTileCols, g, 2 * t);
+  a_frag.reg[1] = load_pair(a, kTileCols, g + 8, 2 * t);
+  a_frag.reg[2] = load_pair(a, kTileCols, g, 2 * t + 8);
+  a_frag.reg[3] = load_pair(a, kTileCols, g + 8, 2 * t + 8);
+  // b (k x n) element (k, n) is b_nk[n][k]: the pair k = 2t, 2t + 1 of column n = g is contiguous in b_nk.
+  ptx::MmaB b_frag;
+  b_frag.reg[0] = load_pair(b_nk, kTileCols, g, 2 * t);
+  b_frag.reg[1] = load_pair(b_nk, kTileCols, g, 2 * t + 8);
+  ptx::MmaC acc;
+  acc.reg[0] = c[g * kMmaCols + 2 * t];
+  acc.reg[1] = c[g * kMmaCols + 2 * t + 1];
+  acc.reg[2] = c[(g + 8) * kMmaCols + 2 * t];
+  acc.reg[3] = c[(g + 8) * kMmaCols + 2 * t + 1];
+  ptx::mma_m16n8k16(acc, a_frag, b_frag, T{});
+  d[g * kMmaCols + 2 * t] = acc.reg[0];
+  d[g * kMmaCols + 2 * t + 1] = acc.reg[1];
+  d[(g + 8) * kMmaCols + 2 * t] = acc.reg[2];
+  d[(g + 8) * kMmaCols + 2 * t + 1] = acc.reg[3];
+}
+
+template <typename T>
+__global__ void pack2_kernel(const T* values, uint32_t* packed) {
+  const int lane = threadIdx.x;
+  packed[lane] = ptx::pack2(values[2 * lane], values[2 * lane + 1]);
+}
+
+// Copies a rows x cols tile into padded shared memory, one warp.
+template <int kRows, int kCols>
+__device__ __forceinline__ void stage_tile(const uint16_t* tile, uint16_t (&smem)[kRows][kCols + kSmemRowPad]) {
+  for (int i = threadIdx.x; i < kRows * kCols; i += kWarpLanes) smem[i / kCols][i % kCols] = tile[i];
+  __syncwarp();
+}
+
+__global__ void ldmatrix_x2_trans_kernel(const uint16_t* tile, uint32_t* regs) {
+  __shared__ __align__(16) uint16_t smem[kTileRows][kMmaCols + kSmemRowPad];
+  stage_tile<kTileRows, kMmaCols>(tile, smem);
+  const int lane = threadIdx.x;
+  // Lanes 16-31 are ignored by .x2; they pass a valid address anyway.
+  const ptx::MmaB frag = ptx::ldmatrix_x2_trans(&smem[lane % kTileRows][0]);
+  regs[lane * 2] = frag.reg[0];
+  regs[lane * 2 + 1] = frag.reg[1];
+}
+
+template <bool kTransposed>
+__global__ void ldmatrix_x4_kernel(const uint16_t* tile, uint32_t* regs) {
+  __shared__ __align__(16) uint16_t smem[kTileRows][kTileCols + kSmemRowPad];
+  stage_tile<kTileRows, kTileCols>(tile, smem);
+  const int lane = threadIdx.x;
+  const uint16_t* row_address = &smem[lane % kTileRows][(lane / kTileRows) * kMmaCols];
+  uint32_t reg[4];
+  if constexpr (kTransposed) {
+    ptx::ldmatrix_x4_trans(reg, row_address);
+  } else {
+    ptx::ldmatrix_x4(reg, row_address);
+  }
+  for (int i = 0; i < 4; ++i) regs[lane * 4 + i] = reg[i];
+}
+
+__global__ void cp_async_kernel(const int32_t* src, const int32_t* valid, int32_t* dst) {
+  __shared__ __align__(16) uint32_t smem[kCpAsyncChunks * kCpAsyncChunkWords];
+  const int lane = threadIdx.x;
+  for (int i = lane; i < kCpAsyncChunks * kCpAsyncChunkWords; i += kWarpLanes) smem[i] = kSmemFillWord;
+  __syncwarp();
+  for (int group = 0; group < 2; ++group) {
+    const int chunk = group * kWarpLanes + lane;
+    ptx::cp_async_16(&smem[chunk * kCpAsyncChunkWords], src + chunk * kCpAsyncChunkWords, valid[chunk] != 0);
+    ptx::cp_async_commit();
+  }
+  // Each lane reads a chunk another lane copied, so the waits must cover the copies, not just the issuing lane.
+  const int reader_chunk = (lane + 1) % kWarpLanes;
+  ptx::cp_async_wait<1>();
+  __syncwarp();
+  for (int w = 0; w < kCpAsyncChunkWords; ++w) {
+    dst[reader_chunk * kCpAsyncChunkWords + w] = static_cast<int32_t>(smem[reader_chunk * kCpAsyncChunkWords + w]);
+  }
+  ptx::cp_async_wait<0>();
+  __syncwarp();
+  const int second = kWarpLanes + reader_chunk;
+  for (int w = 0; w < kCpAsyncChunkWords; ++w) {
+    dst[second * kCpAsyncChunkWords + w] = static_cast<int32_t>(smem[second * kCpAsyncChunkWords + w]);
+  }
+}
+
+cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+}  // namespace
+
+bool mma_m16n8k16(DType dtype, const void* a, const void* b_nk, const float* c, float* d, void* stream) {
+  const auto* a16 = static_cast<const uint16_t*>(a);
+  const auto* b16 = static_cast<const uint16_t*>(b_nk);
+  switch (dtype) {
+    case DType::kFloat16: mma_kernel<__half><<<1, kWarpLanes, 0, as_stream(stream)>>>(a16, b16, c, d); return true;
+    case DType::kBFloat16:
+      mma_kernel<__nv_bfloat16><<<1, kWarpLanes, 0, as_stream(stream)>>>(a16, b16, c, d);
+      return true;
+    default: return false;
+  }
+}
+
+bool pack2(DType dtype, const void* values, uint32_t* packed, void* stream) {
+  switch (dtype) {
+    case DType::kFloat16:
+      pack2_kernel<<<1, kWarpLanes, 0, as_stream(stream)>>>(static_cast<const __half*>(values), packed);
+      return true;
+    case DType::kBFloat16:
+      pack2_kernel<<<1, kWarpLanes, 0, as_stream(stream)>>>(static_cast<const __nv_bfloat16*>(values), packed);
+      return true;
+    default: return false;
+  }
+}
+
+void ldmatrix_x2_trans(const uint16_t* tile, uint32_t* regs, void* stream) {
+  ldmatrix_x2_trans_kernel<<<1, kWarpLanes, 0, as_stream(stream)>>>(tile, regs);
+}
+
+void ldmatrix_x4(const uint16_t* tile, uint32_t* regs, bool transposed, void* stream) {
+  if (transposed) {
+    ldmatrix_x4_kernel<true><<<1, kWarpLanes, 0, as_stream(stream)>>>(tile, regs);
+  } else {
+    ldmatrix_x4_kernel<false><<<1, kWarpLanes, 0, as_stream(stream)>>>(tile, regs);
+  }
+}
+
+void cp_async_16(const int32_t* src, const int32_t* valid, int32_t* dst, void* stream) {
+  cp_async_kernel<<<1, kWarpLanes, 0, as_stream(stream)>>>(src, valid, dst);
+}
+
+}  // namespace flash::sm80::selftest

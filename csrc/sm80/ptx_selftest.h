@@ -1,0 +1,41 @@
+// Host launchers of the one-tile self tests of the inline-PTX wrappers in include/flash_attn/ptx/ (test-only:
+// called through torch.ops.flash_attn._ptx_selftest by tests/test_ptx_wrappers.py). Each runs one warp on
+// one tile on `stream` and writes what the wrapper produced, so Python can compare it with the documented
+// fragment layouts. Pointers are device pointers to contiguous row-major buffers; no torch types here.
+#pragma once
+
+#include <cstdint>
+
+#include "flash_attn/params.h"
+
+namespace flash::sm80::selftest {
+
+constexpr int kWarpLanes = 32;
+constexpr int kTileRows = 16;                // mma M, ldmatrix 16-row tiles
+constexpr int kTileCols = 16;                // mma K, width of the ldmatrix.x4 tile
+constexpr int kMmaCols = 8;                  // mma N, width of the ldmatrix.x2.trans tile
+constexpr int kPackedPairs = kWarpLanes;     // pack2: one pair per lane
+constexpr int kCpAsyncChunks = 2 * kWarpLanes;  // two commit groups of one 16-byte chunk per lane
+constexpr int kCpAsyncChunkWords = 4;        // 16 bytes as int32 words
+
+// d (16x8 fp32) = a (16x16) * b_nk(8x16)^T + c (16x8 fp32); a, b_nk in `dtype` (kFloat16 or kBFloat16),
+// loaded into fragments by the layout documented in ptx/mma_sm80.h. Returns false for another dtype.
+bool mma_m16n8k16(DType dtype, const void* a, const void* b_nk, const float* c, float* d, void* stream);
+
+// packed[l] = pack2(values[2l], values[2l + 1]) for the 32 lanes; 16-bit values of `dtype`.
+bool pack2(DType dtype, const void* values, uint32_t* packed, void* stream);
+
+// tile: 16 (k) x 8 (n) 16-bit values; regs[l][0..1] = what lane l received from ldmatrix_x2_trans when
+// lane r < 16 passes the address of row r.
+void ldmatrix_x2_trans(const uint16_t* tile, uint32_t* regs, void* stream);
+
+// tile: 16x16 16-bit values; lane l passes the address of row l % 16, column 8 * (l / 16); regs[l][0..3] =
+// what lane l received. `transposed` selects ldmatrix_x4_trans instead of ldmatrix_x4.
+void ldmatrix_x4(const uint16_t* tile, uint32_t* regs, bool transposed, void* stream);
+
+// src: kCpAsyncChunks chunks of 16 bytes; valid[i] != 0 copies chunk i, 0 zero-fills it. Lane l copies
+// chunks l (first commit group) and 32 + l (second group) into shared memory pre-filled with a non-zero
+// pattern; after wait<1> the warp reads the first group into dst, after wait<0> the second.
+void cp_async_16(const int32_t* src, const int32_t* valid, int32_t* dst, void* stream);
+
+}  // namespace flash::sm80::selftest

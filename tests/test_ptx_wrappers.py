@@ -1,0 +1,129 @@
+# Kernel-primitive tier: one-tile GPU tests of the inline-PTX wrappers (csrc/include/flash_attn/ptx/) through
+# the test-only op torch.ops.flash_attn._ptx_selftest. Expected per-lane register contents are computed here
+# from the layouts documented in mma_sm80.h / ldmatrix_sm80.h (g = lane // 4, t = lane % 4), so a wrong
+# wrapper or a wrong layout comment fails. Inputs are random, distinct and non-zero. Skipped without a GPU or
+# without CUDA code in the build.
+import pytest
+import torch
+
+import flash_attn
+
+LANES = 32
+TILE = 16  # mma M and K, ldmatrix.x4 tile side
+MMA_N = 8
+CP_ASYNC_CHUNKS = 64
+CP_ASYNC_WORDS = 4  # 16 bytes as int32
+WORD_MASK = 0xFFFFFFFF
+HALF_MASK = 0xFFFF
+
+
+def _has_cuda_build():
+    return any(kernel["device"] == "cuda" for kernel in flash_attn.built_kernels())
+
+
+pytestmark = pytest.mark.skipif(
+    not (torch.cuda.is_available() and _has_cuda_build() and torch.cuda.get_device_capability() >= (8, 0)),
+    reason="needs an sm80+ GPU and a build with CUDA code",
+)
+
+LANE = torch.arange(LANES)
+G = LANE // 4
+T = LANE % 4
+
+
+def selftest(name, *inputs):
+    return torch.ops.flash_attn._ptx_selftest(name, [x.cuda() for x in inputs])
+
+
+def distinct_int16(*shape):
+    """Distinct non-zero 16-bit values, so a lane that received the wrong element cannot match by chance."""
+    count = 1
+    for n in shape:
+        count *= n
+    values = torch.randperm(2 ** 15 - 1)[:count] + 1
+    sign = torch.where(torch.rand(count) < 0.5, -1, 1)
+    return (values * sign).to(torch.int16).view(*shape)
+
+
+def pack(low, high):
+    """The 32-bit register holding two 16-bit values, low first (as int64 in [0, 2**32))."""
+    return (low.to(torch.int64) & HALF_MASK) | ((high.to(torch.int64) & HALF_MASK) << 16)
+
+
+def as_words(x):
+    return x.cpu().to(torch.int64) & WORD_MASK
+
+
+def fragment_regs(matrices, transposed):
+    """(32, len(matrices)): lane l holds {row g, cols 2t, 2t+1} of each 8x8 matrix (of its transpose)."""
+    regs = []
+    for m in matrices:
+        m = m.t() if transposed else m
+        regs.append(pack(m[G, 2 * T], m[G, 2 * T + 1]))
+    return torch.stack(regs, dim=1)
+
+
+def lane_matrices(tile, row_of_lane, col_of_lane, count):
+    """The 8x8 matrices ldmatrix reads when lanes 8i..8i+7 give the row addresses of matrix i."""
+    return [torch.stack([tile[row_of_lane(8 * i + r), col_of_lane(8 * i + r):col_of_lane(8 * i + r) + 8]
+                         for r in range(8)]) for i in range(count)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_mma_m16n8k16(dtype):
+    a = torch.randn(TILE, TILE).to(dtype)
+    b_nk = torch.randn(MMA_N, TILE).to(dtype)  # B (k x n) stored K-major, as the attention kernels hold K
+    c = torch.randn(TILE, MMA_N)
+    (d,) = selftest("mma_m16n8k16", a, b_nk, c)
+    expected = a.float() @ b_nk.float().t() + c  # bf16/fp16 products are exact in fp32
+    torch.testing.assert_close(d.cpu(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_pack2(dtype):
+    values = distinct_int16(2 * LANES).view(dtype)
+    (packed,) = selftest("pack2", values)
+    bits = values.view(torch.int16)
+    torch.testing.assert_close(as_words(packed), pack(bits[0::2], bits[1::2]), rtol=0, atol=0)
+
+
+def test_ldmatrix_x2_trans():
+    tile = distinct_int16(TILE, MMA_N)  # (k, n), row k addressed by lane k
+    (regs,) = selftest("ldmatrix_x2_trans", tile)
+    expected = fragment_regs(lane_matrices(tile, lambda lane: lane, lambda lane: 0, 2), transposed=True)
+    torch.testing.assert_close(as_words(regs), expected, rtol=0, atol=0)
+    # The B fragment of mma_sm80.h: b0 = (k 2t..2t+1, n g), b1 = (k 2t+8.., n g).
+    b_frag = torch.stack([pack(tile[2 * T, G], tile[2 * T + 1, G]), pack(tile[2 * T + 8, G], tile[2 * T + 9, G])], 1)
+    torch.testing.assert_close(expected, b_frag, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_ldmatrix_x4(transposed):
+    tile = distinct_int16(TILE, TILE)
+    (regs,) = selftest("ldmatrix_x4_trans" if transposed else "ldmatrix_x4", tile)
+    # Lane l addresses row l % 16 at column 8 * (l // 16): matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15).
+    matrices = lane_matrices(tile, lambda lane: lane % TILE, lambda lane: 8 * (lane // TILE), 4)
+    expected = fragment_regs(matrices, transposed)
+    assert not torch.equal(expected, fragment_regs(matrices, not transposed))
+    torch.testing.assert_close(as_words(regs), expected, rtol=0, atol=0)
+    if transposed:
+        # Tile as B (k x n): registers are (b0, b1) of n-tile 0 then of n-tile 1.
+        layout = [pack(tile[2 * T + k0, G + n0], tile[2 * T + k0 + 1, G + n0]) for n0 in (0, 8) for k0 in (0, 8)]
+    else:
+        # Tile as A (m x k): a0 = (g, 2t..), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..).
+        layout = [pack(tile[G + m0, 2 * T + k0], tile[G + m0, 2 * T + k0 + 1]) for k0 in (0, 8) for m0 in (0, 8)]
+    torch.testing.assert_close(expected, torch.stack(layout, 1), rtol=0, atol=0)
+
+
+def test_cp_async_16_with_zero_fill():
+    src = torch.randint(1, 2 ** 31 - 1, (CP_ASYNC_CHUNKS, CP_ASYNC_WORDS), dtype=torch.int32)
+    valid = (torch.rand(CP_ASYNC_CHUNKS) < 0.6).to(torch.int32)
+    valid[0], valid[1], valid[LANES], valid[LANES + 1] = 1, 0, 1, 0  # both kinds in both commit groups
+    (dst,) = selftest("cp_async_16", src, valid)
+    expected = torch.where(valid.bool().unsqueeze(1), src, torch.zeros_like(src))
+    torch.testing.assert_close(dst.cpu(), expected, rtol=0, atol=0)
+
+
+def test_unknown_selftest_name_is_rejected():
+    with pytest.raises(RuntimeError, match="unknown self test"):
+        selftest("ldmatrix_x8", torch.zeros(1))
