@@ -16,7 +16,7 @@ __device__ __forceinline__ uint32_t smem_address(const void* pointer) {
 // Two matrices, transposed: the B fragment of a 16 (k) x 8 (n) tile stored row-major by k, e.g. V[key][dim].
 // Lanes 0-15 pass rows k = 0..15; lanes 16-31 are ignored.
 __device__ __forceinline__ MmaB ldmatrix_x2_trans(const void* row_address) {
-  MmaB frag;
+  MmaB frag{};
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
                : "=r"(frag.reg[0]), "=r"(frag.reg[1])
