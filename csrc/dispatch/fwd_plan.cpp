@@ -14,8 +14,6 @@ constexpr int kHeadDimGranule = 32;  // head-dim buckets are multiples of 32 (to
 // CTAs are limited by shared memory to about four (hd 128: 39 KB each).
 constexpr int kCtasPerSm = 2;
 constexpr int kDecodeCtasPerSm = 4;
-// The combine pass reads num_splits partial rows per output row; FA2 caps its splits at 128 too.
-constexpr int kMaxSplits = 128;
 // Each split should cover at least this many key tiles, or its fixed cost (Q load, epilogue) dominates.
 constexpr int kMinTilesPerSplit = 2;
 
@@ -57,7 +55,7 @@ int choose_fwd_num_splits(const FwdParams& p, int num_sms) {
   const int64_t slots = static_cast<int64_t>(num_sms) * (decode ? kDecodeCtasPerSm : kCtasPerSm);
   if (ctas <= 0 || ctas * 2 > slots) return 1;
   const int64_t wanted = (slots + ctas - 1) / ctas;
-  const int64_t splits = std::min<int64_t>({wanted, key_tiles / kMinTilesPerSplit, kMaxSplits});
+  const int64_t splits = std::min<int64_t>({wanted, key_tiles / kMinTilesPerSplit, sm80::kMaxKeySplits});
   return splits >= 2 ? static_cast<int>(splits) : 1;
 }
 

@@ -397,14 +397,17 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kDecode).w
   }
 }
 
-// Merges the per-split partials of a split-KV call: one warp per (batch, head, row).
+// Merges the per-split partials of a split-KV call: one CTA per (batch, head, row). Warp 0 turns the split
+// lses into weights (lanes over splits, so the loads overlap; a serial loop over 64 splits cost ~100 us of
+// dependent L2 round trips), then every thread sums its columns over the splits.
+constexpr int kCombineThreads = 128;
+
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(4 * kWarpSize) fwd_combine_kernel(const FwdParams p) {
-  constexpr int kRowsPerBlock = 4;
+__global__ void __launch_bounds__(kCombineThreads) fwd_combine_kernel(const FwdParams p) {
+  __shared__ float weight[kMaxKeySplits];
+  __shared__ float row_lse;
   const int64_t rows_total = p.shape.batch * p.shape.nheads_q * p.shape.seqlen_q;
-  const int64_t flat = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
-  if (flat >= rows_total) return;
-  const int lane = threadIdx.x % kWarpSize;
+  const int64_t flat = blockIdx.x;
   const int row = static_cast<int>(flat % p.shape.seqlen_q);
   const int h = static_cast<int>((flat / p.shape.seqlen_q) % p.shape.nheads_q);
   const int b = static_cast<int>(flat / (p.shape.seqlen_q * p.shape.nheads_q));
@@ -413,30 +416,39 @@ __global__ void __launch_bounds__(4 * kWarpSize) fwd_combine_kernel(const FwdPar
     q_row0 = p.shape.cu_seqlens_q[b];
     if (row >= p.shape.cu_seqlens_q[b + 1] - q_row0) return;
   }
-  const int64_t split_stride = rows_total;
-  float max_lse = -INFINITY;
-  for (int s = 0; s < p.num_splits; ++s) max_lse = fmaxf(max_lse, p.split_lse[s * split_stride + flat]);
-  float total = 0.f;
-  if (max_lse != -INFINITY) {
-    for (int s = 0; s < p.num_splits; ++s) total += expf(p.split_lse[s * split_stride + flat] - max_lse);
+  const int splits = p.num_splits;
+  if (threadIdx.x < kWarpSize) {
+    const int lane = threadIdx.x;
+    float max_lse = -INFINITY;
+    for (int s = lane; s < splits; s += kWarpSize) max_lse = fmaxf(max_lse, p.split_lse[s * rows_total + flat]);
+    for (int mask = kWarpSize / 2; mask > 0; mask /= 2) {
+      max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, mask));
+    }
+    float total = 0.f;
+    if (max_lse != -INFINITY) {
+      for (int s = lane; s < splits; s += kWarpSize) total += expf(p.split_lse[s * rows_total + flat] - max_lse);
+    }
+    for (int mask = kWarpSize / 2; mask > 0; mask /= 2) total += __shfl_xor_sync(0xffffffffu, total, mask);
+    const bool empty = total == 0.f;
+    const float lse = empty ? INFINITY : max_lse + logf(total);
+    for (int s = lane; s < splits; s += kWarpSize) {
+      weight[s] = empty ? 0.f : expf(p.split_lse[s * rows_total + flat] - lse);
+    }
+    if (lane == 0) row_lse = lse;
   }
-  const bool empty = total == 0.f;
-  const float lse = empty ? INFINITY : max_lse + logf(total);
+  __syncthreads();
   T* out = static_cast<T*>(p.out) + b * p.out_strides.batch + (q_row0 + row) * p.out_strides.row +
            h * p.out_strides.head;
-  for (int col = lane; col < p.shape.head_dim; col += kWarpSize) {
+  constexpr int kUnroll = 8;  // independent loads in flight per thread
+  for (int col = threadIdx.x; col < p.shape.head_dim; col += kCombineThreads) {
     float o = 0.f;
-    if (!empty) {
-      for (int s = 0; s < p.num_splits; ++s) {
-        const float weight = expf(p.split_lse[s * split_stride + flat] - lse);
-        o += weight * p.split_out[(s * split_stride + flat) * kHeadDim + col];
-      }
-    }
+#pragma unroll kUnroll
+    for (int s = 0; s < splits; ++s) o += weight[s] * p.split_out[(s * rows_total + flat) * kHeadDim + col];
     out[col] = from_float<T>(o);
   }
-  if (lane == 0) {
+  if (threadIdx.x == 0) {
     float* lse_out = static_cast<float*>(p.lse) + b * p.lse_batch_stride + h * p.lse_head_stride + q_row0;
-    lse_out[row] = lse;
+    lse_out[row] = row_lse;
   }
 }
 

@@ -41,10 +41,8 @@ void run_fwd(const FwdParams& params, void* stream_ptr) {
     launch_fwd_kernel<T, kHeadDim, kMask, false, false>(params, stream);
   }
   if (params.num_splits > 1) {
-    constexpr int kRowsPerBlock = 4;
     const int64_t rows = params.shape.batch * params.shape.nheads_q * params.shape.seqlen_q;
-    const unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
-    fwd_combine_kernel<T, kHeadDim><<<blocks, kRowsPerBlock * kWarpSize, 0, stream>>>(params);
+    fwd_combine_kernel<T, kHeadDim><<<static_cast<unsigned>(rows), kCombineThreads, 0, stream>>>(params);
   }
 }
 

@@ -22,6 +22,8 @@ struct FwdTileConfig {
 // rows: the work is memory-bound, and small CTAs let ~5 of them stream K/V on each SM at once where a 4-warp
 // 128-row CTA (2 per SM) kept too few bytes in flight (0.4-0.8x FA2's decode bandwidth, docs/perf_log.md).
 constexpr int kDecodeMaxRows = 16;
+// Most key splits of a split-KV call (the combine kernel keeps one weight per split in shared memory).
+constexpr int kMaxKeySplits = 128;
 
 FLASH_HOST_DEVICE constexpr FwdTileConfig fwd_tile_config(int head_dim, bool general = false, bool decode = false) {
   return decode             ? FwdTileConfig{16, 64, 1}
