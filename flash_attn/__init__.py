@@ -11,6 +11,7 @@ from .interface import (  # noqa: E402
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
 )
+from .kvcache import flash_attn_with_kvcache  # noqa: E402
 from .ops import built_kernels, is_supported  # noqa: E402
 from .sdpa import scaled_dot_product_attention  # noqa: E402
 
@@ -21,6 +22,7 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
     "scaled_dot_product_attention",
     "built_kernels",
     "is_supported",

@@ -48,7 +48,9 @@ def unpad_input(hidden_states, attention_mask, unused_mask=None):
     """hidden_states (batch, seqlen, ...), attention_mask (batch, seqlen) with 1/True for real tokens.
     unused_mask (batch, seqlen), optional: tokens that are kept in the packed output but not counted as used.
     Returns (hidden_states (total, ...), indices (total,), cu_seqlens (batch + 1,) int32, max_seqlen_in_batch,
-    seqused (batch,) int32: the used tokens per sequence)."""
+    seqused (batch,) int32: the used tokens per sequence). As in Dao-AILab's version, max_seqlen_in_batch is a
+    Python int and the packed size depends on the mask, so on CUDA this synchronises with the host (keep it
+    outside a captured CUDA graph)."""
     all_masks = attention_mask + unused_mask if unused_mask is not None else attention_mask
     seqlens_in_batch = all_masks.sum(dim=-1, dtype=torch.int32)
     used_seqlens_in_batch = attention_mask.sum(dim=-1, dtype=torch.int32)

@@ -30,6 +30,12 @@ def _check_dropout(dropout_p: float) -> float:
     return dropout_p
 
 
+def _max_seqlen(value) -> int:
+    """max_seqlen as a Python int. A tensor (Hugging Face passes cu_seqlens.diff().max() on some paths) is
+    read on the host, which synchronises with a CUDA stream: pass an int where that matters (CUDA graphs)."""
+    return int(value.item()) if torch.is_tensor(value) else value
+
+
 def attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, dropout_p=0.0,
               softmax_scale=None, window=(UNBOUNDED, UNBOUNDED), bottom_right=True, softcap=0.0,
               alibi_slopes=None, attn_bias=None, deterministic=False, return_attn_probs=False):
@@ -39,9 +45,9 @@ def attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, 
         # An empty head dim is rejected by the op with a message naming it; keep the default finite here.
         softmax_scale = q.shape[-1] ** -0.5 if q.shape[-1] > 0 else 1.0
     rng_state = new_rng_state(dropout_p, q.device)
-    return fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, float(softmax_scale),
-                  window[0], window[1], bottom_right, float(softcap), alibi_slopes, attn_bias, rng_state,
-                  return_attn_probs, deterministic)
+    return fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, _max_seqlen(max_seqlen_q), _max_seqlen(max_seqlen_k),
+                  dropout_p, float(softmax_scale), window[0], window[1], bottom_right, float(softcap), alibi_slopes,
+                  attn_bias, rng_state, return_attn_probs, deterministic)
 
 
 def _result(out, lse, probs, return_attn_probs):
@@ -92,7 +98,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            deterministic=False, return_attn_probs=False, block_table=None):
     """Attention over a batch of sequences of different lengths, concatenated: q (total_q, nheads, headdim),
     k and v (total_k, nheads_k, headdim); cu_seqlens_* int32 (batch + 1,) prefix sums of the lengths;
-    max_seqlen_* the longest length. Masks and ALiBi apply per sequence. softmax_lse is (nheads, total_q)."""
+    max_seqlen_* the longest length. Masks and ALiBi apply per sequence. softmax_lse is (nheads, total_q).
+    On CUDA the values of cu_seqlens are not validated (as in Dao-AILab flash_attn: reading them would
+    synchronise the host with the GPU); they must start at 0, be non-decreasing, stay within the rows of q / k
+    and have no length above max_seqlen_*. CPU calls check all of this."""
     if block_table is not None:
         raise NotImplementedError("flash_attn_varlen_func: block_table (paged KV cache) is not supported yet; "
                                   "pass k and v as contiguous (total_k, nheads_k, headdim) tensors")

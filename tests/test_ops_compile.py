@@ -13,6 +13,11 @@ from helpers import randn, require_supported
 SCALE = 0.25
 
 
+def _dtype(device):
+    """float32 on CPU; CUDA kernels take only 16-bit inputs, so the CUDA tier runs these checks in bfloat16."""
+    return torch.float32 if str(device) == "cpu" else torch.bfloat16
+
+
 def _fwd_args(q, k, v, cu_q=None, cu_k=None, max_q=0, max_k=0, dropout_p=0.0, window=(-1, -1), bottom_right=True,
               softcap=0.0, alibi=None, bias=None, rng_state=None, return_probs=False):
     return (q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, SCALE, window[0], window[1], bottom_right, softcap, alibi,
@@ -21,16 +26,18 @@ def _fwd_args(q, k, v, cu_q=None, cu_k=None, max_q=0, max_k=0, dropout_p=0.0, wi
 
 def _configs(device):
     """(name, fwd kwargs builder) pairs of small op configurations."""
-    def dense(dtype=torch.float32, **kw):
+    base = _dtype(device)
+
+    def dense(dtype=base, **kw):
         q = randn(2, 9, 4, 16, dtype=dtype, device=device)
         k = randn(2, 11, 2, 16, dtype=dtype, device=device)
         v = randn(2, 11, 2, 16, dtype=dtype, device=device)
         return dict(q=q, k=k, v=v, **kw)
 
     def varlen(**kw):
-        q = randn(8, 4, 16, device=device)
-        k = randn(10, 2, 16, device=device)
-        v = randn(10, 2, 16, device=device)
+        q = randn(8, 4, 16, dtype=base, device=device)
+        k = randn(10, 2, 16, dtype=base, device=device)
+        v = randn(10, 2, 16, dtype=base, device=device)
         return dict(q=q, k=k, v=v, cu_q=cu_from_seqlens([3, 5], device), cu_k=cu_from_seqlens([4, 6], device),
                     max_q=5, max_k=6, **kw)
 
@@ -43,7 +50,7 @@ def _configs(device):
         "varlen_dropout": lambda: varlen(dropout_p=0.3, rng_state=rng),
         "softcap_window": lambda: dense(softcap=5.0, window=(3, 1)),
         "alibi": lambda: dense(alibi=torch.rand(2, 4, device=device) + 0.1, window=(-1, 0)),
-        "bias_top_left": lambda: dense(bias=randn(2, 4, 9, 11, device=device), bottom_right=False),
+        "bias_top_left": lambda: dense(bias=randn(2, 4, 9, 11, dtype=base, device=device), bottom_right=False),
     }
 
 
@@ -51,7 +58,7 @@ CONFIG_NAMES = list(_configs("cpu"))
 
 
 def _build(name, device):
-    require_supported(device, torch.float32, 16)
+    require_supported(device, _dtype(device), 16)
     return _configs(device)[name]()
 
 
@@ -111,19 +118,19 @@ class _Model(torch.nn.Module):
 
 def _model_inputs(device):
     seqlens_q, seqlens_k = [5, 0, 7], [9, 3, 6]
-    leaf = dict(device=device, requires_grad=True)
+    leaf = dict(dtype=_dtype(device), device=device, requires_grad=True)
     return (
         randn(2, 13, 4, 32, **leaf), randn(2, 17, 2, 32, **leaf), randn(2, 17, 2, 32, **leaf),
         randn(12, 2, 32, **leaf), randn(18, 2, 32, **leaf), randn(18, 2, 32, **leaf),
         cu_from_seqlens(seqlens_q, device), cu_from_seqlens(seqlens_k, device),
         randn(2, 4, 10, 32, **leaf), randn(2, 2, 12, 32, **leaf), randn(2, 2, 12, 32, **leaf),
-        randn(10, 12, **leaf),
+        randn(10, 12, device=device, requires_grad=True),
     ), max(seqlens_q), max(seqlens_k)
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_compile_fullgraph(backend, device):
-    require_supported(device, torch.float32, 32)
+    require_supported(device, _dtype(device), 32)
     torch._dynamo.reset()
     inputs, max_q, max_k = _model_inputs(device)
     model = _Model(max_q, max_k)
@@ -142,7 +149,7 @@ def test_compile_fullgraph(backend, device):
 
 
 def test_compile_no_graph_breaks_with_explain(device):
-    require_supported(device, torch.float32, 32)
+    require_supported(device, _dtype(device), 32)
     torch._dynamo.reset()
     inputs, max_q, max_k = _model_inputs(device)
     explanation = torch._dynamo.explain(_Model(max_q, max_k))(*inputs)

@@ -12,6 +12,7 @@
 #include "error_message.h"
 #include "fwd_cuda_plan.h"
 #include "input_checks.h"
+#include "kernel_inputs.h"
 
 #if defined(FLASH_WITH_CUDA)
 #include <c10/cuda/CUDAStream.h>
@@ -99,10 +100,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(
                       dropout_p, softmax_scale, window_left, window_right, bottom_right, softcap, alibi_slopes,
                       attn_bias, rng_state};
   CheckedCall call = check_call(kFwdOp, args);
+  const KernelInputs in = prepare_kernel_inputs(call, q, k, v);
   FwdParams& p = call.params;
-  const bool padded_rows = call.varlen && call.cu_q_last < call.total_q;
   const auto lse_options = q.options().dtype(lse_dtype(q));
-  at::Tensor out = padded_rows ? at::zeros(q.sizes(), q.options()) : at::empty(q.sizes(), q.options());
+  // Allocated in the kernel layout: contiguous, head dim padded like q's (the contract in params.h).
+  at::Tensor out = call.varlen && call.unowned_rows_q ? at::zeros(in.q.sizes(), q.options())
+                                                      : at::empty(in.q.sizes(), q.options());
   at::Tensor lse = call.varlen ? at::full({p.shape.nheads_q, call.total_q}, std::numeric_limits<float>::infinity(),
                                          lse_options)
                                : at::empty({p.shape.batch, p.shape.nheads_q, p.shape.seqlen_q}, lse_options);
@@ -126,6 +129,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(
     launch_cuda(p, nullptr, q.device());
     if (return_probs) launch_cuda_probs(p, q.device());
   }
+  out = from_kernel_layout(out, in.head_dim);
   return {out, lse, probs};
 }
 
@@ -158,26 +162,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
     dlse_c = dlse->to(lse_dtype(q)).contiguous();
   }
 
+  const KernelInputs in = prepare_kernel_inputs(call, q, k, v);
   BwdParams bp;
   bp.fwd = call.params;
   FwdParams& p = bp.fwd;
-  p.out = const_cast<void*>(out.data_ptr());
-  p.out_strides = strides_of(out, call.varlen);
+  const at::Tensor out_k = q.is_cuda() ? to_kernel_layout(out) : out;
+  const at::Tensor dout_k = q.is_cuda() ? to_kernel_layout(dout) : dout;
+  p.out = const_cast<void*>(out_k.data_ptr());
+  p.out_strides = strides_of(out_k, call.varlen);
   p.lse = const_cast<void*>(lse_c.data_ptr());
   p.lse_batch_stride = call.varlen ? 0 : lse_c.stride(0);
   p.lse_head_stride = call.varlen ? lse_c.stride(0) : lse_c.stride(1);
-  bp.dout = dout.data_ptr();
-  bp.dout_strides = strides_of(dout, call.varlen);
+  bp.dout = dout_k.data_ptr();
+  bp.dout_strides = strides_of(dout_k, call.varlen);
   bp.dlse = dlse.has_value() ? dlse_c.data_ptr() : nullptr;
   bp.deterministic = deterministic;
 
-  // Varlen rows beyond cu_seqlens[-1] belong to no sequence: their gradient is 0.
-  auto grad_like = [&](const at::Tensor& t, int64_t last, int64_t total) {
-    return call.varlen && last < total ? at::zeros(t.sizes(), t.options()) : at::empty(t.sizes(), t.options());
+  // Gradients are allocated contiguous in the kernel layout (head dim padded like the inputs'). Varlen rows
+  // past cu_seqlens[-1] belong to no sequence: their gradient is 0 (see CheckedCall::unowned_rows_q).
+  auto grad_like = [&](const at::Tensor& t, bool unowned_rows) {
+    return call.varlen && unowned_rows ? at::zeros(t.sizes(), t.options()) : at::empty(t.sizes(), t.options());
   };
-  at::Tensor dq = grad_like(q, call.cu_q_last, call.total_q);
-  at::Tensor dk = grad_like(k, call.cu_k_last, call.total_k);
-  at::Tensor dv = grad_like(v, call.cu_k_last, call.total_k);
+  at::Tensor dq = grad_like(in.q, call.unowned_rows_q);
+  at::Tensor dk = grad_like(in.k, call.unowned_rows_k);
+  at::Tensor dv = grad_like(in.v, call.unowned_rows_k);
   at::Tensor dbias = bias_requires_grad
                          ? at::zeros({p.shape.batch, p.shape.nheads_q, p.shape.seqlen_q, p.shape.seqlen_k},
                                      q.options().dtype(lse_dtype(q)))
@@ -197,6 +205,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
   } else {
     launch_cuda(p, &bp, q.device());
   }
+  dq = from_kernel_layout(dq, in.head_dim);
+  dk = from_kernel_layout(dk, in.head_dim);
+  dv = from_kernel_layout(dv, in.head_dim);
   return {dq, dk, dv, dbias};
 }
 
@@ -215,6 +226,14 @@ bool is_supported(const std::string& device_type, int64_t device_index, const st
   if (device_type != "cuda" || d == DType::kFloat32 || d == DType::kFloat64) return false;
   const int sm = device_sm(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index)));
   return cuda_supports(sm, d, head_dim, backward);
+}
+
+// The kernel input contract's action for one tensor ("use", "copy" or "pad"), on any device: lets the tests
+// check the layout rules of kernel_inputs.h without a GPU.
+std::string kernel_input_action(const at::Tensor& t) {
+  FLASH_CHECK(t.dim() >= 1, "flash_attn._C.kernel_input_action: the tensor must have a head dimension; got shape ",
+              t.sizes());
+  return input_action_name(input_action(t));
 }
 
 pybind11::list built_kernels() {
@@ -277,4 +296,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.doc() = "flash_attn native extension: registers torch.ops.flash_attn.* and the capability query";
   module.def("built_kernels", &flash::api::built_kernels, "Every compiled kernel as a list of dicts");
   module.def("is_supported", &flash::api::is_supported, "Whether a (device, dtype, head dim) runs here");
+  module.def("kernel_input_action", &flash::api::kernel_input_action,
+             "What the CUDA kernel input contract does to a q/k/v/out/dout tensor: use, copy or pad");
 }

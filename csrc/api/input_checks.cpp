@@ -24,16 +24,21 @@ void check_unit_last_stride(const char* op, const char* name, const at::Tensor& 
               ". Pass ", name, ".contiguous() or a view whose last dimension is contiguous.");
 }
 
-// Validates one cu_seqlens tensor and returns its host copy.
-at::Tensor check_cu_seqlens(const char* op, const char* name, const at::Tensor& cu, const at::Tensor& like,
-                            int64_t total, int64_t max_seqlen, const char* max_name, const char* tensor_name) {
+// Checks what every cu_seqlens tensor must satisfy without reading its values: dtype, device, rank.
+void check_cu_seqlens_layout(const char* op, const char* name, const at::Tensor& cu, const at::Tensor& like) {
   FLASH_CHECK(cu.scalar_type() == at::kInt, op, ": ", name, " must have dtype torch.int32; got ", cu.scalar_type(),
               ". Convert with ", name, ".to(torch.int32).");
   FLASH_CHECK(cu.device() == like.device(), op, ": ", name, " must be on the same device as q (", like.device(),
               "); got ", cu.device());
   FLASH_CHECK(cu.dim() == 1 && cu.size(0) >= 2, op, ": ", name,
               " must be 1-D with batch_size + 1 >= 2 entries; got shape ", shape_str(cu));
-  at::Tensor host = cu.to(at::kCPU).contiguous();
+}
+
+// Validates the values of one host (CPU) cu_seqlens tensor and returns it contiguous. CUDA calls never come
+// here: reading device values would synchronise the host with the stream and break CUDA-graph capture.
+at::Tensor check_cu_seqlens_values(const char* op, const char* name, const at::Tensor& cu, int64_t total,
+                                   int64_t max_seqlen, const char* max_name, const char* tensor_name) {
+  at::Tensor host = cu.contiguous();
   const int32_t* data = host.data_ptr<int32_t>();
   FLASH_CHECK(data[0] == 0, op, ": ", name, "[0] must be 0; got ", data[0]);
   int64_t longest = 0;
@@ -99,7 +104,8 @@ CheckedCall check_call(const char* op, const CallArgs& a) {
   const bool cuda = q.is_cuda();
   FLASH_CHECK(q.is_cpu() || cuda, op, ": q must be a CPU or CUDA tensor; got device ", q.device());
   FLASH_CHECK(dtype_supported(q.scalar_type(), cuda), op, ": q has dtype ", q.scalar_type(), ", but ",
-              cuda ? "CUDA tensors must be float16 or bfloat16"
+              cuda ? "CUDA tensors must be float16 or bfloat16 (the CUDA kernels take only 16-bit inputs, with "
+                     "float32 accumulation); cast q, k, v with .to(torch.bfloat16) or .half(), or run on CPU tensors"
                    : "CPU tensors must be float16, bfloat16, float32 or float64");
 
   const int64_t head_dim = q.size(-1);
@@ -127,21 +133,28 @@ CheckedCall check_call(const char* op, const CallArgs& a) {
                 shape_str(cu_q), " and ", shape_str(cu_k));
     FLASH_CHECK(a.max_seqlen_q >= 0 && a.max_seqlen_k >= 0, op, ": max_seqlen_q and max_seqlen_k must be >= 0; got ",
                 a.max_seqlen_q, " and ", a.max_seqlen_k);
-    call.cu_seqlens_q_cpu =
-        check_cu_seqlens(op, "cu_seqlens_q", cu_q, q, q.size(0), a.max_seqlen_q, "max_seqlen_q", "q");
-    call.cu_seqlens_k_cpu =
-        check_cu_seqlens(op, "cu_seqlens_k", cu_k, q, k.size(0), a.max_seqlen_k, "max_seqlen_k", "k");
+    check_cu_seqlens_layout(op, "cu_seqlens_q", cu_q, q);
+    check_cu_seqlens_layout(op, "cu_seqlens_k", cu_k, q);
     p.shape.batch = cu_q.size(0) - 1;
     p.shape.seqlen_q = a.max_seqlen_q;
     p.shape.seqlen_k = a.max_seqlen_k;
     call.total_q = q.size(0);
     call.total_k = k.size(0);
-    call.cu_q_last = call.cu_seqlens_q_cpu.data_ptr<int32_t>()[p.shape.batch];
-    call.cu_k_last = call.cu_seqlens_k_cpu.data_ptr<int32_t>()[p.shape.batch];
-    // Kernels read cu_seqlens where they run: the host copy for the CPU path, the tensor itself on a GPU.
-    const bool on_host = q.is_cpu();
-    call.cu_seqlens_q_device = on_host ? call.cu_seqlens_q_cpu : cu_q.contiguous();
-    call.cu_seqlens_k_device = on_host ? call.cu_seqlens_k_cpu : cu_k.contiguous();
+    if (q.is_cpu()) {
+      call.cu_seqlens_q_device =
+          check_cu_seqlens_values(op, "cu_seqlens_q", cu_q, q.size(0), a.max_seqlen_q, "max_seqlen_q", "q");
+      call.cu_seqlens_k_device =
+          check_cu_seqlens_values(op, "cu_seqlens_k", cu_k, k.size(0), a.max_seqlen_k, "max_seqlen_k", "k");
+      call.unowned_rows_q = call.cu_seqlens_q_device.data_ptr<int32_t>()[p.shape.batch] < call.total_q;
+      call.unowned_rows_k = call.cu_seqlens_k_device.data_ptr<int32_t>()[p.shape.batch] < call.total_k;
+    } else {
+      // On a GPU the values stay unread (as in Dao-AILab flash_attn): the kernels read cu_seqlens from device
+      // memory, and any row past cu_seqlens[-1] is assumed possible, so its outputs are zero-initialised.
+      call.cu_seqlens_q_device = cu_q.contiguous();
+      call.cu_seqlens_k_device = cu_k.contiguous();
+      call.unowned_rows_q = true;
+      call.unowned_rows_k = true;
+    }
     p.shape.cu_seqlens_q = call.cu_seqlens_q_device.data_ptr<int32_t>();
     p.shape.cu_seqlens_k = call.cu_seqlens_k_device.data_ptr<int32_t>();
   } else {

@@ -11,16 +11,17 @@
 
 namespace flash::api {
 
-// The call's tensors after checking: sizes read once, varlen lengths validated.
+// The call's tensors after checking: sizes read once; varlen lengths validated on CPU (see check_call).
 struct CheckedCall {
   FwdParams params;
   bool varlen = false;
-  int64_t total_q = 0;        // rows of q (varlen) or batch * seqlen_q
-  int64_t cu_q_last = 0;      // varlen: cu_seqlens_q[-1] (rows beyond it are untouched padding)
-  int64_t cu_k_last = 0;
+  int64_t total_q = 0;  // rows of q (varlen) or batch * seqlen_q
   int64_t total_k = 0;
-  at::Tensor cu_seqlens_q_cpu;  // varlen: host copies the CPU path reads
-  at::Tensor cu_seqlens_k_cpu;
+  // Varlen: whether q (k) may have rows past cu_seqlens[-1], which belong to no sequence, so the kernels never
+  // write them and their outputs / gradients must start at 0. Read from the values on CPU; always true for
+  // CUDA calls, whose cu_seqlens values are never read on the host (that would synchronise with the stream).
+  bool unowned_rows_q = false;
+  bool unowned_rows_k = false;
   at::Tensor cu_seqlens_q_device;  // varlen: what params.shape points at, on the call's device
   at::Tensor cu_seqlens_k_device;
 };
@@ -44,7 +45,9 @@ struct CallArgs {
   const std::optional<at::Tensor>& rng_state;
 };
 
-// Checks q, k, v and every option; fills params except the output pointers.
+// Checks q, k, v and every option; fills params except the output pointers. cu_seqlens values (start at 0,
+// non-decreasing, within the tensors, max_seqlen >= every length) are validated for CPU tensors only: for CUDA
+// tensors only their dtype, device and shape are checked, so a CUDA call never synchronises with the host.
 CheckedCall check_call(const char* op, const CallArgs& args);
 
 DType to_dtype(at::ScalarType type);

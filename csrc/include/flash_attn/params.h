@@ -2,6 +2,19 @@
 // scalars). Built by csrc/api/ from torch tensors; read by every backend (csrc/cpu/, csrc/sm80/, csrc/sm90/).
 // No torch types here. Tensor [b, row, head, dim] lives at base + b*batch + row*row_stride + head*head + dim;
 // for varlen calls batch strides are 0 and rows are offset by cu_seqlens[b].
+//
+// Kernel input contract for CUDA calls (enforced by csrc/api/kernel_inputs.cpp before params are built, so a
+// CUDA kernel may rely on it without checking):
+//   - dtype is fp16 or bf16; head_dim % 8 == 0 (other head dims are zero-padded in the last dimension to the
+//     next multiple of 8 for q, k, v, out and dout, and outputs / gradients sliced back; softmax_scale is
+//     always explicit, so padding does not change it);
+//   - every batch / row / head stride of q, k, v, out, dout, dq, dk, dv is a multiple of 8 elements, the dim
+//     stride is 1 and every base pointer is 16-byte aligned (other tensors are copied contiguous), so any
+//     8-element (16-byte) chunk of a row can be moved with one vector load or store;
+//   - out, dq, dk, dv are allocated by the host contiguous; for varlen calls they (and softmax_lse) are
+//     pre-initialised for rows past cu_seqlens[-1], which no sequence owns, so kernels write only owned rows;
+//   - cu_seqlens and rng_state are device pointers whose values the host never read (CUDA-graph capture):
+//     kernels read them from device memory, and cu_seqlens values are not validated on CUDA.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,90 @@
+"""flash_attn_with_kvcache: Dao-AILab's decoding entry point (attention of new queries over a KV cache, with
+the new keys/values appended to the cache in place), on flash_attn's fwd op. The per-sequence cache lengths
+become an additive float32 bias (masking, causal/window alignment and ALiBi folded in), so the call reads no
+length on the host and can be captured in a CUDA graph."""
+
+from __future__ import annotations
+
+import torch
+
+from .interface import _window, attention
+
+_NAME = "flash_attn_with_kvcache"
+
+
+def _reject(**features):
+    for name, value in features.items():
+        if value is not None:
+            raise NotImplementedError(f"{_NAME}: {name} is not supported yet; apply rotary embeddings / left "
+                                      f"padding / paging before the call and pass {name}=None")
+
+
+def _cache_lengths(cache_seqlens, batch, cache_rows, device):
+    if cache_seqlens is None:
+        return torch.full((batch,), cache_rows, dtype=torch.int64, device=device)
+    if isinstance(cache_seqlens, int):
+        return torch.full((batch,), cache_seqlens, dtype=torch.int64, device=device)
+    if cache_seqlens.shape != (batch,):
+        raise ValueError(f"{_NAME}: cache_seqlens must be an int or a (batch,) = ({batch},) tensor; got shape "
+                         f"{tuple(cache_seqlens.shape)}")
+    return cache_seqlens.to(device=device, dtype=torch.int64)
+
+
+def _bias(lengths, seqlen_q, cache_rows, window, nheads, alibi_slopes):
+    """(batch, nheads, seqlen_q, cache_rows) float32: 0 where query i sees key j, -inf elsewhere, minus the
+    ALiBi term; queries are aligned to the end of their sequence (key lengths[b] - seqlen_q + i)."""
+    device = lengths.device
+    rows = torch.arange(seqlen_q, device=device).view(1, -1, 1)
+    cols = torch.arange(cache_rows, device=device).view(1, 1, -1)
+    distance = rows + (lengths.view(-1, 1, 1) - seqlen_q) - cols  # query position - key position
+    visible = cols < lengths.view(-1, 1, 1)
+    left, right = window
+    if left >= 0:
+        visible = visible & (distance <= left)
+    if right >= 0:
+        visible = visible & (distance >= -right)
+    bias = torch.zeros(visible.shape, dtype=torch.float32, device=device).masked_fill(~visible, float("-inf"))
+    bias = bias.unsqueeze(1)
+    batch = lengths.shape[0]
+    if alibi_slopes is None:
+        return bias.expand(batch, nheads, seqlen_q, cache_rows)
+    slopes = alibi_slopes.to(torch.float32).reshape(-1 if alibi_slopes.dim() == 2 else 1, nheads, 1, 1)
+    return bias - slopes * distance.abs().unsqueeze(1).to(torch.float32)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+    """q (batch, seqlen_q, nheads, headdim) attends over k_cache / v_cache (batch_cache, seqlen_cache, nheads_k,
+    headdim): sequence b uses the first cache_seqlens[b] rows of cache entry cache_batch_idx[b] (default b),
+    after k / v (batch, seqlen_new, nheads_k, headdim), if given, are written in place at rows
+    cache_seqlens[b] ... cache_seqlens[b] + seqlen_new - 1. causal / window_size align the queries to the end of
+    each sequence. rotary embeddings, cache_leftpad and block_table are not supported (NotImplementedError);
+    num_splits is a performance hint of Dao's kernel and is ignored. Returns out, or (out, softmax_lse (batch,
+    nheads, seqlen_q)) when return_softmax_lse. Memory: one float32 bias of batch x seqlen_q x seqlen_cache
+    (x nheads with ALiBi)."""
+    del rotary_interleaved, num_splits  # only meaningful with rotary embeddings / Dao's split kernel
+    _reject(rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_leftpad=cache_leftpad, block_table=block_table)
+    if (k is None) != (v is None):
+        raise ValueError(f"{_NAME}: k and v must be given together or both omitted")
+    if k is not None and cache_seqlens is None:
+        raise ValueError(f"{_NAME}: appending k / v needs cache_seqlens (where each sequence's new rows go)")
+    batch, seqlen_q, nheads = q.shape[0], q.shape[1], q.shape[2]
+    cache_rows = k_cache.shape[1]
+    if cache_batch_idx is None and k_cache.shape[0] != batch:
+        raise ValueError(f"{_NAME}: k_cache has {k_cache.shape[0]} entries for a batch of {batch}; pass "
+                         "cache_batch_idx to say which cache entry each sequence uses")
+    lengths = _cache_lengths(cache_seqlens, batch, cache_rows, q.device)
+    entries = (torch.arange(batch, device=q.device) if cache_batch_idx is None
+               else cache_batch_idx.to(device=q.device, dtype=torch.int64))
+    if k is not None:
+        rows = lengths.view(-1, 1) + torch.arange(k.shape[1], device=q.device).view(1, -1)
+        k_cache[entries.view(-1, 1), rows] = k
+        v_cache[entries.view(-1, 1), rows] = v
+        lengths = lengths + k.shape[1]
+    keys, values = (k_cache, v_cache) if cache_batch_idx is None else (k_cache[entries], v_cache[entries])
+    bias = _bias(lengths, seqlen_q, cache_rows, _window(window_size, causal), nheads, alibi_slopes)
+    out, lse, _ = attention(q, keys, values, softmax_scale=softmax_scale, softcap=softcap, attn_bias=bias,
+                            bottom_right=False)
+    return (out, lse) if return_softmax_lse else out

@@ -1,0 +1,92 @@
+# The representative CUDA subset that tools/sanitize.sh runs under compute-sanitizer (memcheck, racecheck):
+# every head-dim bucket, odd sequence lengths both ways, GQA, causal and not, varlen with empty sequences and
+# rows past cu_seqlens[-1], a head dim that is padded, dropout; forward, and backward where it is built.
+# Small sizes keep the sanitizers' slowdown bearable; each case is also checked against the fp64 reference,
+# so the subset is an ordinary part of the CUDA suite as well (marker: sanitize).
+import functools
+
+import pytest
+import torch
+
+import flash_attn
+from flash_attn import flash_attn_func, flash_attn_varlen_func
+from flash_attn.reference import attention_ref, attention_varlen_ref, cu_from_seqlens
+from helpers import check_output_and_grads, randn, reference_pair
+
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"), pytest.mark.sanitize]
+DTYPE = torch.bfloat16
+HEAD_DIM_BUCKETS = (32, 64, 96, 128, 160, 192, 224, 256)
+DIRECTIONS = {"fwd": False, "bwd": True}
+
+
+def _require(head_dim, backward):
+    if not flash_attn.is_supported("cuda", DTYPE, head_dim, backward=backward):
+        pytest.skip(f"no CUDA {'backward' if backward else 'forward'} kernel for {DTYPE} head_dim={head_dim}")
+
+
+def _run_dense(shape, backward, **kwargs):
+    b, sq, sk, h, hk, d = shape
+    _require(d, backward)
+    q = randn(b, sq, h, d, dtype=DTYPE, device="cuda", requires_grad=backward)
+    k = randn(b, sk, hk, d, dtype=DTYPE, device="cuda", requires_grad=backward)
+    v = randn(b, sk, hk, d, dtype=DTYPE, device="cuda", requires_grad=backward)
+    dout = randn(b, sq, h, d, dtype=DTYPE, device="cuda") if backward else None
+    out = flash_attn_func(q, k, v, **kwargs)
+    grads = torch.autograd.grad(out, (q, k, v), dout) if backward else None
+    inputs = tuple(t.detach().cpu() for t in (q, k, v))
+    truth, naive = reference_pair(functools.partial(attention_ref, **kwargs), inputs,
+                                  None if dout is None else dout.cpu())
+    check_output_and_grads(out.cpu(), None if grads is None else [g.cpu() for g in grads], truth, naive)
+
+
+@pytest.mark.parametrize("direction", list(DIRECTIONS))
+@pytest.mark.parametrize("head_dim", HEAD_DIM_BUCKETS)
+def test_head_dim_buckets_causal_gqa(head_dim, direction):
+    _run_dense((2, 97, 131, 4, 2, head_dim), DIRECTIONS[direction], causal=True)
+
+
+@pytest.mark.parametrize("direction", list(DIRECTIONS))
+@pytest.mark.parametrize("shape", [(1, 1, 77, 2, 2, 64), (2, 131, 17, 4, 1, 128), (1, 65, 65, 2, 2, 60)])
+def test_odd_seqlens_and_padded_head_dim(shape, direction):
+    _run_dense(shape, DIRECTIONS[direction])
+
+
+@pytest.mark.parametrize("direction", list(DIRECTIONS))
+def test_window_softcap(direction):
+    _run_dense((1, 90, 70, 4, 2, 64), DIRECTIONS[direction], window_size=(9, 4), softcap=5.0)
+
+
+@pytest.mark.parametrize("direction", list(DIRECTIONS))
+def test_dropout_runs_clean(direction):
+    backward = DIRECTIONS[direction]
+    _require(64, backward)
+    q, k, v = (randn(2, 70, 2, 64, dtype=DTYPE, device="cuda", requires_grad=backward) for _ in range(3))
+    out = flash_attn_func(q, k, v, dropout_p=0.3, causal=True)
+    assert torch.isfinite(out).all()
+    if backward:
+        assert all(torch.isfinite(g).all() for g in torch.autograd.grad(out.sum(), (q, k, v)))
+
+
+@pytest.mark.parametrize("direction", list(DIRECTIONS))
+def test_varlen_causal_gqa(direction):
+    backward = DIRECTIONS[direction]
+    _require(64, backward)
+    seqlens_q, seqlens_k = [37, 0, 65, 1], [53, 9, 64, 0]
+    extra_rows = 5  # rows past cu_seqlens[-1]: never read or written by the kernels
+    q = randn(sum(seqlens_q) + extra_rows, 4, 64, dtype=DTYPE, device="cuda", requires_grad=backward)
+    k = randn(sum(seqlens_k) + extra_rows, 2, 64, dtype=DTYPE, device="cuda", requires_grad=backward)
+    v = randn(sum(seqlens_k) + extra_rows, 2, 64, dtype=DTYPE, device="cuda", requires_grad=backward)
+    cu_q, cu_k = cu_from_seqlens(seqlens_q, "cuda"), cu_from_seqlens(seqlens_k, "cuda")
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), causal=True)
+    rows_q, rows_k = sum(seqlens_q), sum(seqlens_k)
+    assert out[rows_q:].abs().max() == 0
+    dout = randn(*out.shape, dtype=DTYPE, device="cuda") if backward else None
+    grads = torch.autograd.grad(out, (q, k, v), dout) if backward else None
+    if backward:
+        assert grads[0][rows_q:].abs().max() == 0 and grads[1][rows_k:].abs().max() == 0
+    ref = functools.partial(attention_varlen_ref, cu_seqlens_q=cu_q.cpu(), cu_seqlens_k=cu_k.cpu(), causal=True)
+    inputs = (q.detach()[:rows_q].cpu(), k.detach()[:rows_k].cpu(), v.detach()[:rows_k].cpu())
+    truth, naive = reference_pair(ref, inputs, None if dout is None else dout[:rows_q].cpu())
+    check_output_and_grads(out[:rows_q].cpu(),
+                           None if grads is None else [grads[0][:rows_q].cpu(), grads[1][:rows_k].cpu(),
+                                                       grads[2][:rows_k].cpu()], truth, naive)
