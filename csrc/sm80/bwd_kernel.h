@@ -52,7 +52,9 @@ struct BwdSmem {
   }
 };
 
-template <typename T, int kHeadDim, MaskKind kMask>
+// kFeatures: softcap, ALiBi, bias, dropout or dbias may be on. The plain instantiation drops their code:
+// measured with ptxas on hd128 causal, the general code path spills 292 bytes, the plain one 74.
+template <typename T, int kHeadDim, MaskKind kMask, bool kFeatures>
 __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp) {
   using Smem = BwdSmem<kHeadDim>;
   constexpr BwdTileConfig kCfg = bwd_tile_config(kHeadDim);
@@ -121,12 +123,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
   const float scale = static_cast<float>(p.softmax_scale);
   const float scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
   const float softcap = static_cast<float>(p.softcap);
-  const bool has_softcap = p.softcap > 0.0;
+  const bool has_softcap = kFeatures && p.softcap > 0.0;
   const float scale_over_cap = has_softcap ? static_cast<float>(p.softmax_scale / p.softcap) : 0.f;
-  const bool has_alibi = p.mask.alibi_slopes != nullptr;
-  const bool has_bias = p.mask.bias != nullptr;
+  const bool has_alibi = kFeatures && p.mask.alibi_slopes != nullptr;
+  const bool has_bias = kFeatures && p.mask.bias != nullptr;
+  const bool write_dbias = kFeatures && bp.dbias != nullptr;
   const bool plain_scores = !has_softcap && !has_alibi && !has_bias;
-  const bool dropout = p.dropout.p > 0.0;
+  const bool dropout = kFeatures && p.dropout.p > 0.0;
   const uint64_t seed = dropout ? static_cast<uint64_t>(p.dropout.rng_state[0]) : 0;
   const uint64_t rng_offset = dropout ? static_cast<uint64_t>(p.dropout.rng_state[1]) : 0;
   const uint64_t keep_threshold = dropout_keep_threshold(p.dropout.p);
@@ -307,7 +310,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
               dp = keep ? dp * inv_keep : 0.f;
             }
             const float dz = prob * (dp - cur_delta[query_local]);
-            if (bp.dbias != nullptr && query < seqlen_q && key < seqlen_k) {
+            if (write_dbias && query < seqlen_q && key < seqlen_k) {
               const ScoreStrides& ds = bp.dbias_strides;
               static_cast<float*>(bp.dbias)[b * ds.batch + h * ds.head + query * ds.row + key * ds.col] = dz;
             }

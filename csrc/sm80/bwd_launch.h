@@ -12,6 +12,16 @@
 
 namespace flash::sm80 {
 
+template <auto kKernel, int kHeadDim, typename T>
+void launch_main(const dim3& grid, const BwdParams& params, cudaStream_t stream) {
+  constexpr int kSmemBytes = bwd::BwdSmem<kHeadDim>::template bytes<T>();
+  // Raising the dynamic shared-memory cap is a function attribute, not a stream operation (graph-safe).
+  static const cudaError_t attribute_set =
+      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  (void)attribute_set;
+  kKernel<<<grid, bwd::kBwdThreads, kSmemBytes, stream>>>(params);
+}
+
 template <DType kDType, int kHeadDim, MaskKind kMask>
 void run_bwd(const BwdParams& params, void* stream) {
   using T = typename bwd::ElementOf<kDType>::type;
@@ -29,16 +39,17 @@ void run_bwd(const BwdParams& params, void* stream) {
   constexpr bwd::BwdTileConfig kTile = bwd::bwd_tile_config(kHeadDim);
   const int64_t key_blocks = (shape.seqlen_k + kTile.block_n - 1) / kTile.block_n;
   if (key_blocks > 0) {
-    constexpr int kSmemBytes = bwd::BwdSmem<kHeadDim>::template bytes<T>();
-    // Raising the dynamic shared-memory cap is a function attribute, not a stream operation (graph-safe).
-    static const cudaError_t attribute_set = cudaFuncSetAttribute(
-        bwd::bwd_kernel<T, kHeadDim, kMask>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-    (void)attribute_set;
     // Deterministic: each CTA owns one dq accumulator and walks key blocks x, x + grid, ...
     const int64_t ctas_x = params.deterministic ? std::min(params.dq_splits, key_blocks) : key_blocks;
-    bwd::bwd_kernel<T, kHeadDim, kMask>
-        <<<dim3(static_cast<unsigned>(ctas_x), static_cast<unsigned>(shape.nheads_k), batch), bwd::kBwdThreads,
-           kSmemBytes, cuda_stream>>>(params);
+    const dim3 grid(static_cast<unsigned>(ctas_x), static_cast<unsigned>(shape.nheads_k), batch);
+    const FwdParams& p = params.fwd;
+    const bool features = p.softcap > 0.0 || p.mask.alibi_slopes != nullptr || p.mask.bias != nullptr ||
+                          p.dropout.p > 0.0 || params.dbias != nullptr;
+    if (features) {
+      launch_main<bwd::bwd_kernel<T, kHeadDim, kMask, true>, kHeadDim, T>(grid, params, cuda_stream);
+    } else {
+      launch_main<bwd::bwd_kernel<T, kHeadDim, kMask, false>, kHeadDim, T>(grid, params, cuda_stream);
+    }
   }
   if (row_blocks > 0) {
     bwd::bwd_convert_dq_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch), bwd::kBwdThreads, 0,
