@@ -55,7 +55,9 @@ constexpr int kSmemRowPad = 8;
 // memory while query blocks of kBlockM rows stream through. The warp grids below split each GEMM's output:
 // S^T/dP^T (keys x queries), dK/dV (keys x head dim) and dQ (queries x head dim). Sizes as FA2 on A100/H100
 // (64 x 128 up to head dim 128, 64 x 64 above): dK and dV stay in registers (keys x d / 128 floats per thread
-// each), which caps kBlockN * kHeadDim at 16K.
+// each), which caps kBlockN * kHeadDim at 16K. The warp grids keep each warp's tile as square as the
+// registers allow, which minimises the shared-memory bytes read per MMA (e.g. dQ at head dim 128: 32 x 32
+// per warp reads 16 KB per block, 16 x 64 would read 20 KB).
 struct BwdTileConfig {
   int block_m;
   int block_n;
@@ -66,7 +68,11 @@ struct BwdTileConfig {
 constexpr int kBwdWarps = 8;
 constexpr int kBwdThreads = kBwdWarps * kWarpSize;
 __host__ __device__ constexpr BwdTileConfig bwd_tile_config(int head_dim) {
-  return head_dim <= 128 ? BwdTileConfig{64, 128, 4, 4, 4} : BwdTileConfig{64, 64, 4, 4, 4};
+  // Four warps along the head dim need head_dim / 4 to be a whole number of n16 fragment pairs.
+  const bool split_dim_4 = head_dim % 64 == 0;
+  if (head_dim <= 64) return BwdTileConfig{64, 128, 4, 4, 4};
+  if (head_dim <= 128) return split_dim_4 ? BwdTileConfig{64, 128, 4, 4, 2} : BwdTileConfig{64, 128, 4, 4, 4};
+  return split_dim_4 ? BwdTileConfig{64, 64, 4, 2, 2} : BwdTileConfig{64, 64, 4, 4, 4};
 }
 
 // Where one batch entry's rows start and how long its sequences are (varlen: from cu_seqlens).
@@ -151,6 +157,19 @@ __device__ __forceinline__ bool vector_rows(const T* base, int64_t row_stride, i
   return head_dim % kWidth == 0 && row_stride % kWidth == 0 && reinterpret_cast<uintptr_t>(base) % kVectorBytes == 0;
 }
 
+// Element-wise staging for tensors whose rows are not 16-byte aligned. Out of line: the slow path should
+// not cost the main loop registers.
+template <typename T>
+__device__ __noinline__ void load_tile_scalar(T* dst, int dst_stride, const T* src, int64_t src_stride, int rows,
+                                              int cols, int valid_rows, int head_dim, int tid) {
+  const T zero = from_float<T>(0.f);
+  for (int idx = tid; idx < rows * cols; idx += kBwdThreads) {
+    const int r = idx / cols;
+    const int c = idx % cols;
+    dst[r * dst_stride + c] = r < valid_rows && c < head_dim ? src[r * src_stride + c] : zero;
+  }
+}
+
 // Rows [0, kRows) x columns [0, kHeadDim) of `src` (row stride src_stride) into `dst` (stride dst_stride);
 // rows >= valid_rows and columns >= head_dim become 0. cp.async when `vector` (caller commits and waits),
 // plain loads otherwise.
@@ -168,12 +187,7 @@ __device__ __forceinline__ void load_tile(T* dst, int dst_stride, const T* src, 
       ptx::cp_async_16(dst + r * dst_stride + c, valid ? src + r * src_stride + c : src, valid);
     }
   } else {
-    const T zero = from_float<T>(0.f);
-    for (int idx = tid; idx < kRows * kHeadDim; idx += kBwdThreads) {
-      const int r = idx / kHeadDim;
-      const int c = idx % kHeadDim;
-      dst[r * dst_stride + c] = r < valid_rows && c < head_dim ? src[r * src_stride + c] : zero;
-    }
+    load_tile_scalar<T>(dst, dst_stride, src, src_stride, kRows, kHeadDim, valid_rows, head_dim, tid);
   }
 }
 

@@ -36,6 +36,34 @@ __device__ __forceinline__ bool vector_tensor(const void* base, const TensorStri
          reinterpret_cast<uintptr_t>(base) % kVectorBytes == 0;
 }
 
+// Atomically adds one 16x8 accumulator fragment (rows g, g+8; columns 2t, 2t+1 relative to `dst`, which is
+// at (row g, column 2t)) to fp32 global memory. On sm90 lanes t and t^1 swap halves so each lane adds four
+// consecutive floats of one row with a single vector reduction (4x fewer atomics than scalar adds).
+// rows_left = valid rows counted from row g (only read when !all_rows).
+__device__ __forceinline__ void add_dq_fragment(float* dst, int64_t row_stride, const ptx::MmaC& c, int t,
+                                                bool all_rows, int rows_left) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const bool even = t % 2 == 0;
+  // Even lanes keep row g and receive the partner's row-g pair; odd lanes keep row g+8.
+  const float send0 = even ? c.reg[2] : c.reg[0];
+  const float send1 = even ? c.reg[3] : c.reg[1];
+  const float got0 = __shfl_xor_sync(0xffffffffu, send0, 1);
+  const float got1 = __shfl_xor_sync(0xffffffffu, send1, 1);
+  const float4 v = even ? make_float4(c.reg[0], c.reg[1], got0, got1) : make_float4(got0, got1, c.reg[2], c.reg[3]);
+  float* row_dst = even ? dst : dst + 8 * row_stride - 2;
+  if (all_rows || (even ? rows_left > 0 : rows_left > 8)) atomicAdd(reinterpret_cast<float4*>(row_dst), v);
+#else
+  if (all_rows || rows_left > 0) {
+    atomicAdd(dst, c.reg[0]);
+    atomicAdd(dst + 1, c.reg[1]);
+  }
+  if (all_rows || rows_left > 8) {
+    atomicAdd(dst + 8 * row_stride, c.reg[2]);
+    atomicAdd(dst + 8 * row_stride + 1, c.reg[3]);
+  }
+#endif
+}
+
 template <int kHeadDim>
 struct BwdSmem {
   static constexpr BwdTileConfig kCfg = bwd_tile_config(kHeadDim);
@@ -76,14 +104,18 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
   constexpr int kKVDims = kHeadDim / kKVWarpsD;
   constexpr int kKVMT = kKVKeys / kMmaM;
   constexpr int kKVNT = kKVDims / kMmaN;
-  // dQ warp tiles: 16 rows x kQDims, accumulated kQChunk n8 tiles at a time (bounds live registers).
+  // dQ warp tiles: kQRows x kQDims, accumulated kQChunk n8 tiles at a time (at most 32 accumulator
+  // registers live next to dK and dV).
   constexpr int kQWarpsM = kCfg.q_warps_m;
   constexpr int kQWarpsD = kBwdWarps / kQWarpsM;
+  constexpr int kQRows = kBlockM / kQWarpsM;
+  constexpr int kQMT = kQRows / kMmaM;
   constexpr int kQDims = kHeadDim / kQWarpsD;
   constexpr int kQNT = kQDims / kMmaN;
-  constexpr int kQChunk = kQNT <= 8 ? kQNT : (kQNT % 8 == 0 ? 8 : (kQNT % 4 == 0 ? 4 : 2));
-  static_assert(kBlockM / kQWarpsM == kMmaM, "dQ warp tile must be 16 rows");
-  static_assert(kSMT >= 1 && kSNT % 2 == 0 && kKVMT >= 1 && kKVNT % 2 == 0 && kQNT % kQChunk == 0 &&
+  constexpr int kQMaxChunk = 8 / kQMT;
+  constexpr int kQChunk = kQNT <= kQMaxChunk ? kQNT
+                          : (kQNT % kQMaxChunk == 0 ? kQMaxChunk : (kQNT % 4 == 0 && kQMaxChunk >= 4 ? 4 : 2));
+  static_assert(kSMT >= 1 && kSNT % 2 == 0 && kKVMT >= 1 && kKVNT % 2 == 0 && kQMT >= 1 && kQNT % kQChunk == 0 &&
                     kQChunk % 2 == 0 && kHeadDim % kMmaK == 0,
                 "tile shape");
 
@@ -151,7 +183,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
   const int s_query0 = (warp / kSWarpsN) * kSQueries;
   const int kv_key0 = (warp % kKVWarpsN) * kKVKeys;
   const int kv_dim0 = (warp / kKVWarpsN) * kKVDims;
-  const int q_row0 = (warp % kQWarpsM) * kMmaM;
+  const int q_row0 = (warp % kQWarpsM) * kQRows;
   const int q_dim0 = (warp / kQWarpsM) * kQDims;
 
   for (int n_block = blockIdx.x; n_block < n_blocks; n_block += gridDim.x) {
@@ -260,62 +292,83 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
         if (left_bounded) full = full && m0 + kBlockM - 1 + offset - window_left <= n0;
         if (right_bounded) full = full && m0 + offset + window_right + 1 >= n0 + kBlockN;
       }
-      const float alibi_slope = has_alibi ? p.mask.alibi_slopes[b * p.mask.alibi_batch_stride + h] : 0.f;
-      const int64_t batch_head = static_cast<int64_t>(b) * shape.nheads_q + h;
-#pragma unroll
-      for (int mt = 0; mt < kSMT; ++mt) {
+      if (full && plain_scores && !dropout && !write_dbias) {
+        // Interior block, no score modifiers: P = exp2(S * scale * log2e - lse * log2e), dS = P (dP - D).
 #pragma unroll
         for (int nt = 0; nt < kSNT; ++nt) {
+          const int query_local = s_query0 + nt * kMmaN + 2 * t;
+          const float2 lse2 = *reinterpret_cast<const float2*>(cur_lse + query_local);
+          const float2 delta2 = *reinterpret_cast<const float2*>(cur_delta + query_local);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key_local = s_key0 + mt * kMmaM + g + 8 * (e / 2);
-            const int query_local = s_query0 + nt * kMmaN + 2 * t + (e % 2);
-            const int key = n0 + key_local;
-            const int query = m0 + query_local;
-            const float s = acc_s[mt][nt].reg[e];
-            float th = 0.f;
-            float prob;
-            if (plain_scores) {
-              prob = exp2f(fmaf(s, scale_log2, -cur_lse[query_local]));
-            } else {
-              float z;
-              if (has_softcap) {
-                th = tanhf(s * scale_over_cap);
-                z = softcap * th;
+          for (int mt = 0; mt < kSMT; ++mt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float lse_e = e % 2 == 0 ? lse2.x : lse2.y;
+              const float delta_e = e % 2 == 0 ? delta2.x : delta2.y;
+              const float prob = exp2f(fmaf(acc_s[mt][nt].reg[e], scale_log2, -lse_e));
+              acc_s[mt][nt].reg[e] = prob;
+              acc_dp[mt][nt].reg[e] = prob * (acc_dp[mt][nt].reg[e] - delta_e);
+            }
+          }
+        }
+      } else {
+        const float alibi_slope = has_alibi ? p.mask.alibi_slopes[b * p.mask.alibi_batch_stride + h] : 0.f;
+        const int64_t batch_head = static_cast<int64_t>(b) * shape.nheads_q + h;
+#pragma unroll
+        for (int mt = 0; mt < kSMT; ++mt) {
+#pragma unroll
+          for (int nt = 0; nt < kSNT; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int key_local = s_key0 + mt * kMmaM + g + 8 * (e / 2);
+              const int query_local = s_query0 + nt * kMmaN + 2 * t + (e % 2);
+              const int key = n0 + key_local;
+              const int query = m0 + query_local;
+              const float s = acc_s[mt][nt].reg[e];
+              float th = 0.f;
+              float prob;
+              if (plain_scores) {
+                prob = exp2f(fmaf(s, scale_log2, -cur_lse[query_local]));
               } else {
-                z = s * scale;
+                float z;
+                if (has_softcap) {
+                  th = tanhf(s * scale_over_cap);
+                  z = softcap * th;
+                } else {
+                  z = s * scale;
+                }
+                if (has_alibi) z -= alibi_slope * static_cast<float>(abs(query + offset - key));
+                if (has_bias && query < seqlen_q && key < seqlen_k) {
+                  const ScoreStrides& bs = p.mask.bias_strides;
+                  z += read_bias(p.mask.bias, p.mask.bias_dtype,
+                                 b * bs.batch + h * bs.head + query * bs.row + key * bs.col);
+                }
+                prob = exp2f(fmaf(z, static_cast<float>(kLog2e), -cur_lse[query_local]));
               }
-              if (has_alibi) z -= alibi_slope * static_cast<float>(abs(query + offset - key));
-              if (has_bias && query < seqlen_q && key < seqlen_k) {
-                const ScoreStrides& bs = p.mask.bias_strides;
-                z += read_bias(p.mask.bias, p.mask.bias_dtype,
-                               b * bs.batch + h * bs.head + query * bs.row + key * bs.col);
+              if (!full) {
+                bool visible = query < seqlen_q && key < seqlen_k;
+                if (kMask != MaskKind::kNone) {
+                  if (left_bounded) visible = visible && key >= query + offset - window_left;
+                  if (right_bounded) visible = visible && key <= query + offset + window_right;
+                }
+                prob = visible ? prob : 0.f;
               }
-              prob = exp2f(fmaf(z, static_cast<float>(kLog2e), -cur_lse[query_local]));
-            }
-            if (!full) {
-              bool visible = query < seqlen_q && key < seqlen_k;
-              if (kMask != MaskKind::kNone) {
-                if (left_bounded) visible = visible && key >= query + offset - window_left;
-                if (right_bounded) visible = visible && key <= query + offset + window_right;
+              float dp = acc_dp[mt][nt].reg[e];
+              float prob_used = prob;
+              if (dropout) {
+                const PhiloxBlock words = dropout_words(seed, rng_offset, batch_head, query, key / kPhiloxWordsPerCall);
+                const bool keep = words.word[key % kPhiloxWordsPerCall] < keep_threshold;
+                prob_used = keep ? prob * inv_keep : 0.f;
+                dp = keep ? dp * inv_keep : 0.f;
               }
-              prob = visible ? prob : 0.f;
+              const float dz = prob * (dp - cur_delta[query_local]);
+              if (write_dbias && query < seqlen_q && key < seqlen_k) {
+                const ScoreStrides& ds = bp.dbias_strides;
+                static_cast<float*>(bp.dbias)[b * ds.batch + h * ds.head + query * ds.row + key * ds.col] = dz;
+              }
+              acc_s[mt][nt].reg[e] = prob_used;
+              acc_dp[mt][nt].reg[e] = has_softcap ? dz * (1.f - th * th) : dz;
             }
-            float dp = acc_dp[mt][nt].reg[e];
-            float prob_used = prob;
-            if (dropout) {
-              const PhiloxBlock words = dropout_words(seed, rng_offset, batch_head, query, key / kPhiloxWordsPerCall);
-              const bool keep = words.word[key % kPhiloxWordsPerCall] < keep_threshold;
-              prob_used = keep ? prob * inv_keep : 0.f;
-              dp = keep ? dp * inv_keep : 0.f;
-            }
-            const float dz = prob * (dp - cur_delta[query_local]);
-            if (write_dbias && query < seqlen_q && key < seqlen_k) {
-              const ScoreStrides& ds = bp.dbias_strides;
-              static_cast<float*>(bp.dbias)[b * ds.batch + h * ds.head + query * ds.row + key * ds.col] = dz;
-            }
-            acc_s[mt][nt].reg[e] = prob_used;
-            acc_dp[mt][nt].reg[e] = has_softcap ? dz * (1.f - th * th) : dz;
           }
         }
       }
@@ -363,35 +416,54 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
 
       // ---- dQ_i += dS K (queries x head dim), into the fp32 accumulator of this split ----
       float* dq_acc = ws.dq_accum + split * ws.dq_split_stride + h * ws.dq_head_stride +
-                      (si.global_q_row0 + m0) * ws.dq_row_stride;
-      const bool row_valid[2] = {m0 + q_row0 + g < seqlen_q, m0 + q_row0 + g + 8 < seqlen_q};
+                      (si.global_q_row0 + m0 + q_row0) * ws.dq_row_stride;
+      const bool all_rows_valid = m0 + q_row0 + kQRows <= seqlen_q;
 #pragma unroll
       for (int c0 = 0; c0 < kQNT; c0 += kQChunk) {
-        ptx::MmaC acc_q[kQChunk];
+        ptx::MmaC acc_q[kQMT][kQChunk];
 #pragma unroll
         for (int kk = 0; kk < kBlockN / kMmaK; ++kk) {
-          const ptx::MmaA a = load_a_trans(s_ds, kStrideM, q_row0, kk * kMmaK, lane);
+          ptx::MmaA a[kQMT];
+#pragma unroll
+          for (int mt = 0; mt < kQMT; ++mt) a[mt] = load_a_trans(s_ds, kStrideM, q_row0 + mt * kMmaM, kk * kMmaK, lane);
 #pragma unroll
           for (int np = 0; np < kQChunk / 2; ++np) {
             ptx::MmaB bk[2];
             load_b_pair_trans(bk, s_k, kStrideD, q_dim0 + (c0 + 2 * np) * kMmaN, kk * kMmaK, lane);
-            ptx::mma_m16n8k16(acc_q[2 * np], a, bk[0], T{});
-            ptx::mma_m16n8k16(acc_q[2 * np + 1], a, bk[1], T{});
+#pragma unroll
+            for (int mt = 0; mt < kQMT; ++mt) {
+              ptx::mma_m16n8k16(acc_q[mt][2 * np], a[mt], bk[0], T{});
+              ptx::mma_m16n8k16(acc_q[mt][2 * np + 1], a[mt], bk[1], T{});
+            }
           }
         }
+        if (bp.deterministic) {
+          // This CTA is the only writer of its accumulator, and each element always has the same thread.
 #pragma unroll
-        for (int nt = 0; nt < kQChunk; ++nt) {
-          const int col = q_dim0 + (c0 + nt) * kMmaN + 2 * t;
+          for (int mt = 0; mt < kQMT; ++mt) {
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            if (!row_valid[r]) continue;
-            float* dst = dq_acc + (q_row0 + g + 8 * r) * ws.dq_row_stride + col;
-            if (bp.deterministic) {
-              dst[0] += acc_q[nt].reg[2 * r];
-              dst[1] += acc_q[nt].reg[2 * r + 1];
-            } else {
-              atomicAdd(dst, acc_q[nt].reg[2 * r]);
-              atomicAdd(dst + 1, acc_q[nt].reg[2 * r + 1]);
+            for (int nt = 0; nt < kQChunk; ++nt) {
+#pragma unroll
+              for (int r = 0; r < 2; ++r) {
+                const int row = mt * kMmaM + g + 8 * r;
+                if (m0 + q_row0 + row >= seqlen_q) continue;
+                float2* dst = reinterpret_cast<float2*>(dq_acc + row * ws.dq_row_stride + q_dim0 +
+                                                        (c0 + nt) * kMmaN + 2 * t);
+                float2 sum = *dst;
+                sum.x += acc_q[mt][nt].reg[2 * r];
+                sum.y += acc_q[mt][nt].reg[2 * r + 1];
+                *dst = sum;
+              }
+            }
+          }
+        } else {
+#pragma unroll
+          for (int mt = 0; mt < kQMT; ++mt) {
+#pragma unroll
+            for (int nt = 0; nt < kQChunk; ++nt) {
+              const int col = q_dim0 + (c0 + nt) * kMmaN + 2 * t;
+              add_dq_fragment(dq_acc + mt * kMmaM * ws.dq_row_stride + col, ws.dq_row_stride, acc_q[mt][nt], t,
+                              all_rows_valid, seqlen_q - (m0 + q_row0 + mt * kMmaM) - g);
             }
           }
         }
