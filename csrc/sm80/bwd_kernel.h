@@ -462,7 +462,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
 #pragma unroll
             for (int nt = 0; nt < kQChunk; ++nt) {
               const int col = q_dim0 + (c0 + nt) * kMmaN + 2 * t;
-              add_dq_fragment(dq_acc + mt * kMmaM * ws.dq_row_stride + col, ws.dq_row_stride, acc_q[mt][nt], t,
+              add_dq_fragment(dq_acc + (mt * kMmaM + g) * ws.dq_row_stride + col, ws.dq_row_stride, acc_q[mt][nt], t,
                               all_rows_valid, seqlen_q - (m0 + q_row0 + mt * kMmaM) - g);
             }
           }
