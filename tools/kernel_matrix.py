@@ -26,6 +26,7 @@ DEFAULT_CUDA_ARCHS = "80;90"
 # once its kernel exists; until then a CUDA call fails with a message naming what is missing.
 KERNEL_SOURCES: dict[tuple[str, str], str] = {
     ("sm80", "fwd"): "csrc/sm80/fwd_launch.h",
+    ("sm80", "bwd"): "csrc/sm80/bwd_launch.h",
 }
 
 # The CPU implementation is one generic code path (csrc/cpu/), built always, for these dtypes and head dims.

@@ -9,6 +9,7 @@
 
 #include "../cpu/attention_cpu.h"
 #include "../dispatch/registry.h"
+#include "flash_attn/bwd_workspace.h"
 #include "error_message.h"
 #include "fwd_cuda_plan.h"
 #include "input_checks.h"
@@ -203,6 +204,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
   if (q.is_cpu()) {
     cpu::run_bwd(bp);
   } else {
+    // Kernel scratch (flash_attn/bwd_workspace.h) from the caching allocator on the current stream: no
+    // cudaMalloc, no host sync, so the call stays capturable in a CUDA graph.
+    int num_sms = 1;
+#if defined(FLASH_WITH_CUDA)
+    cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, q.device().index());
+#endif
+    bp.total_q = call.total_q;
+    bp.dq_splits = bwd_dq_splits(bp, num_sms);
+    const at::Tensor workspace = at::empty({bwd_workspace_bytes(bp)}, q.options().dtype(at::kByte));
+    bp.workspace = workspace.data_ptr();
     launch_cuda(p, &bp, q.device());
   }
   dq = from_kernel_layout(dq, in.head_dim);

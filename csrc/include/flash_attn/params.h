@@ -112,6 +112,10 @@ struct FwdParams {
   float* split_lse = nullptr;
 };
 
+// What the CUDA backward kernels may rely on (the API layer guarantees it, padding or copying otherwise):
+// head_dim % 8 == 0 and head_dim <= the kernel's head-dim bucket; every row/head/batch stride of q, k, v, out,
+// dout, dq, dk, dv a multiple of 8 elements; base pointers 16-byte aligned. (The sm80 kernels still fall back
+// to element-wise loads and stores when this does not hold, so a violation is slow, not wrong.)
 struct BwdParams {
   FwdParams fwd;  // the forward call's inputs, out and lse (probs unused)
 
@@ -128,6 +132,12 @@ struct BwdParams {
   void* dbias = nullptr;
   ScoreStrides dbias_strides;
   bool deterministic = false;
+
+  // CUDA only: scratch of bwd_workspace_bytes() bytes (flash_attn/bwd_workspace.h), allocated by the caller
+  // on the call's stream; its layout follows from the fields below. Unused (null) on CPU.
+  void* workspace = nullptr;
+  int64_t total_q = 0;  // rows of q over all sequences: batch * seqlen_q dense, total_q varlen
+  int64_t dq_splits = 1;  // fp32 dq accumulators, summed in a fixed order (> 1 only when deterministic)
 };
 
 }  // namespace flash

@@ -1,0 +1,68 @@
+// Scratch memory of the CUDA backward: its size (for the API layer, which allocates it) and its layout (for
+// the kernels). Two fp32 arrays: delta = rowsum(dO * O) - dlse per (q head, row), and dq_accum, dq_splits
+// accumulators of dQ per (q head, row, head-dim column). Header-only and torch-free.
+#pragma once
+
+#include <cstdint>
+
+#include "flash_attn/common/host_device.h"
+#include "flash_attn/params.h"
+
+namespace flash {
+
+// dq_accum rows are padded to a multiple of this (the head-dim bucket step), so every kernel instantiation of
+// a bucket reads rows of exactly its bucket width.
+constexpr int64_t kBwdHeadDimQuantum = 32;
+// Deterministic mode gives each CTA its own dq accumulator; this many CTAs per SM (over batch x kv heads x
+// splits) keep the GPU busy without multiplying the scratch further.
+constexpr int64_t kBwdSplitCtasPerSm = 2;
+// No split holds fewer keys than this (the smallest key block of any backward kernel).
+constexpr int64_t kBwdMinKeyBlock = 64;
+constexpr int64_t kBwdAlignFloats = 4;  // 16 bytes
+
+FLASH_HOST_DEVICE int64_t bwd_padded_head_dim(int64_t head_dim) {
+  return (head_dim + kBwdHeadDimQuantum - 1) / kBwdHeadDimQuantum * kBwdHeadDimQuantum;
+}
+
+// How many dq accumulators a call uses on a GPU with num_sms SMs: 1 unless deterministic.
+inline int64_t bwd_dq_splits(const BwdParams& params, int num_sms) {
+  if (!params.deterministic) return 1;
+  const AttentionShape& s = params.fwd.shape;
+  const int64_t ctas = s.batch * s.nheads_k > 0 ? s.batch * s.nheads_k : 1;
+  int64_t splits = (kBwdSplitCtasPerSm * num_sms + ctas - 1) / ctas;
+  const int64_t key_blocks = (s.seqlen_k + kBwdMinKeyBlock - 1) / kBwdMinKeyBlock;
+  if (splits > key_blocks) splits = key_blocks;
+  return splits < 1 ? 1 : splits;
+}
+
+struct BwdWorkspace {
+  float* delta;     // [nheads_q][delta_row_stride]
+  float* dq_accum;  // [dq_splits][nheads_q][total_q][dq_row_stride]
+  int64_t delta_head_stride;
+  int64_t dq_row_stride;
+  int64_t dq_head_stride;
+  int64_t dq_split_stride;
+};
+
+// The layout for params (total_q, dq_splits, head dim, heads); pointers into params.workspace (may be null
+// when only the size is wanted).
+FLASH_HOST_DEVICE BwdWorkspace bwd_workspace(const BwdParams& params) {
+  const AttentionShape& s = params.fwd.shape;
+  BwdWorkspace w{};
+  w.delta_head_stride = (params.total_q + kBwdAlignFloats - 1) / kBwdAlignFloats * kBwdAlignFloats;
+  w.dq_row_stride = bwd_padded_head_dim(s.head_dim);
+  w.dq_head_stride = params.total_q * w.dq_row_stride;
+  w.dq_split_stride = s.nheads_q * w.dq_head_stride;
+  float* base = static_cast<float*>(params.workspace);
+  w.delta = base;
+  w.dq_accum = base == nullptr ? nullptr : base + s.nheads_q * w.delta_head_stride;
+  return w;
+}
+
+inline int64_t bwd_workspace_bytes(const BwdParams& params) {
+  const BwdWorkspace w = bwd_workspace(params);
+  const int64_t floats = params.fwd.shape.nheads_q * w.delta_head_stride + params.dq_splits * w.dq_split_stride;
+  return floats * static_cast<int64_t>(sizeof(float));
+}
+
+}  // namespace flash

@@ -1,0 +1,194 @@
+// Shared pieces of the sm80+ backward kernels: element types, per-sequence geometry, the tile configuration
+// per head-dim bucket, warp-level ldmatrix fragment loaders for the four operand layouts the five backward
+// GEMMs need, and the global -> shared tile loader (cp.async when aligned, element-wise otherwise).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "flash_attn/params.h"
+#include "flash_attn/ptx/cp_async_sm80.h"
+#include "flash_attn/ptx/ldmatrix_sm80.h"
+#include "flash_attn/ptx/mma_sm80.h"
+
+namespace flash::sm80::bwd {
+
+template <DType kDType>
+struct ElementOf;
+template <>
+struct ElementOf<DType::kFloat16> {
+  using type = __half;
+};
+template <>
+struct ElementOf<DType::kBFloat16> {
+  using type = __nv_bfloat16;
+};
+
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// Two floats -> one register of two 16-bit values, low first (the fragment packing).
+template <typename T>
+__device__ __forceinline__ uint32_t pack_float2(float low, float high) {
+  return ptx::pack2(from_float<T>(low), from_float<T>(high));
+}
+
+constexpr int kWarpSize = 32;
+constexpr int kMmaM = 16;
+constexpr int kMmaN = 8;
+constexpr int kMmaK = 16;
+constexpr int kVectorBytes = 16;  // one cp.async / one uint4
+// Shared-memory rows are padded by 16 bytes: the 8 row addresses of one ldmatrix then fall in 8 different
+// 16-byte bank groups, so every fragment load is conflict-free without a swizzle.
+constexpr int kSmemRowPad = 8;
+
+// Tiles of the main backward kernel. Every CTA has 8 warps; a key block of kBlockN rows is held in shared
+// memory while query blocks of kBlockM rows stream through. The warp grids below split each GEMM's output:
+// S^T/dP^T (keys x queries), dK/dV (keys x head dim) and dQ (queries x head dim). Sizes as FA2 on A100/H100
+// (64 x 128 up to head dim 128, 64 x 64 above): dK and dV stay in registers (keys x d / 128 floats per thread
+// each), which caps kBlockN * kHeadDim at 16K. The warp grids keep each warp's tile as square as the
+// registers allow, which minimises the shared-memory bytes read per MMA (e.g. dQ at head dim 128: 32 x 32
+// per warp reads 16 KB per block, 16 x 64 would read 20 KB).
+struct BwdTileConfig {
+  int block_m;
+  int block_n;
+  int s_warps_n;  // S^T, dP^T: warps along keys; the rest along queries
+  int kv_warps_n;  // dK, dV: warps along keys; the rest along head dim
+  int q_warps_m;   // dQ: warps along queries; the rest along head dim
+};
+constexpr int kBwdWarps = 8;
+constexpr int kBwdThreads = kBwdWarps * kWarpSize;
+__host__ __device__ constexpr BwdTileConfig bwd_tile_config(int head_dim) {
+  // Four warps along the head dim need head_dim / 4 to be a whole number of n16 fragment pairs.
+  const bool split_dim_4 = head_dim % 64 == 0;
+  if (head_dim <= 64) return BwdTileConfig{64, 128, 4, 4, 4};
+  if (head_dim <= 128) return split_dim_4 ? BwdTileConfig{64, 128, 4, 4, 2} : BwdTileConfig{64, 128, 4, 4, 4};
+  return split_dim_4 ? BwdTileConfig{64, 64, 4, 2, 2} : BwdTileConfig{64, 64, 4, 4, 4};
+}
+
+// Where one batch entry's rows start and how long its sequences are (varlen: from cu_seqlens).
+struct SeqInfo {
+  int64_t q_row0;
+  int64_t k_row0;
+  int seqlen_q;
+  int seqlen_k;
+  int64_t global_q_row0;  // first row of this sequence in the workspace (b * seqlen_q dense, cu_q[b] varlen)
+};
+
+__device__ __forceinline__ SeqInfo seq_info(const AttentionShape& shape, int b) {
+  SeqInfo info;
+  if (shape.cu_seqlens_q != nullptr) {
+    info.q_row0 = shape.cu_seqlens_q[b];
+    info.k_row0 = shape.cu_seqlens_k[b];
+    info.seqlen_q = static_cast<int>(shape.cu_seqlens_q[b + 1] - info.q_row0);
+    info.seqlen_k = static_cast<int>(shape.cu_seqlens_k[b + 1] - info.k_row0);
+    info.global_q_row0 = info.q_row0;
+  } else {
+    info.q_row0 = 0;
+    info.k_row0 = 0;
+    info.seqlen_q = static_cast<int>(shape.seqlen_q);
+    info.seqlen_k = static_cast<int>(shape.seqlen_k);
+    info.global_q_row0 = static_cast<int64_t>(b) * shape.seqlen_q;
+  }
+  return info;
+}
+
+// ---- fragment loaders (see ldmatrix_sm80.h / mma_sm80.h for the register layouts) ----
+// `tile` points at element (0, 0) of a row-major shared tile with `stride` elements per row.
+
+// A (16 x 16) at (row0, k0) of a tile stored [row][k].
+template <typename T>
+__device__ __forceinline__ ptx::MmaA load_a(const T* tile, int stride, int row0, int k0, int lane) {
+  ptx::MmaA a;
+  ptx::ldmatrix_x4(a.reg, tile + (row0 + lane % 16) * stride + k0 + (lane / 16) * 8);
+  return a;
+}
+
+// A (16 x 16) at (row0, k0) of the transpose of a tile stored [k][row].
+template <typename T>
+__device__ __forceinline__ ptx::MmaA load_a_trans(const T* tile, int stride, int row0, int k0, int lane) {
+  ptx::MmaA a;
+  const int matrix = lane / 8;
+  ptx::ldmatrix_x4_trans(a.reg, tile + (k0 + lane % 8 + (matrix / 2) * 8) * stride + row0 + (matrix % 2) * 8);
+  return a;
+}
+
+// B fragments of two n8 tiles (n0..n0+15) x k16 (k0..) of a tile stored [n][k].
+template <typename T>
+__device__ __forceinline__ void load_b_pair(ptx::MmaB (&b)[2], const T* tile, int stride, int n0, int k0, int lane) {
+  const int matrix = lane / 8;
+  uint32_t reg[4];
+  ptx::ldmatrix_x4(reg, tile + (n0 + (matrix / 2) * 8 + lane % 8) * stride + k0 + (matrix % 2) * 8);
+  b[0].reg[0] = reg[0];
+  b[0].reg[1] = reg[1];
+  b[1].reg[0] = reg[2];
+  b[1].reg[1] = reg[3];
+}
+
+// B fragments of two n8 tiles (n0..n0+15) x k16 (k0..) of a tile stored [k][n].
+template <typename T>
+__device__ __forceinline__ void load_b_pair_trans(ptx::MmaB (&b)[2], const T* tile, int stride, int n0, int k0,
+                                                  int lane) {
+  const int matrix = lane / 8;
+  uint32_t reg[4];
+  ptx::ldmatrix_x4_trans(reg, tile + (k0 + (matrix % 2) * 8 + lane % 8) * stride + n0 + (matrix / 2) * 8);
+  b[0].reg[0] = reg[0];
+  b[0].reg[1] = reg[1];
+  b[1].reg[0] = reg[2];
+  b[1].reg[1] = reg[3];
+}
+
+// ---- global -> shared tiles ----
+
+// Whether a (rows, head) tensor can be staged with 16-byte copies: head dim a multiple of 8 elements, rows
+// 16-byte aligned.
+template <typename T>
+__device__ __forceinline__ bool vector_rows(const T* base, int64_t row_stride, int64_t head_dim) {
+  constexpr int kWidth = kVectorBytes / sizeof(T);
+  return head_dim % kWidth == 0 && row_stride % kWidth == 0 && reinterpret_cast<uintptr_t>(base) % kVectorBytes == 0;
+}
+
+// Element-wise staging for tensors whose rows are not 16-byte aligned. Out of line: the slow path should
+// not cost the main loop registers.
+template <typename T>
+__device__ __noinline__ void load_tile_scalar(T* dst, int dst_stride, const T* src, int64_t src_stride, int rows,
+                                              int cols, int valid_rows, int head_dim, int tid) {
+  const T zero = from_float<T>(0.f);
+  for (int idx = tid; idx < rows * cols; idx += kBwdThreads) {
+    const int r = idx / cols;
+    const int c = idx % cols;
+    dst[r * dst_stride + c] = r < valid_rows && c < head_dim ? src[r * src_stride + c] : zero;
+  }
+}
+
+// Rows [0, kRows) x columns [0, kHeadDim) of `src` (row stride src_stride) into `dst` (stride dst_stride);
+// rows >= valid_rows and columns >= head_dim become 0. cp.async when `vector` (caller commits and waits),
+// plain loads otherwise.
+template <typename T, int kRows, int kHeadDim>
+__device__ __forceinline__ void load_tile(T* dst, int dst_stride, const T* src, int64_t src_stride, int valid_rows,
+                                          int head_dim, bool vector, int tid) {
+  constexpr int kWidth = kVectorBytes / sizeof(T);
+  constexpr int kChunksPerRow = kHeadDim / kWidth;
+  if (vector) {
+#pragma unroll
+    for (int idx = tid; idx < kRows * kChunksPerRow; idx += kBwdThreads) {
+      const int r = idx / kChunksPerRow;
+      const int c = (idx % kChunksPerRow) * kWidth;
+      const bool valid = r < valid_rows && c < head_dim;
+      ptx::cp_async_16(dst + r * dst_stride + c, valid ? src + r * src_stride + c : src, valid);
+    }
+  } else {
+    load_tile_scalar<T>(dst, dst_stride, src, src_stride, kRows, kHeadDim, valid_rows, head_dim, tid);
+  }
+}
+
+}  // namespace flash::sm80::bwd

@@ -1,0 +1,53 @@
+// Last kernel of the sm80+ backward: dq = softmax_scale * (sum of the fp32 dq accumulators, in split order)
+// cast to fp16/bf16. The fixed summation order keeps deterministic mode bitwise reproducible.
+#pragma once
+
+#include "flash_attn/bwd_workspace.h"
+#include "sm80/bwd_common.h"
+#include "sm80/bwd_preprocess_kernel.h"
+
+namespace flash::sm80::bwd {
+
+template <typename T>
+__global__ void __launch_bounds__(kBwdThreads) bwd_convert_dq_kernel(const BwdParams bp) {
+  const FwdParams& p = bp.fwd;
+  const int b = blockIdx.z;
+  const int h = blockIdx.y;
+  const SeqInfo si = seq_info(p.shape, b);
+  const int row = blockIdx.x * kRowwiseRows + threadIdx.x / kRowThreads;
+  const int part = threadIdx.x % kRowThreads;
+  if (row >= si.seqlen_q) return;
+  const int64_t head_dim = p.shape.head_dim;
+  const float scale = static_cast<float>(p.softmax_scale);
+  const BwdWorkspace w = bwd_workspace(bp);
+  const float* acc = w.dq_accum + h * w.dq_head_stride + (si.global_q_row0 + row) * w.dq_row_stride;
+  T* dq = static_cast<T*>(bp.dq) + b * bp.dq_strides.batch + (si.q_row0 + row) * bp.dq_strides.row +
+          h * bp.dq_strides.head;
+  constexpr int kWidth = kVectorBytes / sizeof(T);
+  const bool vector = vector_rows(dq, bp.dq_strides.row, head_dim);
+  for (int64_t c = part * kWidth; c < head_dim; c += kRowThreads * kWidth) {
+    float sum[kWidth];
+#pragma unroll
+    for (int e = 0; e < kWidth; ++e) sum[e] = 0.f;
+    for (int64_t split = 0; split < bp.dq_splits; ++split) {
+      const float4 lo = *reinterpret_cast<const float4*>(acc + split * w.dq_split_stride + c);
+      const float4 hi = *reinterpret_cast<const float4*>(acc + split * w.dq_split_stride + c + 4);
+      sum[0] += lo.x, sum[1] += lo.y, sum[2] += lo.z, sum[3] += lo.w;
+      sum[4] += hi.x, sum[5] += hi.y, sum[6] += hi.z, sum[7] += hi.w;
+    }
+    if (vector) {
+      uint4 packed;
+      uint32_t* words = reinterpret_cast<uint32_t*>(&packed);
+#pragma unroll
+      for (int e = 0; e < kWidth / 2; ++e) words[e] = pack_float2<T>(sum[2 * e] * scale, sum[2 * e + 1] * scale);
+      *reinterpret_cast<uint4*>(dq + c) = packed;
+    } else {
+#pragma unroll
+      for (int e = 0; e < kWidth; ++e) {
+        if (c + e < head_dim) dq[c + e] = from_float<T>(sum[e] * scale);
+      }
+    }
+  }
+}
+
+}  // namespace flash::sm80::bwd

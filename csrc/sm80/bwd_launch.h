@@ -1,0 +1,60 @@
+// run_bwd<dtype, head dim, mask>: the sm80+ backward of one call on the given stream: preprocess (delta,
+// zeroed dq accumulators), the main kernel (dK, dV, dQ accumulation), and the dq conversion. Included by the
+// generated translation units (tools/gen_kernels.py), one instantiation per TU. No allocation, no host sync:
+// the scratch is params.workspace (flash_attn/bwd_workspace.h), allocated by the caller.
+#pragma once
+
+#include <algorithm>
+
+#include "sm80/bwd_convert_kernel.h"
+#include "sm80/bwd_kernel.h"
+#include "sm80/bwd_preprocess_kernel.h"
+
+namespace flash::sm80 {
+
+template <auto kKernel, int kHeadDim, typename T>
+void launch_main(const dim3& grid, const BwdParams& params, cudaStream_t stream) {
+  constexpr int kSmemBytes = bwd::BwdSmem<kHeadDim>::template bytes<T>();
+  // Raising the dynamic shared-memory cap is a function attribute, not a stream operation (graph-safe).
+  static const cudaError_t attribute_set =
+      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  (void)attribute_set;
+  kKernel<<<grid, bwd::kBwdThreads, kSmemBytes, stream>>>(params);
+}
+
+template <DType kDType, int kHeadDim, MaskKind kMask>
+void run_bwd(const BwdParams& params, void* stream) {
+  using T = typename bwd::ElementOf<kDType>::type;
+  const AttentionShape& shape = params.fwd.shape;
+  if (shape.batch == 0 || shape.nheads_q == 0) return;
+  const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
+  const unsigned heads_q = static_cast<unsigned>(shape.nheads_q);
+  const unsigned batch = static_cast<unsigned>(shape.batch);
+  const int64_t row_blocks = (shape.seqlen_q + bwd::kRowwiseRows - 1) / bwd::kRowwiseRows;
+
+  if (row_blocks > 0) {
+    bwd::bwd_preprocess_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch), bwd::kBwdThreads, 0,
+                                    cuda_stream>>>(params);
+  }
+  constexpr bwd::BwdTileConfig kTile = bwd::bwd_tile_config(kHeadDim);
+  const int64_t key_blocks = (shape.seqlen_k + kTile.block_n - 1) / kTile.block_n;
+  if (key_blocks > 0) {
+    // Deterministic: each CTA owns one dq accumulator and walks key blocks x, x + grid, ...
+    const int64_t ctas_x = params.deterministic ? std::min(params.dq_splits, key_blocks) : key_blocks;
+    const dim3 grid(static_cast<unsigned>(ctas_x), static_cast<unsigned>(shape.nheads_k), batch);
+    const FwdParams& p = params.fwd;
+    const bool features = p.softcap > 0.0 || p.mask.alibi_slopes != nullptr || p.mask.bias != nullptr ||
+                          p.dropout.p > 0.0 || params.dbias != nullptr;
+    if (features) {
+      launch_main<bwd::bwd_kernel<T, kHeadDim, kMask, true>, kHeadDim, T>(grid, params, cuda_stream);
+    } else {
+      launch_main<bwd::bwd_kernel<T, kHeadDim, kMask, false>, kHeadDim, T>(grid, params, cuda_stream);
+    }
+  }
+  if (row_blocks > 0) {
+    bwd::bwd_convert_dq_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch), bwd::kBwdThreads, 0,
+                                    cuda_stream>>>(params);
+  }
+}
+
+}  // namespace flash::sm80

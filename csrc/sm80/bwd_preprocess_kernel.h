@@ -1,0 +1,65 @@
+// First kernel of the sm80+ backward: per (query row, q head) delta = rowsum(dO * O) - dlse (the softmax
+// backward's row term, dlse entering like -D) into the fp32 workspace, and zeroes the row's dq accumulators.
+// Memory-bound: 8 threads per row, 16-byte loads when the rows allow them.
+#pragma once
+
+#include "flash_attn/bwd_workspace.h"
+#include "sm80/bwd_common.h"
+
+namespace flash::sm80::bwd {
+
+constexpr int kRowThreads = 8;  // threads sharing one row (reduced with 3 shuffles)
+constexpr int kRowwiseRows = kBwdThreads / kRowThreads;
+
+template <typename T>
+__global__ void __launch_bounds__(kBwdThreads) bwd_preprocess_kernel(const BwdParams bp) {
+  const FwdParams& p = bp.fwd;
+  const int b = blockIdx.z;
+  const int h = blockIdx.y;
+  const SeqInfo si = seq_info(p.shape, b);
+  const int row = blockIdx.x * kRowwiseRows + threadIdx.x / kRowThreads;
+  const int part = threadIdx.x % kRowThreads;
+  if (blockIdx.x * kRowwiseRows >= si.seqlen_q) return;
+  const bool active = row < si.seqlen_q;
+  const int64_t head_dim = p.shape.head_dim;
+
+  float dot = 0.f;
+  if (active) {
+    const T* o = static_cast<const T*>(p.out) + b * p.out_strides.batch + (si.q_row0 + row) * p.out_strides.row +
+                 h * p.out_strides.head;
+    const T* d_o = static_cast<const T*>(bp.dout) + b * bp.dout_strides.batch +
+                   (si.q_row0 + row) * bp.dout_strides.row + h * bp.dout_strides.head;
+    constexpr int kWidth = kVectorBytes / sizeof(T);
+    if (vector_rows(o, p.out_strides.row, head_dim) && vector_rows(d_o, bp.dout_strides.row, head_dim)) {
+      for (int64_t c = part * kWidth; c < head_dim; c += kRowThreads * kWidth) {
+        const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
+        const uint4 dv = *reinterpret_cast<const uint4*>(d_o + c);
+        const T* oe = reinterpret_cast<const T*>(&ov);
+        const T* de = reinterpret_cast<const T*>(&dv);
+#pragma unroll
+        for (int e = 0; e < kWidth; ++e) dot += to_float(oe[e]) * to_float(de[e]);
+      }
+    } else {
+      for (int64_t c = part; c < head_dim; c += kRowThreads) dot += to_float(o[c]) * to_float(d_o[c]);
+    }
+  }
+#pragma unroll
+  for (int offset = kRowThreads / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+  if (!active) return;
+
+  const BwdWorkspace w = bwd_workspace(bp);
+  const int64_t global_row = si.global_q_row0 + row;
+  if (part == 0) {
+    if (bp.dlse != nullptr) {
+      dot -= static_cast<const float*>(bp.dlse)[b * p.lse_batch_stride + h * p.lse_head_stride + si.q_row0 + row];
+    }
+    w.delta[h * w.delta_head_stride + global_row] = dot;
+  }
+  const float4 zeros = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int64_t split = 0; split < bp.dq_splits; ++split) {
+    float* acc = w.dq_accum + split * w.dq_split_stride + h * w.dq_head_stride + global_row * w.dq_row_stride;
+    for (int64_t c = part * 4; c < w.dq_row_stride; c += kRowThreads * 4) *reinterpret_cast<float4*>(acc + c) = zeros;
+  }
+}
+
+}  // namespace flash::sm80::bwd

@@ -1,0 +1,249 @@
+# CUDA backward kernels against the fp64 reference under the FlashAttention tolerance rule (3x naive for
+# gradients): every head-dim bucket, odd seqlens both ways, GQA/MQA, causal/window/top-left, softcap, ALiBi,
+# additive bias with dbias, dropout (the reference uses the kernel's Philox mask), varlen with empty
+# sequences, the lse gradient, deterministic mode (bitwise repeatable), rows without keys, and 64-bit
+# offsets. Collected only where a GPU and a built backward kernel exist (flash_attn.is_supported).
+import functools
+
+import pytest
+import torch
+
+import flash_attn
+from flash_attn import flash_attn_func, flash_attn_varlen_func
+from flash_attn.interface import attention
+from flash_attn.reference import attention_ref, attention_varlen_ref, cu_from_seqlens, dropout_keep_mask
+from helpers import CaptureRngState, assert_close_fa, check_output_and_grads, randn, reference_pair
+
+HAS_CUDA = torch.cuda.is_available()
+pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+LOW = [torch.bfloat16, torch.float16]
+UNBOUNDED = -1
+
+
+def _require(dtype, head_dim):
+    if not flash_attn.is_supported("cuda", dtype, head_dim, backward=True):
+        pytest.skip(f"no CUDA backward kernel built for {dtype} head_dim={head_dim}")
+
+
+def _qkv(b, sq, sk, h, hk, d, dtype):
+    return (randn(b, sq, h, d, dtype=dtype, device="cuda", requires_grad=True),
+            randn(b, sk, hk, d, dtype=dtype, device="cuda", requires_grad=True),
+            randn(b, sk, hk, d, dtype=dtype, device="cuda", requires_grad=True))
+
+
+def _run_and_check(q, k, v, ref_kwargs, **kwargs):
+    """flash_attn_func(**kwargs) forward + backward vs attention_ref(**ref_kwargs) in fp64 and naive."""
+    dout = randn(*q.shape, dtype=q.dtype, device="cuda")
+    out = flash_attn_func(q, k, v, **kwargs)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    for g in grads:
+        assert torch.isfinite(g).all()
+    truth, naive = reference_pair(functools.partial(attention_ref, **ref_kwargs), (q, k, v), dout)
+    check_output_and_grads(out, grads, truth, naive)
+    return grads
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("head_dim", [32, 40, 64, 96, 128, 160, 192, 200, 224, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dims(head_dim, causal, dtype):
+    _require(dtype, head_dim)
+    q, k, v = _qkv(2, 113, 255, 4, 2, head_dim, dtype)
+    _run_and_check(q, k, v, dict(causal=causal), causal=causal)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("shape", [(1, 1, 1, 2, 2), (2, 17, 1, 4, 1), (1, 1, 1000, 4, 4), (2, 1000, 113, 2, 1),
+                                   (1, 257, 257, 8, 2), (3, 255, 128, 4, 4), (1, 128, 1000, 2, 2),
+                                   (2, 1000, 1000, 2, 1)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_seqlens(shape, causal, dtype):
+    b, sq, sk, h, hk = shape
+    _require(dtype, 64)
+    q, k, v = _qkv(b, sq, sk, h, hk, 64, dtype)
+    _run_and_check(q, k, v, dict(causal=causal), causal=causal)
+
+
+FEATURES = {
+    "window": dict(window_size=(8, 3)),
+    "window_left": dict(window_size=(20, -1)),
+    "window_right": dict(window_size=(-1, 7)),
+    "window_causal": dict(window_size=(30, 0)),
+    "softcap": dict(softcap=5.0),
+    "softcap_causal": dict(softcap=30.0, causal=True),
+    "alibi": dict(alibi=True, causal=True),
+    "alibi_noncausal": dict(alibi=True),
+    "scale": dict(softmax_scale=0.3),
+    "all": dict(alibi=True, softcap=8.0, window_size=(16, 3), softmax_scale=0.2),
+}
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("feature", list(FEATURES))
+def test_features(feature, head_dim, dtype):
+    _require(dtype, head_dim)
+    kwargs = dict(FEATURES[feature])
+    q, k, v = _qkv(2, 100, 140, 4, 2, head_dim, dtype)
+    if kwargs.pop("alibi", False):
+        kwargs["alibi_slopes"] = torch.rand(2, 4, device="cuda") * 0.5 + 0.05
+    _run_and_check(q, k, v, kwargs, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("window", [(UNBOUNDED, 0), (10, 5)])
+@pytest.mark.parametrize("sizes", [(90, 150), (150, 90)])
+def test_top_left_alignment(sizes, window, dtype):
+    _require(dtype, 64)
+    sq, sk = sizes
+    q, k, v = _qkv(2, sq, sk, 4, 2, 64, dtype)
+    dout = randn(*q.shape, dtype=dtype, device="cuda")
+    out, _, _ = attention(q, k, v, window=window, bottom_right=False)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref = functools.partial(attention_ref, window_size=window, bottom_right=False)
+    truth, naive = reference_pair(ref, (q, k, v), dout)
+    check_output_and_grads(out, grads, truth, naive)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("bias_shape", [(2, 4, 77, 130), (1, 4, 1, 130), (2, 1, 77, 130)])
+def test_bias_and_dbias(bias_shape, dtype):
+    _require(dtype, 64)
+    q, k, v = _qkv(2, 77, 130, 4, 2, 64, dtype)
+    bias_leaf = randn(*bias_shape, dtype=torch.float32, device="cuda", requires_grad=True)
+    dout = randn(*q.shape, dtype=dtype, device="cuda")
+    out, _, _ = attention(q, k, v, window=(UNBOUNDED, 0), attn_bias=bias_leaf.expand(2, 4, 77, 130))
+    grads = torch.autograd.grad(out, (q, k, v, bias_leaf), dout)
+
+    def ref(q, k, v, bias, compute_dtype):
+        return attention_ref(q, k, v, causal=True, attn_bias=bias, compute_dtype=compute_dtype)
+
+    truth, naive = reference_pair(ref, (q, k, v, bias_leaf.detach()), dout)
+    check_output_and_grads(out, grads[:3], truth, naive)
+    assert grads[3].shape == bias_leaf.shape
+    assert_close_fa(grads[3].float(), truth[2][3], naive[2][3].float(), 3, floor_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("p", [0.17, 0.5])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dropout(causal, head_dim, p, dtype):
+    _require(dtype, head_dim)
+    b, sq, sk, h, hk = 2, 77, 140, 4, 2
+    q, k, v = _qkv(b, sq, sk, h, hk, head_dim, dtype)
+    dout = randn(*q.shape, dtype=dtype, device="cuda")
+    with CaptureRngState() as capture:
+        out = flash_attn_func(q, k, v, dropout_p=p, causal=causal)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    keep = dropout_keep_mask(capture.last(), b, h, sq, sk, p).to("cuda")
+    ref = functools.partial(attention_ref, causal=causal, dropout_mask=keep, dropout_p=p)
+    truth, naive = reference_pair(ref, (q, k, v), dout)
+    check_output_and_grads(out, grads, truth, naive)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_varlen(head_dim, causal, dtype):
+    _require(dtype, head_dim)
+    seqlens_q, seqlens_k = [37, 0, 128, 1, 200, 5], [53, 9, 128, 0, 70, 300]
+    q = randn(sum(seqlens_q), 4, head_dim, dtype=dtype, device="cuda", requires_grad=True)
+    k = randn(sum(seqlens_k), 2, head_dim, dtype=dtype, device="cuda", requires_grad=True)
+    v = randn(sum(seqlens_k), 2, head_dim, dtype=dtype, device="cuda", requires_grad=True)
+    cu_q, cu_k = cu_from_seqlens(seqlens_q, "cuda"), cu_from_seqlens(seqlens_k, "cuda")
+    dout = randn(*q.shape, dtype=dtype, device="cuda")
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), causal=causal)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+
+    def ref(q, k, v, compute_dtype):
+        return attention_varlen_ref(q, k, v, cu_q, cu_k, causal=causal, compute_dtype=compute_dtype)
+
+    truth, naive = reference_pair(ref, (q, k, v), dout)
+    check_output_and_grads(out, grads, truth, naive)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("causal", [False, True])
+def test_dlse(causal, dtype):
+    _require(dtype, 64)
+    q, k, v = _qkv(2, 97, 150, 4, 1, 64, dtype)
+    dout = randn(*q.shape, dtype=dtype, device="cuda")
+    window = (UNBOUNDED, 0) if causal else (UNBOUNDED, UNBOUNDED)
+    out, lse, _ = attention(q, k, v, window=window)
+    dlse = randn(*lse.shape, dtype=torch.float32, device="cuda")
+    grads = torch.autograd.grad((out, lse), (q, k, v), (dout, dlse))
+
+    def evaluate(compute_dtype):
+        xs = [x.detach().to(compute_dtype).requires_grad_() for x in (q, k, v)]
+        o, l = attention_ref(*xs, causal=causal, compute_dtype=compute_dtype)
+        return torch.autograd.grad((o, l), xs, (dout.to(compute_dtype), dlse.to(l.dtype)))
+
+    truth, naive = evaluate(torch.float64), evaluate(dtype)
+    for g, gt, gn in zip(grads, truth, naive):
+        assert_close_fa(g, gt, gn, 3, floor_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("case", ["dense_gqa_causal", "dense_dropout", "varlen", "mha_long"])
+def test_deterministic_bitwise(case, dtype):
+    _require(dtype, 128)
+    if case == "varlen":
+        seqlens = [300, 0, 1000, 17]
+        q = randn(sum(seqlens), 8, 128, dtype=dtype, device="cuda", requires_grad=True)
+        k = randn(sum(seqlens), 2, 128, dtype=dtype, device="cuda", requires_grad=True)
+        v = randn(sum(seqlens), 2, 128, dtype=dtype, device="cuda", requires_grad=True)
+        cu = cu_from_seqlens(seqlens, "cuda")
+
+        def call(deterministic=True):
+            return flash_attn_varlen_func(q, k, v, cu, cu, max(seqlens), max(seqlens), causal=True,
+                                          deterministic=deterministic)
+    else:
+        shape = {"dense_gqa_causal": (2, 700, 900, 8, 2), "dense_dropout": (2, 300, 300, 4, 4),
+                 "mha_long": (1, 2048, 2048, 4, 4)}[case]
+        q, k, v = _qkv(*shape, 128, dtype)
+        kwargs = dict(causal=case != "dense_dropout", dropout_p=0.2 if case == "dense_dropout" else 0.0)
+
+        def call(deterministic=True):
+            torch.manual_seed(123)
+            return flash_attn_func(q, k, v, deterministic=deterministic, **kwargs)
+
+    dout = randn(*q.shape, dtype=dtype, device="cuda")
+    runs = [torch.autograd.grad(call(), (q, k, v), dout) for _ in range(3)]
+    for run in runs[1:]:
+        for g0, g in zip(runs[0], run):
+            assert torch.equal(g0, g)
+    # The deterministic dq path (per-CTA accumulators) must agree with the atomic one up to summation order.
+    for g0, g in zip(runs[0], torch.autograd.grad(call(deterministic=False), (q, k, v), dout)):
+        torch.testing.assert_close(g0.float(), g.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_rows_without_keys(dtype):
+    _require(dtype, 64)
+    sq, sk = 200, 70
+    q, k, v = _qkv(2, sq, sk, 4, 2, 64, dtype)
+    grads = _run_and_check(q, k, v, dict(causal=True), causal=True)
+    empty = sq - sk
+    assert torch.equal(grads[0][:, :empty], torch.zeros_like(grads[0][:, :empty]))
+    # window (0, 0) bottom-right with sq < sk: the first sk - sq keys are seen by nobody.
+    q, k, v = _qkv(1, 40, 100, 2, 2, 64, dtype)
+    grads = _run_and_check(q, k, v, dict(window_size=(0, 0)), window_size=(0, 0))
+    assert torch.equal(grads[1][:, :60], torch.zeros_like(grads[1][:, :60]))
+    assert torch.equal(grads[2][:, :60], torch.zeros_like(grads[2][:, :60]))
+
+
+def test_64bit_offsets():
+    """q's second batch entry starts 2^31 elements in: base offsets must be 64-bit."""
+    _require(torch.bfloat16, 64)
+    b, s, h, d = 2, 64, 2, 64
+    big = torch.randn(2**31 + s * h * d, dtype=torch.bfloat16, device="cuda")
+    q = big.as_strided((b, s, h, d), (2**31, h * d, d, 1)).requires_grad_()
+    k, v = (randn(b, s, h, d, dtype=torch.bfloat16, device="cuda", requires_grad=True) for _ in range(2))
+    dout = randn(b, s, h, d, dtype=torch.bfloat16, device="cuda")
+    grads = torch.autograd.grad(flash_attn_func(q, k, v, causal=True, deterministic=True), (q, k, v), dout)
+    q2 = q.detach().contiguous().requires_grad_()
+    del big
+    grads2 = torch.autograd.grad(flash_attn_func(q2, k, v, causal=True, deterministic=True), (q2, k, v), dout)
+    for g, g2 in zip(grads, grads2):
+        assert torch.equal(g, g2)
