@@ -4,7 +4,7 @@
 #include "../dispatch/fwd_plan.h"
 
 #if defined(FLASH_WITH_CUDA)
-#include <ATen/cuda/CUDAContext.h>
+#include <cuda_runtime_api.h>
 #endif
 
 namespace flash::api {
@@ -16,7 +16,10 @@ constexpr int64_t kHeadDimGranule = 32;  // split_out rows are padded to the ker
 void plan_cuda_fwd(FwdParams& p, const at::Tensor& q, std::vector<at::Tensor>& scratch) {
 #if defined(FLASH_WITH_CUDA)
   pack_gqa_decode(p);
-  const int num_sms = at::cuda::getDeviceProperties(q.device().index())->multiProcessorCount;
+  // A device attribute, not at::cuda::getDeviceProperties: ATen's CUDA context header needs the cuSPARSE
+  // headers, which CUDA toolkits without the math libraries (our CI image) lack.
+  int num_sms = 0;
+  cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, q.device().index());
   p.num_splits = choose_fwd_num_splits(p, num_sms);
   if (p.num_splits > 1) {
     const int64_t rows = p.num_splits * p.shape.batch * p.shape.nheads_q * p.shape.seqlen_q;

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One-shot GPU validation on the H200 machine: build (knobs from the environment), the whole test suite on CUDA,
+# then the BENCHMARKS.md forward/backward and decode runs, each stage under its own time limit so a slow stage
+# still leaves the others' logs. Usage: OUT=dir tools/gpu_validate.sh [build_s tests_s bench_s]
+set -uo pipefail
+OUT="${OUT:-/tmp/gpu_validate}"; mkdir -p "$OUT"
+BUILD_S="${1:-200}"; TESTS_S="${2:-170}"; BENCH_S="${3:-150}"
+export MAX_JOBS="${MAX_JOBS:-16}" FLASH_ATTN_CUDA_ARCHS="${FLASH_ATTN_CUDA_ARCHS:-90}" PYTHONUNBUFFERED=1
+
+start=$(date +%s)
+timeout "$BUILD_S" python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1
+build_rc=$?
+build_s=$(( $(date +%s) - start ))
+if [ "$build_rc" -ne 0 ]; then grep -E "error|Error" "$OUT/build.log" | head -30; echo "BUILD FAILED rc=$build_rc after ${build_s}s"; exit 1; fi
+
+start=$(date +%s)
+OMP_NUM_THREADS=2 timeout "$TESTS_S" python3 -m pytest -q -n 8 -p no:cacheprovider tests > "$OUT/tests.log" 2>&1
+tests_rc=$?
+tests_s=$(( $(date +%s) - start ))
+
+start=$(date +%s)
+for hd in 128 64 256; do
+  timeout "$BENCH_S" python3 benchmarks/bench_attention.py --impls flash_attn,sdpa_flash,sdpa_cudnn,sdpa_efficient \
+    --direction both --headdim "$hd" --seqlen 512,2048,8192,16384 --causal both --out "$OUT/bench_hd$hd.json" \
+    > "$OUT/bench_hd$hd.log" 2>&1
+done
+timeout 60 python3 benchmarks/bench_attention.py --decode --impls flash_attn,sdpa_flash,sdpa_cudnn \
+  --out "$OUT/decode.json" > "$OUT/decode.log" 2>&1
+bench_s=$(( $(date +%s) - start ))
+
+grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -40
+tail -3 "$OUT/tests.log"
+for f in "$OUT"/bench_hd*.log "$OUT/decode.log"; do grep -E "^ *(bf16|fp16)" "$f"; done
+echo "build ${build_s}s rc=$build_rc | tests ${tests_s}s rc=$tests_rc | bench ${bench_s}s"
