@@ -499,7 +499,8 @@ def slug(text: str) -> str:
 def environment(args, fa_module, fa_error) -> dict:
     status = git_output("status", "--porcelain")
     env = {
-        "commit": git_output("rev-parse", "HEAD"),
+        # FLASH_ATTN_COMMIT: set where the checkout travels without its history (a copied working tree).
+        "commit": os.environ.get("FLASH_ATTN_COMMIT") or git_output("rev-parse", "HEAD"),
         "dirty": bool(status) if status is not None else None,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "device": args.device,
