@@ -4,7 +4,7 @@
 # still leaves the others' logs. Usage: OUT=dir tools/gpu_validate.sh [build_s tests_s bench_s]
 set -uo pipefail
 OUT="${OUT:-/tmp/gpu_validate}"; mkdir -p "$OUT"
-BUILD_S="${1:-200}"; TESTS_S="${2:-170}"; BENCH_S="${3:-150}"
+BUILD_S="${1:-200}"; TESTS_S="${2:-170}"; BENCH_S="${3:-150}"; REP_MS="${REP_MS:-100}"
 export MAX_JOBS="${MAX_JOBS:-16}" FLASH_ATTN_CUDA_ARCHS="${FLASH_ATTN_CUDA_ARCHS:-90}" PYTHONUNBUFFERED=1
 
 start=$(date +%s)
@@ -14,17 +14,17 @@ build_s=$(( $(date +%s) - start ))
 if [ "$build_rc" -ne 0 ]; then grep -E "error|Error" "$OUT/build.log" | head -30; echo "BUILD FAILED rc=$build_rc after ${build_s}s"; exit 1; fi
 
 start=$(date +%s)
-OMP_NUM_THREADS=2 timeout "$TESTS_S" python3 -m pytest -q -n 8 -p no:cacheprovider tests > "$OUT/tests.log" 2>&1
+OMP_NUM_THREADS=2 timeout "$TESTS_S" python3 -m pytest -q -n 8 -p no:cacheprovider --durations=15 tests > "$OUT/tests.log" 2>&1
 tests_rc=$?
 tests_s=$(( $(date +%s) - start ))
 
 start=$(date +%s)
 for hd in 128 64 256; do
   timeout "$BENCH_S" python3 benchmarks/bench_attention.py --impls flash_attn,sdpa_flash,sdpa_cudnn,sdpa_efficient \
-    --direction both --headdim "$hd" --seqlen 512,2048,8192,16384 --causal both --out "$OUT/bench_hd$hd.json" \
+    --direction both --headdim "$hd" --seqlen 512,2048,8192,16384 --causal both --rep-ms "$REP_MS" --out "$OUT/bench_hd$hd.json" \
     > "$OUT/bench_hd$hd.log" 2>&1
 done
-timeout 60 python3 benchmarks/bench_attention.py --decode --impls flash_attn,sdpa_flash,sdpa_cudnn \
+timeout 30 python3 benchmarks/bench_attention.py --decode --rep-ms "$REP_MS" --impls flash_attn,sdpa_flash,sdpa_cudnn \
   --out "$OUT/decode.json" > "$OUT/decode.log" 2>&1
 bench_s=$(( $(date +%s) - start ))
 
