@@ -8,7 +8,8 @@ from typing import Sequence
 
 import torch
 
-from .ops import fwd_op, new_rng_state
+from . import ops
+from .ops import new_rng_state
 
 UNBOUNDED = -1
 
@@ -45,7 +46,7 @@ def attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, 
         # An empty head dim is rejected by the op with a message naming it; keep the default finite here.
         softmax_scale = q.shape[-1] ** -0.5 if q.shape[-1] > 0 else 1.0
     rng_state = new_rng_state(dropout_p, q.device)
-    return fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, _max_seqlen(max_seqlen_q), _max_seqlen(max_seqlen_k),
+    return ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, _max_seqlen(max_seqlen_q), _max_seqlen(max_seqlen_k),
                   dropout_p, float(softmax_scale), window[0], window[1], bottom_right, float(softcap), alibi_slopes,
                   attn_bias, rng_state, return_attn_probs, deterministic)
 
