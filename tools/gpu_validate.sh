@@ -4,6 +4,8 @@
 # still leaves the others' logs. Usage: OUT=dir tools/gpu_validate.sh [build_s tests_s bench_s]
 set -uo pipefail
 OUT="${OUT:-/tmp/gpu_validate}"; mkdir -p "$OUT"
+# Bench logs stay beside, not in, $OUT: the device tool returns at most 8 files.
+LOGS="$(mktemp -d)"
 BUILD_S="${1:-200}"; TESTS_S="${2:-170}"; BENCH_S="${3:-150}"; REP_MS="${REP_MS:-100}"
 export MAX_JOBS="${MAX_JOBS:-16}" FLASH_ATTN_CUDA_ARCHS="${FLASH_ATTN_CUDA_ARCHS:-90}" PYTHONUNBUFFERED=1
 
@@ -22,13 +24,13 @@ start=$(date +%s)
 for hd in 128 64 256; do
   timeout "$BENCH_S" python3 benchmarks/bench_attention.py --impls flash_attn,sdpa_flash,sdpa_cudnn,sdpa_efficient \
     --direction both --headdim "$hd" --seqlen 512,2048,8192,16384 --causal both --rep-ms "$REP_MS" --out "$OUT/bench_hd$hd.json" \
-    > "$OUT/bench_hd$hd.log" 2>&1
+    > "$LOGS/bench_hd$hd.log" 2>&1
 done
 timeout 30 python3 benchmarks/bench_attention.py --decode --rep-ms "$REP_MS" --impls flash_attn,sdpa_flash,sdpa_cudnn \
-  --out "$OUT/decode.json" > "$OUT/decode.log" 2>&1
+  --out "$OUT/decode.json" > "$LOGS/decode.log" 2>&1
 bench_s=$(( $(date +%s) - start ))
 
 grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -40
 tail -3 "$OUT/tests.log"
-for f in "$OUT"/bench_hd*.log "$OUT/decode.log"; do grep -E "^ *(bf16|fp16)" "$f"; done
+for f in "$LOGS"/bench_hd*.log "$LOGS/decode.log"; do grep -E "^ *(bf16|fp16)" "$f"; done
 echo "build ${build_s}s rc=$build_rc | tests ${tests_s}s rc=$tests_rc | bench ${bench_s}s"
