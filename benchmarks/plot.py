@@ -235,6 +235,41 @@ def ratio_summary(rows, ours: str = "flash_attn") -> str:
     return "\n".join(lines)
 
 
+def rate_summary(rows, ours: str = "flash_attn", reference: str = "sdpa_flash") -> str:
+    """One markdown table with a row per shape: every implementation's forward / backward rate, then ours
+    over `reference` (the issue bars compare with FlashAttention-2, torch's sdpa_flash). Decode rows get their
+    own table (one rate per implementation)."""
+    table = {}
+    for row in rows:
+        if rate(row) is None:
+            continue
+        shape = (row["decode"], row["dtype"], row["headdim"], row["causal"], row["batch"], row["seqlen"])
+        table.setdefault(shape, {}).setdefault(row["impl"], {})[row["direction"]] = rate(row)
+    out = []
+    for decode in (False, True):
+        shapes = sorted((s for s in table if s[0] == decode), key=lambda s: (s[1], s[2], s[3], s[5], s[4]))
+        if not shapes:
+            continue
+        impls = sorted({impl for s in shapes for impl in table[s]}, key=lambda i: (i != ours, i))
+        unit = "TB/s" if decode else "TFLOP/s fwd / bwd"
+        out.append(f"| dtype | hdim | causal | batch | seqlen{'_k' if decode else ''} | "
+                   + " | ".join(impls) + f" | {ours} / {reference} |")
+        out.append("|---" * (5 + len(impls) + 1) + "|")
+        for shape in shapes:
+            cells = table[shape]
+            def fmt(impl):
+                got = cells.get(impl, {})
+                return " / ".join(f"{got[d]:.0f}" if got[d] >= 10 else f"{got[d]:.1f}"
+                                  for d in ("fwd", "bwd") if d in got) or "—"
+            mine, ref = cells.get(ours, {}), cells.get(reference, {})
+            ratio = " / ".join(f"{mine[d] / ref[d]:.2f}×" for d in ("fwd", "bwd") if d in mine and d in ref)
+            _, dtype, headdim, causal, batch, seqlen = shape
+            out.append(f"| {dtype} | {headdim} | {'yes' if causal else 'no'} | {batch} | {seqlen_label(seqlen)} | "
+                       + " | ".join(fmt(i) for i in impls) + f" | {ratio or '—'} |")
+        out.append(f"\n({unit})\n")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Plot or tabulate bench_attention.py results.")
     parser.add_argument("results", nargs="+", help="results JSON files")
@@ -244,6 +279,9 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--ratios", action="store_true",
                         help="print one markdown table of flash_attn / best peer (fwd, bwd, fwd+bwd) per shape")
+    parser.add_argument("--summary", action="store_true",
+                        help="print one markdown table of every implementation's rates per shape, with "
+                             "flash_attn / sdpa_flash (FlashAttention-2)")
     args = parser.parse_args(argv)
 
     rows = load(args.results)
@@ -252,9 +290,11 @@ def main(argv=None) -> int:
         return 1
     if args.ratios:
         print(ratio_summary(rows))
+    if args.summary:
+        print(rate_summary(rows))
     if args.markdown:
         print(markdown(rows))
-    if args.out or not (args.markdown or args.ratios):
+    if args.out or not (args.markdown or args.ratios or args.summary):
         if importlib.util.find_spec("matplotlib") is None:
             print("plot.py needs matplotlib for the PNG: python3 -m pip install matplotlib", file=sys.stderr)
             return 1
