@@ -1,6 +1,7 @@
-// Shared pieces of the sm80+ backward kernels: element types, per-sequence geometry, the tile configuration
-// per head-dim bucket, warp-level ldmatrix fragment loaders for the four operand layouts the five backward
-// GEMMs need, and the global -> shared tile loader (cp.async when aligned, element-wise otherwise).
+// Shared pieces of the sm80+ backward kernels: per-sequence geometry, the tile configuration per head-dim
+// bucket, warp-level ldmatrix fragment loaders for the four operand layouts the five backward GEMMs need, and
+// the global -> shared tile loader (cp.async when aligned, element-wise otherwise). Element types, conversions
+// and the mma constants are the forward's (kernel_common.h).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -13,43 +14,11 @@
 #include "flash_attn/ptx/cp_async_sm80.h"
 #include "flash_attn/ptx/ldmatrix_sm80.h"
 #include "flash_attn/ptx/mma_sm80.h"
+#include "sm80/kernel_common.h"
 
 namespace flash::sm80::bwd {
 
-template <DType kDType>
-struct ElementOf;
-template <>
-struct ElementOf<DType::kFloat16> {
-  using type = __half;
-};
-template <>
-struct ElementOf<DType::kBFloat16> {
-  using type = __nv_bfloat16;
-};
-
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-
-// Two floats -> one register of two 16-bit values, low first (the fragment packing).
-template <typename T>
-__device__ __forceinline__ uint32_t pack_float2(float low, float high) {
-  return ptx::pack2(from_float<T>(low), from_float<T>(high));
-}
-
-constexpr int kWarpSize = 32;
-constexpr int kMmaM = 16;
-constexpr int kMmaN = 8;
-constexpr int kMmaK = 16;
 constexpr int kVectorBytes = 16;  // one cp.async / one uint4
-// Shared-memory rows are padded by 16 bytes: the 8 row addresses of one ldmatrix then fall in 8 different
-// 16-byte bank groups, so every fragment load is conflict-free without a swizzle.
-constexpr int kSmemRowPad = 8;
 
 // Tiles of the main backward kernel. Every CTA has 8 warps; a key block of kBlockN rows is held in shared
 // memory while query blocks of kBlockM rows stream through. The warp grids below split each GEMM's output:

@@ -24,7 +24,7 @@ void launch_main(const dim3& grid, const BwdParams& params, cudaStream_t stream)
 
 template <DType kDType, int kHeadDim, MaskKind kMask>
 void run_bwd(const BwdParams& params, void* stream) {
-  using T = typename bwd::ElementOf<kDType>::type;
+  using T = typename Element<kDType>::type;
   const AttentionShape& shape = params.fwd.shape;
   if (shape.batch == 0 || shape.nheads_q == 0) return;
   const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);

@@ -14,6 +14,7 @@
 
 #include "flash_attn/common/mask.h"
 #include "flash_attn/common/philox.h"
+#include "sm80/kernel_common.h"
 
 namespace flash::sm80 {
 namespace {
@@ -23,25 +24,6 @@ constexpr int kProbsKeys = 16;  // keys per shared-memory tile
 constexpr int kProbsThreads = kProbsRows * kProbsKeys;
 // Shared rows are padded by one float so the 16 keys a warp reads at one head-dim index hit 16 banks.
 constexpr int kSmemFloatPad = 1;
-
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-
-__device__ __forceinline__ float bias_at(const void* base, DType dtype, int64_t index) {
-  switch (dtype) {
-    case DType::kFloat16: return __half2float(static_cast<const __half*>(base)[index]);
-    case DType::kBFloat16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[index]);
-    case DType::kFloat32: return static_cast<const float*>(base)[index];
-    case DType::kFloat64: return static_cast<float>(static_cast<const double*>(base)[index]);
-  }
-  return 0.f;
-}
 
 int64_t smem_row_floats(int64_t head_dim) { return head_dim + kSmemFloatPad; }
 
@@ -116,7 +98,7 @@ __global__ void __launch_bounds__(kProbsThreads) probs_kernel(const FwdParams p)
       }
       if (p.mask.bias != nullptr) {
         const ScoreStrides& bs = p.mask.bias_strides;
-        z += bias_at(p.mask.bias, p.mask.bias_dtype, b * bs.batch + h * bs.head + row * bs.row + col * bs.col);
+        z += read_bias(p.mask.bias, p.mask.bias_dtype, b * bs.batch + h * bs.head + row * bs.row + col * bs.col);
       }
       value = expf(z - row_lse);
       if (dropout) {
