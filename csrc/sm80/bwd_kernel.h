@@ -18,16 +18,6 @@ namespace flash::sm80::bwd {
 // Windows are clamped to this so int32 index math cannot overflow (any larger window sees everything).
 constexpr int64_t kWindowClamp = int64_t{1} << 30;
 
-__device__ __forceinline__ float read_bias(const void* base, DType dtype, int64_t index) {
-  switch (dtype) {
-    case DType::kFloat16: return __half2float(static_cast<const __half*>(base)[index]);
-    case DType::kBFloat16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[index]);
-    case DType::kFloat32: return static_cast<const float*>(base)[index];
-    case DType::kFloat64: return static_cast<float>(static_cast<const double*>(base)[index]);
-  }
-  return 0.f;
-}
-
 // Whether every (batch, row, head) of a tensor starts 16-byte aligned (so its rows can go through cp.async).
 template <typename T>
 __device__ __forceinline__ bool vector_tensor(const void* base, const TensorStrides& st, int64_t head_dim) {
