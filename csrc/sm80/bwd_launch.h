@@ -5,6 +5,8 @@
 #pragma once
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 #include "sm80/bwd_convert_kernel.h"
 #include "sm80/bwd_kernel.h"
@@ -22,11 +24,28 @@ void launch_main(const dim3& grid, const BwdParams& params, cudaStream_t stream)
   kKernel<<<grid, bwd::kBwdThreads, kSmemBytes, stream>>>(params);
 }
 
+// The main kernel's tiles are sized for Hopper's 227 KB of shared memory per block (hd 128: 173 KB, hd 256:
+// 217 KB); A100 allows 163 KB and sm86/sm89 99 KB. Until smaller tiles exist for those GPUs, a call that does
+// not fit fails here with a message instead of as a failed launch.
+inline void require_bwd_shared_memory(int needed_bytes, int head_dim_bucket) {
+  int device = 0;
+  int available = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&available, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (available >= needed_bytes) return;
+  throw std::runtime_error(
+      "flash_attn backward: the CUDA backward kernel for head dims up to " + std::to_string(head_dim_bucket) +
+      " needs " + std::to_string(needed_bytes) + " bytes of shared memory per block; this GPU allows " +
+      std::to_string(available) + ". Backward tiles for GPUs with less shared memory than Hopper are not built "
+      "yet: use a smaller head dim, or run the backward on CPU tensors.");
+}
+
 template <DType kDType, int kHeadDim, MaskKind kMask>
 void run_bwd(const BwdParams& params, void* stream) {
   using T = typename Element<kDType>::type;
   const AttentionShape& shape = params.fwd.shape;
   if (shape.batch == 0 || shape.nheads_q == 0) return;
+  require_bwd_shared_memory(bwd::BwdSmem<kHeadDim>::template bytes<T>(), kHeadDim);
   const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
   const unsigned heads_q = static_cast<unsigned>(shape.nheads_q);
   const unsigned batch = static_cast<unsigned>(shape.batch);
