@@ -172,22 +172,48 @@ __device__ __noinline__ void load_tile_scalar(T* dst, int dst_stride, const T* s
 
 // Rows [0, kRows) x columns [0, kHeadDim) of `src` (row stride src_stride) into `dst` (stride dst_stride);
 // rows >= valid_rows and columns >= head_dim become 0. cp.async when `vector` (caller commits and waits),
-// plain loads otherwise.
+// plain loads otherwise. The chunk loop has a compile-time trip count: the first version looped
+// `idx < kRows * kChunksPerRow` from `tid`, which ptxas could not unroll without a generic remainder loop
+// (~280 instructions per 64 x 128 tile in the SASS, executed by every warp before the first MMA of each
+// query block); now it is ~5 instructions per 16-byte copy.
 template <typename T, int kRows, int kHeadDim>
 __device__ __forceinline__ void load_tile(T* dst, int dst_stride, const T* src, int64_t src_stride, int valid_rows,
                                           int head_dim, bool vector, int tid) {
   constexpr int kWidth = kVectorBytes / sizeof(T);
   constexpr int kChunksPerRow = kHeadDim / kWidth;
-  if (vector) {
+  constexpr int kChunks = kRows * kChunksPerRow;
+  if (!vector) {
+    load_tile_scalar<T>(dst, dst_stride, src, src_stride, kRows, kHeadDim, valid_rows, head_dim, tid);
+    return;
+  }
+  if constexpr (kBwdThreads % kChunksPerRow == 0 && kRows % (kBwdThreads / kChunksPerRow) == 0) {
+    // Every pass covers kRowsPerPass whole rows, so a thread keeps its column and steps down the rows.
+    constexpr int kRowsPerPass = kBwdThreads / kChunksPerRow;
+    const int row = tid / kChunksPerRow;
+    const int col = (tid % kChunksPerRow) * kWidth;
+    const bool col_valid = col < head_dim;
+    T* d = dst + row * dst_stride + col;
+    // A running pointer: computing the address inside the predicate made ptxas redo the 64-bit multiply per
+    // copy. Rows past valid_rows point at `src` (a real row) and read nothing.
+    const T* s = src + row * src_stride + col;
+    const int64_t src_step = kRowsPerPass * src_stride;
 #pragma unroll
-    for (int idx = tid; idx < kRows * kChunksPerRow; idx += kBwdThreads) {
+    for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+      const bool valid = col_valid && row + pass * kRowsPerPass < valid_rows;
+      ptx::cp_async_16(d + pass * kRowsPerPass * dst_stride, valid ? s : src, valid);
+      s += src_step;
+    }
+  } else {
+    // Head dims whose chunk count does not divide the thread count (96, 160, 224): index per chunk.
+#pragma unroll
+    for (int pass = 0; pass < (kChunks + kBwdThreads - 1) / kBwdThreads; ++pass) {
+      const int idx = tid + pass * kBwdThreads;
+      if (kChunks % kBwdThreads != 0 && idx >= kChunks) break;
       const int r = idx / kChunksPerRow;
       const int c = (idx % kChunksPerRow) * kWidth;
       const bool valid = r < valid_rows && c < head_dim;
       ptx::cp_async_16(dst + r * dst_stride + c, valid ? src + r * src_stride + c : src, valid);
     }
-  } else {
-    load_tile_scalar<T>(dst, dst_stride, src, src_stride, kRows, kHeadDim, valid_rows, head_dim, tid);
   }
 }
 
