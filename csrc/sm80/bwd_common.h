@@ -204,8 +204,9 @@ __device__ __forceinline__ void load_tile(T* dst, int dst_stride, const T* src, 
       s += src_step;
     }
   } else {
-    // Head dims whose chunk count does not divide the thread count (96, 160, 224): index per chunk.
-#pragma unroll
+    // Head dims whose chunk count does not divide the thread count (96, 160, 224): index per chunk, not
+    // unrolled (unrolled, the hd 224 kernel spilled 192 bytes instead of 14).
+#pragma unroll 1
     for (int pass = 0; pass < (kChunks + kBwdThreads - 1) / kBwdThreads; ++pass) {
       const int idx = tid + pass * kBwdThreads;
       if (kChunks % kBwdThreads != 0 && idx >= kChunks) break;

@@ -449,16 +449,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
       // ---- dQ_i += dS K (queries x head dim), into the fp32 accumulator of this split ----
       float* dq_acc = ws.dq_accum + split * ws.dq_split_stride + h * ws.dq_head_stride +
                       (si.global_q_row0 + m0 + q_row0) * ws.dq_row_stride;
-      // This lane's reduction address and row checks, hoisted out of the fragment loops.
-      const DqLane lane_pos = dq_lane(g, t);
-      float* dq_lane_acc = dq_acc + lane_pos.row * ws.dq_row_stride + q_dim0 + lane_pos.col;
-      bool dq_row_ok[kQMT][2];
-#pragma unroll
-      for (int mt = 0; mt < kQMT; ++mt) {
-        const int first_row = m0 + q_row0 + mt * kMmaM + lane_pos.row;
-        dq_row_ok[mt][0] = first_row < seqlen_q;
-        dq_row_ok[mt][1] = first_row + 8 < seqlen_q;
-      }
 #pragma unroll
       for (int c0 = 0; c0 < kQNT; c0 += kQChunk) {
         ptx::MmaC acc_q[kQMT][kQChunk];
@@ -498,6 +488,17 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
             }
           }
         } else {
+          // This lane's reduction address and row checks, out of the fragment loop (computed after the MMAs
+          // so they hold no registers during them).
+          const DqLane lane_pos = dq_lane(g, t);
+          float* dq_lane_acc = dq_acc + lane_pos.row * ws.dq_row_stride + q_dim0 + lane_pos.col;
+          bool dq_row_ok[kQMT][2];
+#pragma unroll
+          for (int mt = 0; mt < kQMT; ++mt) {
+            const int first_row = m0 + q_row0 + mt * kMmaM + lane_pos.row;
+            dq_row_ok[mt][0] = first_row < seqlen_q;
+            dq_row_ok[mt][1] = first_row + 8 < seqlen_q;
+          }
 #pragma unroll
           for (int mt = 0; mt < kQMT; ++mt) {
             float* dst = dq_lane_acc + mt * kMmaM * ws.dq_row_stride + (c0 * kMmaN);
