@@ -82,9 +82,9 @@ __device__ __forceinline__ void add_dq_fragment(float* dst, int64_t row_stride, 
   }
 }
 
-template <int kHeadDim>
+template <int kHeadDim, bool kFeatures>
 struct BwdSmem {
-  static constexpr BwdTileConfig kCfg = bwd_tile_config(kHeadDim);
+  static constexpr BwdTileConfig kCfg = bwd_tile_config(kHeadDim, kFeatures);
   static constexpr int kStrideD = kHeadDim + kSmemRowPad;      // rows of Q, dO, K, V tiles
   static constexpr int kStrideM = kCfg.block_m + kSmemRowPad;  // rows of the P^T, dS^T tiles ([key][query])
   static constexpr int kKeyTile = kCfg.block_n * kStrideD;
@@ -102,8 +102,8 @@ struct BwdSmem {
 // measured with ptxas on hd128 causal, the general code path spills 292 bytes, the plain one 74.
 template <typename T, int kHeadDim, MaskKind kMask, bool kFeatures>
 __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp) {
-  using Smem = BwdSmem<kHeadDim>;
-  constexpr BwdTileConfig kCfg = bwd_tile_config(kHeadDim);
+  using Smem = BwdSmem<kHeadDim, kFeatures>;
+  constexpr BwdTileConfig kCfg = bwd_tile_config(kHeadDim, kFeatures);
   constexpr int kBlockM = kCfg.block_m;
   constexpr int kBlockN = kCfg.block_n;
   constexpr int kStrideD = Smem::kStrideD;

@@ -12,14 +12,23 @@
 
 namespace flash::sm80 {
 
-template <auto kKernel, int kHeadDim, typename T>
+template <auto kKernel, int kHeadDim, bool kFeatures, typename T>
 void launch_main(const dim3& grid, const BwdParams& params, cudaStream_t stream) {
-  constexpr int kSmemBytes = bwd::BwdSmem<kHeadDim>::template bytes<T>();
+  constexpr int kSmemBytes = bwd::BwdSmem<kHeadDim, kFeatures>::template bytes<T>();
   // Raising the dynamic shared-memory cap is a function attribute, not a stream operation (graph-safe).
   static const cudaError_t attribute_set =
       cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   (void)attribute_set;
   kKernel<<<grid, bwd::kBwdThreads, kSmemBytes, stream>>>(params);
+}
+
+// Opt-in shared memory per block of the current device (0 if it cannot be queried). Not a stream operation.
+inline int device_smem_optin() {
+  int device = 0;
+  int bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return 0;
+  return bytes;
 }
 
 template <DType kDType, int kHeadDim, MaskKind kMask>
@@ -36,7 +45,9 @@ void run_bwd(const BwdParams& params, void* stream) {
     bwd::bwd_preprocess_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch), bwd::kBwdThreads, 0,
                                     cuda_stream>>>(params);
   }
-  constexpr bwd::BwdTileConfig kTile = bwd::bwd_tile_config(kHeadDim);
+  // The grid depends only on the key block, which the plain and the feature kernel share.
+  constexpr bwd::BwdTileConfig kTile = bwd::bwd_tile_config(kHeadDim, false);
+  static_assert(kTile.block_n == bwd::bwd_tile_config(kHeadDim, true).block_n, "one grid for both kernels");
   const int64_t key_blocks = (shape.seqlen_k + kTile.block_n - 1) / kTile.block_n;
   if (key_blocks > 0) {
     // Deterministic: each CTA owns one dq accumulator and walks key blocks x, x + grid, ...
@@ -45,10 +56,16 @@ void run_bwd(const BwdParams& params, void* stream) {
     const FwdParams& p = params.fwd;
     const bool features = p.softcap > 0.0 || p.mask.alibi_slopes != nullptr || p.mask.bias != nullptr ||
                           p.dropout.p > 0.0 || params.dbias != nullptr;
-    if (features) {
-      launch_main<bwd::bwd_kernel<T, kHeadDim, kMask, true>, kHeadDim, T>(grid, params, cuda_stream);
+    // Where the plain kernel needs more shared memory than the feature kernel (128-row blocks at head dim
+    // <= 64: 178 KB, above the 163 KB of an A100), devices without it run the feature kernel, which is also
+    // correct for plain calls.
+    constexpr int kPlainSmem = bwd::BwdSmem<kHeadDim, false>::template bytes<T>();
+    constexpr int kFeatureSmem = bwd::BwdSmem<kHeadDim, true>::template bytes<T>();
+    const bool plain_fits = kPlainSmem <= kFeatureSmem || kPlainSmem <= device_smem_optin();
+    if (features || !plain_fits) {
+      launch_main<bwd::bwd_kernel<T, kHeadDim, kMask, true>, kHeadDim, true, T>(grid, params, cuda_stream);
     } else {
-      launch_main<bwd::bwd_kernel<T, kHeadDim, kMask, false>, kHeadDim, T>(grid, params, cuda_stream);
+      launch_main<bwd::bwd_kernel<T, kHeadDim, kMask, false>, kHeadDim, false, T>(grid, params, cuda_stream);
     }
   }
   if (row_blocks > 0) {
