@@ -11,6 +11,7 @@
 #include "flash_attn/bwd_workspace.h"
 #include "flash_attn/common/math.h"
 #include "flash_attn/common/philox.h"
+#include "flash_attn/ptx/red_sm90.h"
 #include "sm80/bwd_common.h"
 
 namespace flash::sm80::bwd {
@@ -26,37 +27,54 @@ __device__ __forceinline__ bool vector_tensor(const void* base, const TensorStri
          reinterpret_cast<uintptr_t>(base) % kVectorBytes == 0;
 }
 
-// Atomically adds one 16x8 accumulator fragment (rows g, g+8; columns 2t, 2t+1 relative to `dst`, which is
-// at (row g, column 2t)) to fp32 global memory. On sm90 lanes t and t^1 swap halves so each lane adds four
-// consecutive floats of one row with a single vector reduction (4x fewer atomics than scalar adds).
-// rows_left = valid rows counted from row g (only read when !all_rows).
-__device__ __forceinline__ void add_dq_fragment(float* dst, int64_t row_stride, const ptx::MmaC& c, int t,
-                                                bool all_rows, int rows_left) {
+// dq reductions: on sm90 lanes t and t^1 swap halves of a 16x8 fp32 fragment so each lane adds four
+// consecutive floats of one row with a single vector reduction (4x fewer atomics than scalar adds): even
+// lanes own row g, columns 2t..2t+3; odd lanes row g+8, columns 2t-2..2t+1. Below sm90 every lane adds its
+// own four values with scalar atomics (rows g and g+8, columns 2t, 2t+1).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const bool even = t % 2 == 0;
-  // Even lanes keep row g and receive the partner's row-g pair; odd lanes keep row g+8.
-  const float send0 = even ? c.reg[2] : c.reg[0];
-  const float send1 = even ? c.reg[3] : c.reg[1];
-  const float got0 = __shfl_xor_sync(0xffffffffu, send0, 1);
-  const float got1 = __shfl_xor_sync(0xffffffffu, send1, 1);
-  const float4 v = even ? make_float4(c.reg[0], c.reg[1], got0, got1) : make_float4(got0, got1, c.reg[2], c.reg[3]);
-  float* row_dst = even ? dst : dst + 8 * row_stride - 2;
-  if (all_rows || (even ? rows_left > 0 : rows_left > 8)) atomicAdd(reinterpret_cast<float4*>(row_dst), v);
+constexpr bool kVectorDqReduction = true;
 #else
-  if (all_rows || rows_left > 0) {
-    atomicAdd(dst, c.reg[0]);
-    atomicAdd(dst + 1, c.reg[1]);
-  }
-  if (all_rows || rows_left > 8) {
-    atomicAdd(dst + 8 * row_stride, c.reg[2]);
-    atomicAdd(dst + 8 * row_stride + 1, c.reg[3]);
-  }
+constexpr bool kVectorDqReduction = false;
 #endif
+
+// Row and column of a fragment where this lane's first reduction goes (see above).
+struct DqLane {
+  int row;
+  int col;
+};
+__device__ __forceinline__ DqLane dq_lane(int g, int t) {
+  if (kVectorDqReduction && t % 2 == 1) return DqLane{g + 8, 2 * t - 2};
+  return DqLane{g, 2 * t};
 }
 
-template <int kHeadDim>
+// Adds one fragment at `dst` (this lane's dq_lane position). first_ok / second_ok: whether the lane's row
+// (sm90), or rows g and g+8 (below sm90), exist. The caller hoists the address and row checks out of the
+// fragment loop: computing them per fragment was ~23 instructions per reduction in the v2 SASS.
+__device__ __forceinline__ void add_dq_fragment(float* dst, int64_t row_stride, const ptx::MmaC& c, int t,
+                                                bool first_ok, bool second_ok) {
+  if constexpr (kVectorDqReduction) {
+    const bool even = t % 2 == 0;
+    const float send0 = even ? c.reg[2] : c.reg[0];
+    const float send1 = even ? c.reg[3] : c.reg[1];
+    const float got0 = __shfl_xor_sync(0xffffffffu, send0, 1);
+    const float got1 = __shfl_xor_sync(0xffffffffu, send1, 1);
+    ptx::red_add_v4_f32(dst, even ? c.reg[0] : got0, even ? c.reg[1] : got1, even ? got0 : c.reg[2],
+                        even ? got1 : c.reg[3], first_ok);
+  } else {
+    if (first_ok) {
+      atomicAdd(dst, c.reg[0]);
+      atomicAdd(dst + 1, c.reg[1]);
+    }
+    if (second_ok) {
+      atomicAdd(dst + 8 * row_stride, c.reg[2]);
+      atomicAdd(dst + 8 * row_stride + 1, c.reg[3]);
+    }
+  }
+}
+
+template <int kHeadDim, bool kFeatures>
 struct BwdSmem {
-  static constexpr BwdTileConfig kCfg = bwd_tile_config(kHeadDim);
+  static constexpr BwdTileConfig kCfg = bwd_tile_config(kHeadDim, kFeatures);
   static constexpr int kStrideD = kHeadDim + kSmemRowPad;      // rows of Q, dO, K, V tiles
   static constexpr int kStrideM = kCfg.block_m + kSmemRowPad;  // rows of the P^T, dS^T tiles ([key][query])
   static constexpr int kKeyTile = kCfg.block_n * kStrideD;
@@ -74,8 +92,8 @@ struct BwdSmem {
 // measured with ptxas on hd128 causal, the general code path spills 292 bytes, the plain one 74.
 template <typename T, int kHeadDim, MaskKind kMask, bool kFeatures>
 __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp) {
-  using Smem = BwdSmem<kHeadDim>;
-  constexpr BwdTileConfig kCfg = bwd_tile_config(kHeadDim);
+  using Smem = BwdSmem<kHeadDim, kFeatures>;
+  constexpr BwdTileConfig kCfg = bwd_tile_config(kHeadDim, kFeatures);
   constexpr int kBlockM = kCfg.block_m;
   constexpr int kBlockN = kCfg.block_n;
   constexpr int kStrideD = Smem::kStrideD;
@@ -108,6 +126,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
   static_assert(kSMT >= 1 && kSNT % 2 == 0 && kKVMT >= 1 && kKVNT % 2 == 0 && kQMT >= 1 && kQNT % kQChunk == 0 &&
                     kQChunk % 2 == 0 && kHeadDim % kMmaK == 0,
                 "tile shape");
+  static_assert(2 * kBlockM <= kBwdThreads, "stage() fetches lse and delta with one thread per row each");
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* s_k = reinterpret_cast<T*>(smem_raw);
@@ -116,7 +135,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
   T* s_do = s_q + 2 * Smem::kQueryTile;     // [2][kQueryTile]
   T* s_p = s_do + 2 * Smem::kQueryTile;     // P^T (dropout applied) [key][query]
   T* s_ds = s_p + Smem::kScoreTile;         // dS^T [key][query]
-  float* s_lse = reinterpret_cast<float*>(s_ds + Smem::kScoreTile);  // [2][kBlockM], log2 units
+  float* s_lse = reinterpret_cast<float*>(s_ds + Smem::kScoreTile);  // [2][kBlockM], natural log
   float* s_delta = s_lse + 2 * kBlockM;                               // [2][kBlockM]
 
   const FwdParams& p = bp.fwd;
@@ -192,11 +211,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
     const T* v_tile = static_cast<const T*>(p.v) + b * p.v_strides.batch + (si.k_row0 + n0) * p.v_strides.row +
                       hk * p.v_strides.head;
 
-    // Stages (head, query block) number `it` into buffer it % 2: Q, dO by cp.async, lse and delta directly.
-    auto stage = [&](int it) {
-      const int h = hk * group + it / m_count;
-      const int m0 = (m_first + it % m_count) * kBlockM;
-      const int buf = it & 1;
+    // Stages query block m0 of q head h into buffer buf: Q, dO, lse and delta, all by cp.async (the caller
+    // commits). lse and delta of rows past the end are zero-filled: such rows only occur in blocks that are
+    // not `full` below, where the visibility test zeroes P (the first version loaded lse and delta with plain
+    // loads whose global latency stalled warps 0-1 at the top of every query block).
+    auto stage = [&](int h, int m0, int buf) {
       const int64_t row = si.q_row0 + m0;
       const T* q_src = static_cast<const T*>(p.q) + b * p.q_strides.batch + row * p.q_strides.row +
                        h * p.q_strides.head;
@@ -206,13 +225,15 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
                                       seqlen_q - m0, static_cast<int>(head_dim), vector_q, tid);
       load_tile<T, kBlockM, kHeadDim>(s_do + buf * Smem::kQueryTile, kStrideD, do_src, bp.dout_strides.row,
                                       seqlen_q - m0, static_cast<int>(head_dim), vector_do, tid);
-      if (tid < kBlockM) {
-        const int r = m0 + tid;
-        const bool valid = r < seqlen_q;
-        // Rows past the end get lse = +inf, so P = 0 there without a mask.
-        s_lse[buf * kBlockM + tid] =
-            valid ? lse_base[h * p.lse_head_stride + r] * static_cast<float>(kLog2e) : INFINITY;
-        s_delta[buf * kBlockM + tid] = valid ? ws.delta[h * ws.delta_head_stride + si.global_q_row0 + r] : 0.f;
+      // Threads [0, kBlockM) fetch lse, [kBlockM, 2 kBlockM) delta: whole warps each.
+      if (tid < 2 * kBlockM) {
+        const bool is_lse = tid < kBlockM;
+        const int r = tid % kBlockM;
+        const bool valid = m0 + r < seqlen_q;
+        const float* src = is_lse ? lse_base + h * p.lse_head_stride + m0 + r
+                                  : ws.delta + h * ws.delta_head_stride + si.global_q_row0 + m0 + r;
+        float* dst = (is_lse ? s_lse : s_delta) + buf * kBlockM + r;
+        ptx::cp_async_4(dst, valid ? src : lse_base, valid);
       }
     };
 
@@ -221,7 +242,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
                                     static_cast<int>(head_dim), vector_k, tid);
     load_tile<T, kBlockN, kHeadDim>(s_v, kStrideD, v_tile, p.v_strides.row, seqlen_k - n0,
                                     static_cast<int>(head_dim), vector_v, tid);
-    if (iterations > 0) stage(0);
+    // Head and query block of the current iteration, advanced incrementally (query blocks inner).
+    int cur_h = hk * group;
+    int cur_m_block = m_first;
+    if (iterations > 0) stage(cur_h, cur_m_block * kBlockM, 0);
     ptx::cp_async_commit();
 
     ptx::MmaC acc_dk[kKVMT][kKVNT];
@@ -229,16 +253,19 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
 
     for (int it = 0; it < iterations; ++it) {
       const int buf = it & 1;
-      const int h = hk * group + it / m_count;
-      const int m0 = (m_first + it % m_count) * kBlockM;
+      const int h = cur_h;
+      const int m0 = cur_m_block * kBlockM;
+      const bool last_m_block = cur_m_block + 1 == m_first + m_count;
+      const int next_h = last_m_block ? cur_h + 1 : cur_h;
+      const int next_m_block = last_m_block ? m_first : cur_m_block + 1;
+      cur_h = next_h;
+      cur_m_block = next_m_block;
       const T* cur_q = s_q + buf * Smem::kQueryTile;
       const T* cur_do = s_do + buf * Smem::kQueryTile;
       const float* cur_lse = s_lse + buf * kBlockM;
       const float* cur_delta = s_delta + buf * kBlockM;
       ptx::cp_async_wait<0>();
       __syncthreads();  // this block's tiles are in; every warp is done with the previous block
-      if (it + 1 < iterations) stage(it + 1);
-      ptx::cp_async_commit();
 
       // ---- S^T = K Q^T and dP^T = V dO^T (keys x queries) ----
       ptx::MmaC acc_s[kSMT][kSNT];
@@ -259,6 +286,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
           }
         }
       }
+      // Prefetch the next block into the other buffer (its readers finished before the barrier above). Issued
+      // after the S^T MMAs, not before: its address math then overlaps MMAs in flight instead of delaying the
+      // first one after the barrier.
+      if (it + 1 < iterations) stage(next_h, next_m_block * kBlockM, buf ^ 1);
+      ptx::cp_async_commit();
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / kMmaK; ++kk) {
         ptx::MmaA a[kSMT];
@@ -293,7 +325,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
           for (int mt = 0; mt < kSMT; ++mt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              const float lse_e = e % 2 == 0 ? lse2.x : lse2.y;
+              const float lse_e = (e % 2 == 0 ? lse2.x : lse2.y) * static_cast<float>(kLog2e);
               const float delta_e = e % 2 == 0 ? delta2.x : delta2.y;
               const float prob = exp2f(fmaf(acc_s[mt][nt].reg[e], scale_log2, -lse_e));
               acc_s[mt][nt].reg[e] = prob;
@@ -318,7 +350,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
               float th = 0.f;
               float prob;
               if (plain_scores) {
-                prob = exp2f(fmaf(s, scale_log2, -cur_lse[query_local]));
+                prob = exp2f(fmaf(s, scale_log2, -cur_lse[query_local] * static_cast<float>(kLog2e)));
               } else {
                 float z;
                 if (has_softcap) {
@@ -333,7 +365,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
                   z += read_bias(p.mask.bias, p.mask.bias_dtype,
                                  b * bs.batch + h * bs.head + query * bs.row + key * bs.col);
                 }
-                prob = exp2f(fmaf(z, static_cast<float>(kLog2e), -cur_lse[query_local]));
+                prob = exp2f(fmaf(z, static_cast<float>(kLog2e), -cur_lse[query_local] * static_cast<float>(kLog2e)));
               }
               if (!full) {
                 bool visible = query < seqlen_q && key < seqlen_k;
@@ -407,7 +439,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
       // ---- dQ_i += dS K (queries x head dim), into the fp32 accumulator of this split ----
       float* dq_acc = ws.dq_accum + split * ws.dq_split_stride + h * ws.dq_head_stride +
                       (si.global_q_row0 + m0 + q_row0) * ws.dq_row_stride;
-      const bool all_rows_valid = m0 + q_row0 + kQRows <= seqlen_q;
 #pragma unroll
       for (int c0 = 0; c0 < kQNT; c0 += kQChunk) {
         ptx::MmaC acc_q[kQMT][kQChunk];
@@ -447,13 +478,24 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
             }
           }
         } else {
+          // This lane's reduction address and row checks, out of the fragment loop (computed after the MMAs
+          // so they hold no registers during them).
+          const DqLane lane_pos = dq_lane(g, t);
+          float* dq_lane_acc = dq_acc + lane_pos.row * ws.dq_row_stride + q_dim0 + lane_pos.col;
+          bool dq_row_ok[kQMT][2];
 #pragma unroll
           for (int mt = 0; mt < kQMT; ++mt) {
+            const int first_row = m0 + q_row0 + mt * kMmaM + lane_pos.row;
+            dq_row_ok[mt][0] = first_row < seqlen_q;
+            dq_row_ok[mt][1] = first_row + 8 < seqlen_q;
+          }
+#pragma unroll
+          for (int mt = 0; mt < kQMT; ++mt) {
+            float* dst = dq_lane_acc + mt * kMmaM * ws.dq_row_stride + (c0 * kMmaN);
 #pragma unroll
             for (int nt = 0; nt < kQChunk; ++nt) {
-              const int col = q_dim0 + (c0 + nt) * kMmaN + 2 * t;
-              add_dq_fragment(dq_acc + (mt * kMmaM + g) * ws.dq_row_stride + col, ws.dq_row_stride, acc_q[mt][nt], t,
-                              all_rows_valid, seqlen_q - (m0 + q_row0 + mt * kMmaM) - g);
+              add_dq_fragment(dst + nt * kMmaN, ws.dq_row_stride, acc_q[mt][nt], t, dq_row_ok[mt][0],
+                              dq_row_ok[mt][1]);
             }
           }
         }

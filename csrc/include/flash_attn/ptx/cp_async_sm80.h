@@ -18,6 +18,17 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* global, bool
 #endif
 }
 
+// One 4-byte element (e.g. an fp32 row statistic); .ca is the only cache mode with sizes below 16 bytes.
+// `valid` false writes a zero without reading.
+constexpr int kCpAsyncWordBytes = 4;
+__device__ __forceinline__ void cp_async_4(void* smem, const void* global, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const int src_bytes = valid ? kCpAsyncWordBytes : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(address), "l"(global), "r"(src_bytes));
+#endif
+}
+
 __device__ __forceinline__ void cp_async_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::);
