@@ -50,8 +50,8 @@ int choose_fwd_num_splits(const FwdParams& p, int num_sms, sm80::SmemLimits smem
   const int64_t key_tiles = (p.shape.seqlen_k + tile.block_n - 1) / tile.block_n;
   const int64_t slots = static_cast<int64_t>(num_sms) * sm80::fwd_ctas_per_sm(bucket, general, kind, smem);
   if (ctas <= 0 || ctas * 2 > slots) return 1;
-  // As many splits as fit in one wave of resident CTAs (rounding up spilled into a second, nearly empty wave:
-  // 16 x 8k decode took 640 CTAs for 528 assumed slots), then evened out so no split is left without tiles.
+  // As many splits as fit in one wave of resident CTAs (v3 rounded up, past one wave: 16 x 8k decode took 640
+  // CTAs for the 528 slots it assumed), then evened out so every split gets tiles (1 x 8k: 66 wanted, 64 kept).
   const int64_t wanted = slots / ctas;
   const int64_t splits = std::min<int64_t>({wanted, key_tiles / kMinTilesPerSplit, sm80::kMaxKeySplits});
   if (splits < 2) return 1;

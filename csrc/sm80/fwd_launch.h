@@ -57,14 +57,24 @@ void run_fwd(const FwdParams& params, void* stream_ptr) {
   using T = typename Element<kDType>::type;
   if (params.shape.seqlen_q == 0 || params.shape.batch == 0 || params.shape.nheads_q == 0) return;
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
-  // The compact tile is a separate instantiation only where it differs from the standard one.
+  // The compact tiles are separate instantiations only where they differ from the standard / decode ones.
   constexpr bool kHasCompact = fwd_smem_bytes(kHeadDim, false, FwdTileKind::kCompact, sizeof(T)) !=
                                fwd_smem_bytes(kHeadDim, false, FwdTileKind::kStandard, sizeof(T));
+  constexpr bool kHasDecodeCompact = fwd_smem_bytes(kHeadDim, false, FwdTileKind::kDecodeCompact, sizeof(T)) !=
+                                     fwd_smem_bytes(kHeadDim, false, FwdTileKind::kDecode, sizeof(T));
   if (fwd_needs_general_kernel(params)) {
     launch_fwd_kernel<T, kHeadDim, kMask, true, FwdTileKind::kStandard>(params, stream);
   } else {
     switch (fwd_tile_kind(kHeadDim, false, params.shape.seqlen_q, params.shape.seqlen_k, current_device_smem_limits())) {
-      case FwdTileKind::kDecode: launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecode>(params, stream); break;
+      case FwdTileKind::kDecodeCompact:
+        if constexpr (kHasDecodeCompact) {
+          launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecodeCompact>(params, stream);
+          break;
+        }
+        [[fallthrough]];
+      case FwdTileKind::kDecode:
+        launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecode>(params, stream);
+        break;
       case FwdTileKind::kCompact:
         if constexpr (kHasCompact) {
           launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kCompact>(params, stream);

@@ -47,7 +47,10 @@ constexpr int kMaxKeySplits = 128;
 // SM, A100 163/164 KB, sm86/sm89 99/100 KB), taken where the standard tile does not fit or would lose a CTA per
 // SM, and above head dim 128 for key ranges below kWideMinKeys (a CTA of the wide tile runs ~30 us at 512 keys
 // and, alone on its SM, exposes its ~2 us Q/K/V prologue and epilogue, which two CTAs per SM overlap).
-enum class FwdTileKind { kStandard, kDecode, kCompact };
+// kDecodeCompact: the decode tile with two stages (38 KB at hd 128, as in v3), where the three-stage one would
+// leave fewer than kDecodeMinCtasPerSm CTAs per SM (A100: 2, sm86/sm89: 1).
+enum class FwdTileKind { kStandard, kDecode, kCompact, kDecodeCompact };
+constexpr int kDecodeMinCtasPerSm = 4;
 constexpr long long kWideMinKeys = 1024;
 
 // K/V stages of the standard tiles at head dims <= 64 and 97-128. Two put V of the first tile in flight with Q
@@ -70,7 +73,8 @@ FLASH_HOST_DEVICE constexpr FwdTileConfig fwd_wide_tile_config(bool general, Fwd
 FLASH_HOST_DEVICE constexpr FwdTileConfig fwd_tile_config(int head_dim, bool general = false,
                                                           FwdTileKind kind = FwdTileKind::kStandard) {
   const int stages = general || kind == FwdTileKind::kCompact ? 1 : kStagesUpTo128;
-  return kind == FwdTileKind::kDecode ? FwdTileConfig{16, 32, 1, head_dim <= 128 ? 3 : 2}
+  return kind == FwdTileKind::kDecode          ? FwdTileConfig{16, 32, 1, head_dim <= 128 ? 3 : 2}
+         : kind == FwdTileKind::kDecodeCompact ? FwdTileConfig{16, 32, 1, 2}
          : head_dim <= 64             ? FwdTileConfig{128, general ? 64 : 128, 4, stages}
          : head_dim <= 96             ? FwdTileConfig{128, 64, 4, 1}
          : head_dim <= 128            ? FwdTileConfig{128, 64, 4, stages}
@@ -123,7 +127,8 @@ FLASH_HOST_DEVICE constexpr FwdTileKind fwd_tile_kind(int head_dim, bool general
                              fwd_ctas_per_sm(head_dim, general, standard, limits) ==
                                  fwd_ctas_per_sm_by_registers(head_dim, general, standard);
   const bool short_wide = head_dim > 128 && seqlen_k < kWideMinKeys;
-  return fwd_uses_decode_tile(seqlen_q, general) ? FwdTileKind::kDecode
+  const bool decode_fits = fwd_ctas_per_sm(head_dim, general, FwdTileKind::kDecode, limits) >= kDecodeMinCtasPerSm;
+  return fwd_uses_decode_tile(seqlen_q, general) ? (decode_fits ? FwdTileKind::kDecode : FwdTileKind::kDecodeCompact)
          : standard_fits && !short_wide          ? standard
                                                  : FwdTileKind::kCompact;
 }
