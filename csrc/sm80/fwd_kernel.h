@@ -117,11 +117,13 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
                static_cast<int64_t>(hk) * p.v_strides.head;
 
   // Key block n lives in ring slot n % kStages. Each load commits one cp.async group, empty when the block is
-  // outside the range, so the wait counts below hold at the end of the range too.
+  // outside the range, so the wait counts below hold at the end of the range too. Block indices in range are
+  // >= 0: the unsigned modulo is a mask for two stages.
+  auto ring_slot = [](int n) { return static_cast<int>(static_cast<unsigned>(n) % kStages); };
   auto load_kv = [&](T* ring, const T* base, int64_t row_stride, int n) {
     if (n >= n_first) {
       const int n0 = n * kBlockN;
-      load_tile_async<kBlockN, kHeadDim, kThreads>(ring + (n % kStages) * kBlockN * kStride, base + n0 * row_stride,
+      load_tile_async<kBlockN, kHeadDim, kThreads>(ring + ring_slot(n) * kBlockN * kStride, base + n0 * row_stride,
                                                    row_stride, seqlen_k - n0, head_dim, tid);
     }
     ptx::cp_async_commit();
@@ -185,8 +187,8 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
     ptx::cp_async_wait<kYoungerGroups>();
     __syncthreads();  // K(n) (and Q) landed; every warp is done with V(n+1), whose slot takes V(n + 1 - kStages)
     load_kv(s_v_ring, v, p.v_strides.row, n + 1 - kStages);
-    const T* s_k = s_k_ring + (n % kStages) * kBlockN * kStride;
-    const T* s_v = s_v_ring + (n % kStages) * kBlockN * kStride;
+    const T* s_k = s_k_ring + ring_slot(n) * kBlockN * kStride;
+    const T* s_v = s_v_ring + ring_slot(n) * kBlockN * kStride;
 
     ptx::MmaC sc[kStrips][kNTiles];
 #pragma unroll
