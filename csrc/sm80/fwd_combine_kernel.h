@@ -70,14 +70,24 @@ __global__ void __launch_bounds__(kCombineThreads) fwd_combine_kernel(const FwdP
   const int64_t split_step = rows_total * kChunks;
   float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
   const int group_splits = group < kGroups ? splits : 0;
-#pragma unroll kCombineLoadsInFlight
-  for (int s = group; s < group_splits; s += kGroups) {
-    const float4 x = src[s * split_step];
-    const float w = weight[s];
-    o.x += w * x.x;
-    o.y += w * x.y;
-    o.z += w * x.z;
-    o.w += w * x.w;
+  // Loads of a batch are written to be issued before any is used (a plain unrolled loop, or predicated loads,
+  // let the compiler reuse one register quad: one or two in flight; this form gives three to four, sm_90 SASS).
+  for (int s0 = group; s0 < group_splits; s0 += kCombineLoadsInFlight * kGroups) {
+    float4 x[kCombineLoadsInFlight];
+#pragma unroll
+    for (int j = 0; j < kCombineLoadsInFlight; ++j) {
+      const int s = min(s0 + j * kGroups, group_splits - 1);  // past the end: a valid row, weighted 0 below
+      x[j] = src[s * split_step];
+    }
+#pragma unroll
+    for (int j = 0; j < kCombineLoadsInFlight; ++j) {
+      const int s = s0 + j * kGroups;
+      const float w = s < group_splits ? weight[s] : 0.f;
+      o.x += w * x[j].x;
+      o.y += w * x[j].y;
+      o.z += w * x[j].z;
+      o.w += w * x[j].w;
+    }
   }
   if (group < kGroups) partial[group][chunk] = o;
   __syncthreads();
