@@ -25,7 +25,7 @@ constexpr int kCombineLoadsInFlight = 4;
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(kCombineThreads) fwd_combine_kernel(const FwdParams p) {
   constexpr int kChunks = kHeadDim / kCombineVec;
-  constexpr int kGroups = kCombineThreads / kChunks;  // threads past kGroups * kChunks only help with the lses
+  constexpr int kGroups = kCombineThreads / kChunks;  // threads past kGroups * kChunks sit out the sum
   static_assert(kHeadDim % kCombineVec == 0 && kGroups >= 1, "combine layout");
   __shared__ float weight[kMaxKeySplits];
   __shared__ float row_lse;

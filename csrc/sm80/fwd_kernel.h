@@ -84,7 +84,13 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
     k_row0 = shape.cu_seqlens_k[b];
     seqlen_k = shape.cu_seqlens_k[b + 1] - static_cast<int>(k_row0);
   }
-  const int m0 = blockIdx.x * kBlockM;
+  // Causal calls take their query tiles in reverse launch order: the block scheduler dispatches blockIdx.x
+  // upwards, so ascending tiles left the CTAs with the most key tiles (the last rows) for the end of each head's
+  // run and of the grid, and the final wave waited on them (8k tokens: 7.75 waves of CTAs with 1 to 64 key
+  // tiles at 128 rows). Longest first leaves the one-tile CTAs for the tail.
+  const int m_block = kMask == MaskKind::kCausal ? static_cast<int>(gridDim.x - 1 - blockIdx.x)
+                                                 : static_cast<int>(blockIdx.x);
+  const int m0 = m_block * kBlockM;
   if (m0 >= seqlen_q) return;
   const CtaWindow win = cta_window<kMask>(p.mask, seqlen_q, seqlen_k);
   const int hk = h / static_cast<int>(shape.nheads_q / shape.nheads_k);
