@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One GPU call for the forward v4 experiment (docs/perf_log.md): in-place build of the default tile table, the
 # CUDA forward tests, the forward and decode benchmarks, then rebuilds with each alternative of the tile table
-# (csrc/sm80/fwd_tile_config.h: kWideTile for head dims > 128, kStagesUpTo128 for <= 128) and benchmarks the
-# shapes each one affects. Edits fwd_tile_config.h in place: run it on a staged copy, never on a checkout.
+# (csrc/sm80/fwd_tile_config.h: kWideTile for head dims > 128, kStagesUpTo128 for <= 128, kWideMinKeys) and
+# benchmarks the shapes each one affects. Edits fwd_tile_config.h in place: run it on a staged copy, never on a checkout.
 # Usage: OUT=dir tools/bench_fwd_variants.sh
 set -uo pipefail
 OUT="${OUT:-/tmp/fwd_variants}"; mkdir -p "$OUT"
@@ -46,3 +46,10 @@ sed -i 's/^constexpr int kStagesUpTo128 = .*/constexpr int kStagesUpTo128 = 1;/'
 build v3_tiles
 echo "== kWideTile k64x64Warps4, kStagesUpTo128 1 (the v3 tiles and pipeline)"
 bench 64,128,256 512,2048,8192
+
+sed -i 's/^constexpr WideTile kWideTile = .*/constexpr WideTile kWideTile = WideTile::k128x64Warps8Ring;/' "$TILES"
+sed -i 's/^constexpr int kStagesUpTo128 = .*/constexpr int kStagesUpTo128 = 2;/' "$TILES"
+sed -i 's/^constexpr long long kWideMinKeys = .*/constexpr long long kWideMinKeys = 0;/' "$TILES"
+build wide_at_512
+echo "== default, kWideMinKeys 0 (the wide ring tile at 512 keys too)"
+bench 256 512
