@@ -60,6 +60,34 @@ def test_seqlens(shape, causal, dtype):
     _check(out, lambda *x, **kw: attention_ref(*x, causal=causal, **kw), (q, k, v))
 
 
+# Shapes that reach each K/V pipeline of the kernel (csrc/sm80/fwd_tile_config.h): the wide 8-warp tile with a
+# two-stage ring (head dim > 128 and at least 1024 keys), the compact 4-warp tile below that, the one-warp
+# decode tile with its three-stage ring (<= 16 query rows; GQA-packed single-token calls; split-KV with ragged
+# splits), and ranges of one or two key tiles where the ring's prologue covers the whole visit.
+PIPELINE_SHAPES = [
+    # (batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim)
+    (1, 300, 1100, 4, 2, 256),
+    (2, 130, 1024, 2, 1, 192),
+    (1, 200, 1030, 2, 2, 160),
+    (1, 1, 5000, 8, 2, 128),
+    (3, 16, 777, 2, 2, 128),
+    (2, 5, 40, 4, 4, 128),
+    (1, 1, 33, 4, 1, 256),
+    (2, 64, 64, 2, 2, 64),
+]
+
+
+@pytest.mark.parametrize("shape", PIPELINE_SHAPES)
+@pytest.mark.parametrize("mask", ["none", "causal", "window"])
+def test_tile_pipelines(shape, mask):
+    b, sq, sk, h, hk, d = shape
+    _require(torch.bfloat16, d)
+    kwargs = {"none": {}, "causal": dict(causal=True), "window": dict(window_size=(300, 17))}[mask]
+    q, k, v = _qkv(b, sq, sk, h, hk, d, torch.bfloat16)
+    out = flash_attn_func(q, k, v, **kwargs)
+    _check(out, lambda *x, **kw: attention_ref(*x, **kwargs, **kw), (q, k, v))
+
+
 FEATURES = {
     "window": dict(window_size=(8, 3)),
     "window_left": dict(window_size=(20, -1)),

@@ -18,9 +18,13 @@ void plan_cuda_fwd(FwdParams& p, const at::Tensor& q, std::vector<at::Tensor>& s
   pack_gqa_decode(p);
   // A device attribute, not at::cuda::getDeviceProperties: ATen's CUDA context header needs the cuSPARSE
   // headers, which CUDA toolkits without the math libraries (our CI image) lack.
+  const int device = q.device().index();
   int num_sms = 0;
-  cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, q.device().index());
-  p.num_splits = choose_fwd_num_splits(p, num_sms);
+  sm80::SmemLimits smem{0, 0};
+  cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
+  cudaDeviceGetAttribute(&smem.per_block_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  cudaDeviceGetAttribute(&smem.per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+  p.num_splits = choose_fwd_num_splits(p, num_sms, smem);
   if (p.num_splits > 1) {
     const int64_t rows = p.num_splits * p.shape.batch * p.shape.nheads_q * p.shape.seqlen_q;
     const int64_t bucket = (p.shape.head_dim + kHeadDimGranule - 1) / kHeadDimGranule * kHeadDimGranule;

@@ -10,10 +10,6 @@ namespace flash {
 namespace {
 
 constexpr int kHeadDimGranule = 32;  // head-dim buckets are multiples of 32 (tools/kernel_matrix.py)
-// Two CTAs of the 4-warp forward kernel fit on one SM (255 registers x 128 threads each); the one-warp decode
-// CTAs are limited by shared memory to about four (hd 128: 39 KB each).
-constexpr int kCtasPerSm = 2;
-constexpr int kDecodeCtasPerSm = 4;
 // Each split should cover at least this many key tiles, or its fixed cost (Q load, epilogue) dominates.
 constexpr int kMinTilesPerSplit = 2;
 
@@ -43,20 +39,24 @@ bool pack_gqa_decode(FwdParams& p) {
   return true;
 }
 
-int choose_fwd_num_splits(const FwdParams& p, int num_sms) {
+int choose_fwd_num_splits(const FwdParams& p, int num_sms, sm80::SmemLimits smem) {
   if (p.probs != nullptr || p.shape.seqlen_k <= 0) return 1;
   const int bucket = static_cast<int>((p.shape.head_dim + kHeadDimGranule - 1) / kHeadDimGranule) * kHeadDimGranule;
   const bool general = p.softcap > 0.0 || p.mask.alibi_slopes != nullptr || p.mask.bias != nullptr ||
                        p.dropout.p > 0.0 || !(p.softmax_scale > 0.0);
-  const bool decode = sm80::fwd_uses_decode_tile(p.shape.seqlen_q, general);
-  const sm80::FwdTileConfig tile = sm80::fwd_tile_config(bucket, general, decode);
+  const sm80::FwdTileKind kind = sm80::fwd_tile_kind(bucket, general, p.shape.seqlen_q, p.shape.seqlen_k, smem);
+  const sm80::FwdTileConfig tile = sm80::fwd_tile_config(bucket, general, kind);
   const int64_t ctas = p.shape.batch * p.shape.nheads_q * ((p.shape.seqlen_q + tile.block_m - 1) / tile.block_m);
   const int64_t key_tiles = (p.shape.seqlen_k + tile.block_n - 1) / tile.block_n;
-  const int64_t slots = static_cast<int64_t>(num_sms) * (decode ? kDecodeCtasPerSm : kCtasPerSm);
+  const int64_t slots = static_cast<int64_t>(num_sms) * sm80::fwd_ctas_per_sm(bucket, general, kind, smem);
   if (ctas <= 0 || ctas * 2 > slots) return 1;
-  const int64_t wanted = (slots + ctas - 1) / ctas;
+  // As many splits as fit in one wave of resident CTAs (v3 rounded up, past one wave: 16 x 8k decode took 640
+  // CTAs for the 528 slots it assumed), then evened out so every split gets tiles (1 x 8k: 66 wanted, 64 kept).
+  const int64_t wanted = slots / ctas;
   const int64_t splits = std::min<int64_t>({wanted, key_tiles / kMinTilesPerSplit, sm80::kMaxKeySplits});
-  return splits >= 2 ? static_cast<int>(splits) : 1;
+  if (splits < 2) return 1;
+  const int64_t tiles_per_split = (key_tiles + splits - 1) / splits;
+  return static_cast<int>((key_tiles + tiles_per_split - 1) / tiles_per_split);
 }
 
 }  // namespace flash

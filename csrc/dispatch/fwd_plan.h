@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "flash_attn/params.h"
+#include "sm80/fwd_tile_config.h"
 
 namespace flash {
 
@@ -15,7 +16,8 @@ namespace flash {
 bool pack_gqa_decode(FwdParams& p);
 
 // Key splits for a forward call: 1 unless the (batch x heads x query tiles) grid leaves the GPU's
-// num_sms SMs mostly idle and the key range is long enough to share.
-int choose_fwd_num_splits(const FwdParams& p, int num_sms);
+// num_sms SMs mostly idle and the key range is long enough to share. smem (the device's shared-memory limits)
+// decides which tile the launcher will take and how many of its CTAs an SM holds (sm80::fwd_tile_kind).
+int choose_fwd_num_splits(const FwdParams& p, int num_sms, sm80::SmemLimits smem);
 
 }  // namespace flash

@@ -1,7 +1,8 @@
-// Forward attention kernel of the portable sm80+ path: one CTA of 4 warps per (query tile, head, batch entry
-// [, key split]). Q is staged once in shared memory; K and V tiles stream through cp.async (V of tile n loads
-// while S = Q K^T and the softmax of tile n run, K of tile n-1 while P V runs); every operand reaches the
-// tensor cores through ldmatrix and mma.sync m16n8k16. Key tiles run last to first, so the tiles that need the
+// Forward attention kernel of the portable sm80+ path: one CTA of 1, 4 or 8 warps per (query tile, head, batch
+// entry [, key split]). Q is staged once in shared memory; K and V tiles stream through cp.async in a ring of
+// one or two stages per kind (with one, V of tile n loads while S = Q K^T and the softmax of tile n run, K of
+// tile n-1 while P V runs; two stages issue each tile one more step ahead); every operand reaches the tensor
+// cores through ldmatrix and mma.sync m16n8k16. Key tiles run last to first, so the tiles that need the
 // window/causal mask come first and the rest skip it. Tile shapes: fwd_tile_config.h.
 #pragma once
 
@@ -20,11 +21,7 @@
 
 namespace flash::sm80 {
 
-template <int kHeadDim, bool kGeneral, bool kDecode>
-constexpr int fwd_smem_bytes(int element_bytes) {
-  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral, kDecode);
-  return (kTile.block_m + 2 * kTile.block_n) * (kHeadDim + kSmemRowPad) * element_bytes;
-}
+static_assert(kFwdSmemRowPad == kSmemRowPad, "fwd_tile_config.h restates the shared-memory row padding");
 
 // Which keys the rows of one CTA may see, from the call's mask: the window bounds as ints (clamped so sums
 // cannot overflow) and the key range [lo, hi) any row of rows [m0, m_last] can see.
@@ -50,10 +47,10 @@ __device__ __forceinline__ CtaWindow cta_window(const MaskParams& mask, int seql
   return w;
 }
 
-template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, bool kDecode>
-__global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kDecode).warps* kWarpSize)
+template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind>
+__global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).warps* kWarpSize)
     fwd_kernel(const FwdParams p) {
-  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral, kDecode);
+  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral, kKind);
   constexpr int kBlockM = kTile.block_m;
   constexpr int kBlockN = kTile.block_n;
   constexpr int kWarps = kTile.warps;
@@ -64,12 +61,16 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kDecode).w
   constexpr int kKSteps = kHeadDim / kMmaK;
   constexpr int kNTiles = kBlockN / kMmaN;
   constexpr int kDTiles = kHeadDim / kMmaN;
+  constexpr int kStages = kTile.kv_stages;
+  // cp.async groups still in flight when K(n) or V(n) is awaited: the 2 * (kStages - 1) loads issued after it.
+  constexpr int kYoungerGroups = 2 * (kStages - 1);
   static_assert(kHeadDim % (2 * kMmaK) == 0 && kBlockN % (2 * kMmaK) == 0 && kStrips >= 1, "tile shape");
+  static_assert(kStages >= 1 && kStages <= kMaxKvStages, "kv_stages");
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* s_q = reinterpret_cast<T*>(smem_raw);
-  T* s_k = s_q + kBlockM * kStride;
-  T* s_v = s_k + kBlockN * kStride;
+  T* const s_k_ring = s_q + kBlockM * kStride;
+  T* const s_v_ring = s_k_ring + kStages * kBlockN * kStride;
 
   const AttentionShape& shape = p.shape;
   const int h = blockIdx.y;
@@ -83,7 +84,13 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kDecode).w
     k_row0 = shape.cu_seqlens_k[b];
     seqlen_k = shape.cu_seqlens_k[b + 1] - static_cast<int>(k_row0);
   }
-  const int m0 = blockIdx.x * kBlockM;
+  // Causal calls take their query tiles in reverse launch order: the block scheduler dispatches blockIdx.x
+  // upwards, so ascending tiles left the CTAs with the most key tiles (the last rows) for the end of each head's
+  // run and of the grid, and the final wave waited on them (8k tokens: 7.75 waves of CTAs with 1 to 64 key
+  // tiles at 128 rows). Longest first leaves the one-tile CTAs for the tail.
+  const int m_block = kMask == MaskKind::kCausal ? static_cast<int>(gridDim.x - 1 - blockIdx.x)
+                                                 : static_cast<int>(blockIdx.x);
+  const int m0 = m_block * kBlockM;
   if (m0 >= seqlen_q) return;
   const CtaWindow win = cta_window<kMask>(p.mask, seqlen_q, seqlen_k);
   const int hk = h / static_cast<int>(shape.nheads_q / shape.nheads_k);
@@ -115,13 +122,31 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kDecode).w
   const T* v = static_cast<const T*>(p.v) + b * p.v_strides.batch + k_row0 * p.v_strides.row +
                static_cast<int64_t>(hk) * p.v_strides.head;
 
+  // Key block n lives in ring slot n % kStages. Each load commits one cp.async group, empty when the block is
+  // outside the range, so the wait counts below hold at the end of the range too. Block indices in range are
+  // >= 0: the unsigned modulo is a mask for two stages.
+  auto ring_slot = [](int n) { return static_cast<int>(static_cast<unsigned>(n) % kStages); };
+  auto load_kv = [&](T* ring, const T* base, int64_t row_stride, int n) {
+    if (n >= n_first) {
+      const int n0 = n * kBlockN;
+      load_tile_async<kBlockN, kHeadDim, kThreads>(ring + ring_slot(n) * kBlockN * kStride, base + n0 * row_stride,
+                                                   row_stride, seqlen_k - n0, head_dim, tid);
+    }
+    ptx::cp_async_commit();
+  };
+  // Load order: Q with K(n_last), then V(n + 1 - kStages) after K(n) has landed and K(n - kStages) after V(n)
+  // has; the prologue issues everything before the first tile's wait. With two or more stages V(n_last) is in
+  // the prologue, so the first tile no longer pays a whole memory latency for V after K landed (with few tiles
+  // per CTA, as at 512 tokens or in split decode, that latency was exposed). The order keeps both waits at
+  // kYoungerGroups on every tile, so the loop body has no first-tile branch (one cost up to 15 extra STL/LDL
+  // per tile in the 4-warp kernels, which sit at 255 registers).
   load_tile_async<kBlockM, kHeadDim, kThreads>(s_q, q, p.q_strides.row, seqlen_q - m0, head_dim, tid);
-  if (n_last >= n_first) {
-    const int n0 = n_last * kBlockN;
-    load_tile_async<kBlockN, kHeadDim, kThreads>(s_k, k + n0 * p.k_strides.row, p.k_strides.row, seqlen_k - n0,
-                                                 head_dim, tid);
+  load_kv(s_k_ring, k, p.k_strides.row, n_last);
+#pragma unroll
+  for (int ahead = 1; ahead < kStages; ++ahead) {
+    load_kv(s_v_ring, v, p.v_strides.row, n_last + 1 - ahead);
+    load_kv(s_k_ring, k, p.k_strides.row, n_last - ahead);
   }
-  ptx::cp_async_commit();
 
   // Softmax in the log2 domain: p = 2^(x * x_scale - m). The fast path keeps raw scores (x_scale folds the
   // softmax scale and log2(e) into one FFMA); the general path turns scores into log2-domain logits first.
@@ -165,11 +190,11 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kDecode).w
 
   for (int n = n_last; n >= n_first; --n) {
     const int n0 = n * kBlockN;
-    ptx::cp_async_wait<0>();
-    __syncthreads();  // K[n] (and Q) landed; every warp is done with V[n+1], so s_v may be refilled
-    load_tile_async<kBlockN, kHeadDim, kThreads>(s_v, v + n0 * p.v_strides.row, p.v_strides.row, seqlen_k - n0,
-                                                 head_dim, tid);
-    ptx::cp_async_commit();
+    ptx::cp_async_wait<kYoungerGroups>();
+    __syncthreads();  // K(n) (and Q) landed; every warp is done with V(n+1), whose slot takes V(n + 1 - kStages)
+    load_kv(s_v_ring, v, p.v_strides.row, n + 1 - kStages);
+    const T* s_k = s_k_ring + ring_slot(n) * kBlockN * kStride;
+    const T* s_v = s_v_ring + ring_slot(n) * kBlockN * kStride;
 
     ptx::MmaC sc[kStrips][kNTiles];
 #pragma unroll
@@ -295,14 +320,9 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kDecode).w
       }
     }
 
-    ptx::cp_async_wait<0>();
-    __syncthreads();  // V[n] landed; every warp is done with K[n], so s_k may be refilled
-    if (n > n_first) {
-      const int n0_next = n0 - kBlockN;
-      load_tile_async<kBlockN, kHeadDim, kThreads>(s_k, k + n0_next * p.k_strides.row, p.k_strides.row,
-                                                   seqlen_k - n0_next, head_dim, tid);
-      ptx::cp_async_commit();
-    }
+    ptx::cp_async_wait<kYoungerGroups>();
+    __syncthreads();  // V(n) landed; every warp is done with K(n), whose slot takes K(n - kStages)
+    load_kv(s_k_ring, k, p.k_strides.row, n - kStages);
 
     // O += P V: two adjacent n8 accumulator tiles of P are one k16 A fragment.
 #pragma unroll
@@ -394,61 +414,6 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kDecode).w
             *reinterpret_cast<const uint4*>(s_q + local * kStride + col);
       }
     }
-  }
-}
-
-// Merges the per-split partials of a split-KV call: one CTA per (batch, head, row). Warp 0 turns the split
-// lses into weights (lanes over splits, so the loads overlap; a serial loop over 64 splits cost ~100 us of
-// dependent L2 round trips), then every thread sums its columns over the splits.
-constexpr int kCombineThreads = 128;
-
-template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kCombineThreads) fwd_combine_kernel(const FwdParams p) {
-  __shared__ float weight[kMaxKeySplits];
-  __shared__ float row_lse;
-  const int64_t rows_total = p.shape.batch * p.shape.nheads_q * p.shape.seqlen_q;
-  const int64_t flat = blockIdx.x;
-  const int row = static_cast<int>(flat % p.shape.seqlen_q);
-  const int h = static_cast<int>((flat / p.shape.seqlen_q) % p.shape.nheads_q);
-  const int b = static_cast<int>(flat / (p.shape.seqlen_q * p.shape.nheads_q));
-  int64_t q_row0 = 0;
-  if (p.shape.cu_seqlens_q != nullptr) {
-    q_row0 = p.shape.cu_seqlens_q[b];
-    if (row >= p.shape.cu_seqlens_q[b + 1] - q_row0) return;
-  }
-  const int splits = p.num_splits;
-  if (threadIdx.x < kWarpSize) {
-    const int lane = threadIdx.x;
-    float max_lse = -INFINITY;
-    for (int s = lane; s < splits; s += kWarpSize) max_lse = fmaxf(max_lse, p.split_lse[s * rows_total + flat]);
-    for (int mask = kWarpSize / 2; mask > 0; mask /= 2) {
-      max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, mask));
-    }
-    float total = 0.f;
-    if (max_lse != -INFINITY) {
-      for (int s = lane; s < splits; s += kWarpSize) total += expf(p.split_lse[s * rows_total + flat] - max_lse);
-    }
-    for (int mask = kWarpSize / 2; mask > 0; mask /= 2) total += __shfl_xor_sync(0xffffffffu, total, mask);
-    const bool empty = total == 0.f;
-    const float lse = empty ? INFINITY : max_lse + logf(total);
-    for (int s = lane; s < splits; s += kWarpSize) {
-      weight[s] = empty ? 0.f : expf(p.split_lse[s * rows_total + flat] - lse);
-    }
-    if (lane == 0) row_lse = lse;
-  }
-  __syncthreads();
-  T* out = static_cast<T*>(p.out) + b * p.out_strides.batch + (q_row0 + row) * p.out_strides.row +
-           h * p.out_strides.head;
-  constexpr int kUnroll = 8;  // independent loads in flight per thread
-  for (int col = threadIdx.x; col < p.shape.head_dim; col += kCombineThreads) {
-    float o = 0.f;
-#pragma unroll kUnroll
-    for (int s = 0; s < splits; ++s) o += weight[s] * p.split_out[(s * rows_total + flat) * kHeadDim + col];
-    out[col] = from_float<T>(o);
-  }
-  if (threadIdx.x == 0) {
-    float* lse_out = static_cast<float*>(p.lse) + b * p.lse_batch_stride + h * p.lse_head_stride + q_row0;
-    lse_out[row] = row_lse;
   }
 }
 

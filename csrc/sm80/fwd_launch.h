@@ -3,6 +3,9 @@
 // (tools/gen_kernels.py), one instantiation per TU.
 #pragma once
 
+#include <atomic>
+
+#include "sm80/fwd_combine_kernel.h"
 #include "sm80/fwd_kernel.h"
 
 namespace flash::sm80 {
@@ -13,11 +16,32 @@ inline bool fwd_needs_general_kernel(const FwdParams& p) {
          !(p.softmax_scale > 0.0);
 }
 
-template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, bool kDecode>
+// Shared-memory limits of the current device (cached per device: two attribute queries each).
+inline SmemLimits current_device_smem_limits() {
+  constexpr int kMaxCachedDevices = 64;
+  static std::atomic<int> cached_optin[kMaxCachedDevices] = {};
+  static std::atomic<int> cached_per_sm[kMaxCachedDevices] = {};
+  int device = 0;
+  cudaGetDevice(&device);
+  const bool cacheable = device >= 0 && device < kMaxCachedDevices;
+  SmemLimits limits{cacheable ? cached_optin[device].load(std::memory_order_relaxed) : 0,
+                    cacheable ? cached_per_sm[device].load(std::memory_order_relaxed) : 0};
+  if (limits.per_block_optin == 0 || limits.per_sm == 0) {
+    cudaDeviceGetAttribute(&limits.per_block_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    cudaDeviceGetAttribute(&limits.per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+    if (cacheable) {
+      cached_per_sm[device].store(limits.per_sm, std::memory_order_relaxed);
+      cached_optin[device].store(limits.per_block_optin, std::memory_order_relaxed);
+    }
+  }
+  return limits;
+}
+
+template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind>
 void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream) {
-  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral, kDecode);
-  constexpr int kSmemBytes = fwd_smem_bytes<kHeadDim, kGeneral, kDecode>(sizeof(T));
-  auto* kernel = fwd_kernel<T, kHeadDim, kMask, kGeneral, kDecode>;
+  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral, kKind);
+  constexpr int kSmemBytes = fwd_smem_bytes(kHeadDim, kGeneral, kKind, sizeof(T));
+  auto* kernel = fwd_kernel<T, kHeadDim, kMask, kGeneral, kKind>;
   // Above 48 KB of dynamic shared memory a kernel must opt in; once per instantiation and process.
   static const cudaError_t opt_in =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
@@ -33,12 +57,34 @@ void run_fwd(const FwdParams& params, void* stream_ptr) {
   using T = typename Element<kDType>::type;
   if (params.shape.seqlen_q == 0 || params.shape.batch == 0 || params.shape.nheads_q == 0) return;
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
+  // The compact tiles are separate instantiations only where they differ from the standard / decode ones.
+  constexpr bool kHasCompact = fwd_smem_bytes(kHeadDim, false, FwdTileKind::kCompact, sizeof(T)) !=
+                               fwd_smem_bytes(kHeadDim, false, FwdTileKind::kStandard, sizeof(T));
+  constexpr bool kHasDecodeCompact = fwd_smem_bytes(kHeadDim, false, FwdTileKind::kDecodeCompact, sizeof(T)) !=
+                                     fwd_smem_bytes(kHeadDim, false, FwdTileKind::kDecode, sizeof(T));
   if (fwd_needs_general_kernel(params)) {
-    launch_fwd_kernel<T, kHeadDim, kMask, true, false>(params, stream);
-  } else if (fwd_uses_decode_tile(params.shape.seqlen_q, false)) {
-    launch_fwd_kernel<T, kHeadDim, kMask, false, true>(params, stream);
+    launch_fwd_kernel<T, kHeadDim, kMask, true, FwdTileKind::kStandard>(params, stream);
   } else {
-    launch_fwd_kernel<T, kHeadDim, kMask, false, false>(params, stream);
+    switch (fwd_tile_kind(kHeadDim, false, params.shape.seqlen_q, params.shape.seqlen_k, current_device_smem_limits())) {
+      case FwdTileKind::kDecodeCompact:
+        if constexpr (kHasDecodeCompact) {
+          launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecodeCompact>(params, stream);
+          break;
+        }
+        [[fallthrough]];
+      case FwdTileKind::kDecode:
+        launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecode>(params, stream);
+        break;
+      case FwdTileKind::kCompact:
+        if constexpr (kHasCompact) {
+          launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kCompact>(params, stream);
+          break;
+        }
+        [[fallthrough]];
+      case FwdTileKind::kStandard:
+        launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kStandard>(params, stream);
+        break;
+    }
   }
   if (params.num_splits > 1) {
     const int64_t rows = params.shape.batch * params.shape.nheads_q * params.shape.seqlen_q;

@@ -1,40 +1,136 @@
-// Tile shape of the sm80+ forward kernel per head-dim bucket. Plain constexpr (no CUDA headers) so the host
-// dispatch (split-KV choice) and the kernel agree on it.
+// Tile shape of the sm80+ forward kernel per head-dim bucket, its shared-memory size and how many CTAs of it
+// an SM holds. Plain constexpr (no CUDA headers) so the host dispatch (split-KV choice) and the kernel agree.
 #pragma once
 
 #include "flash_attn/common/host_device.h"
 
 namespace flash::sm80 {
 
+// Deepest K/V ring the kernel supports (its cp.async wait counts are 2 * (kv_stages - 1) groups).
+constexpr int kMaxKvStages = 3;
+
 struct FwdTileConfig {
-  int block_m;  // query rows per CTA
-  int block_n;  // keys per K/V tile
-  int warps;    // each warp owns block_m / warps rows, in 16-row strips
+  int block_m;    // query rows per CTA
+  int block_n;    // keys per K/V tile
+  int warps;      // each warp owns block_m / warps rows, in 16-row strips
+  int kv_stages;  // K/V tile buffers of each kind: tile n + kv_stages - 1 loads while tile n is used
 };
 
-// Head dims <= 128: 128 query rows on 4 warps (two 16-row strips each, so every K/V fragment read from shared
-// memory feeds two MMAs); 128 keys per tile up to head dim 64, 64 keys up to 128 (the S accumulators and O
-// stay within 255 registers). Above 128 the O accumulator alone is head_dim/2 registers per strip: one strip
-// per warp, 64 rows per CTA (FA2 uses the same 64 x 64 x 4-warp tile on H100 for head dim 256). The general
-// kernel (softcap, ALiBi, bias, dropout) keeps 64-key tiles at head dim 64: with 128 it spilled 1.2 KB.
-//
+// Head dims above 128: the O accumulator alone is head_dim/2 registers per 16-row strip, so every warp owns
+// one strip and each K/V fragment read from shared memory feeds only two MMAs. On the H200 at head dim 256
+// (64 x 64 tiles, 4 warps, 2 CTAs per SM) shared memory was the limit: ldmatrix reads plus cp.async writes per
+// warp and key tile are ~704 clocks of the SM's 128 B/clk, 79 % of the measured 892 clocks per warp-tile
+// (ncu: L1/shared 77 %), and K/V streamed from L2 at ~4.8 TB/s. A 128-row CTA of 8 warps shares each K/V
+// tile between twice the rows: cp.async writes per warp-tile drop from 128 to 64 clocks (-9 % shared-memory
+// traffic) and the L2 stream halves, but one CTA per SM (registers) leaves no second CTA to cover its
+// barriers, so the wide tile also double-buffers K and V (198 KB of shared memory at head dim 256).
+// kWideTile picks the variant for the hd 160-256 experiment (docs/perf_log.md, "forward v4"); the general
+// kernel (softcap, ALiBi, bias, dropout) keeps the 4-warp tile, which already spills 64 B at head dim 256.
+enum class WideTile { k64x64Warps4, k128x64Warps8, k128x64Warps8Ring };
+constexpr WideTile kWideTile = WideTile::k128x64Warps8Ring;
+
 // Decode-shaped calls (at most kDecodeMaxRows query rows per CTA after GQA packing) take one-warp CTAs of 16
-// rows: the work is memory-bound, and small CTAs let ~5 of them stream K/V on each SM at once where a 4-warp
-// 128-row CTA (2 per SM) kept too few bytes in flight (0.4-0.8x FA2's decode bandwidth, docs/perf_log.md).
+// rows: the work is memory-bound, and small CTAs let several of them stream K/V on each SM at once where a
+// 4-warp 128-row CTA (2 per SM) kept too few bytes in flight (0.4-0.8x FA2's decode bandwidth,
+// docs/perf_log.md). The one-stage 64-key tile had a single 16 KB tile in flight per CTA (hd 128; 5 CTAs, 80 KB
+// per SM) and paid a full memory latency twice per tile; 32-key tiles in a ring of three keep up to five tiles
+// (40 KB) in flight per CTA in 57 KB of shared memory (4 CTAs, 160 KB per SM), and a short split (1 x 8k: 64
+// splits of 128 keys) issues three of its four tiles in the prologue. Head dims above 128 keep two stages
+// (76 KB at 256, 3 CTAs per SM).
 constexpr int kDecodeMaxRows = 16;
 // Most key splits of a split-KV call (the combine kernel keeps one weight per split in shared memory).
 constexpr int kMaxKeySplits = 128;
 
-FLASH_HOST_DEVICE constexpr FwdTileConfig fwd_tile_config(int head_dim, bool general = false, bool decode = false) {
-  return decode             ? FwdTileConfig{16, 64, 1}
-         : head_dim <= 64   ? FwdTileConfig{128, general ? 64 : 128, 4}
-         : head_dim <= 128  ? FwdTileConfig{128, 64, 4}
-                            : FwdTileConfig{64, 64, 4};
+// Which tile a call takes. kDecode: decode-shaped calls. kStandard: the tiles above, deeper K/V rings and (above
+// head dim 128) the 8-warp wide tile. kCompact: the one-stage tiles (the wide hd > 128 tiles need up to 198 KB
+// of shared memory per block and the hd <= 128 rings 92-104 KB: H100/H200 have 227 KB per block and 228 KB per
+// SM, A100 163/164 KB, sm86/sm89 99/100 KB), taken where the standard tile does not fit or would lose a CTA per
+// SM, and above head dim 128 for key ranges below kWideMinKeys (a CTA of the wide tile runs ~30 us at 512 keys
+// and, alone on its SM, exposes its ~2 us Q/K/V prologue and epilogue, which two CTAs per SM overlap).
+// kDecodeCompact: the decode tile with two stages (38 KB at hd 128, as in v3), where the three-stage one would
+// leave fewer than kDecodeMinCtasPerSm CTAs per SM (A100: 2, sm86/sm89: 1).
+enum class FwdTileKind { kStandard, kDecode, kCompact, kDecodeCompact };
+constexpr int kDecodeMinCtasPerSm = 4;
+constexpr long long kWideMinKeys = 1024;
+
+// K/V stages of the standard tiles at head dims <= 64 and 97-128. Two put V of the first tile in flight with Q
+// and K (512-token calls: ~1 us of exposed latency in a ~25 us CTA) and K/V two tiles ahead; 1 is the v3
+// kernel measured at FA2 parity from 2k tokens up (docs/perf_log.md), the fallback if the ring costs there.
+// Head dims 65-96 keep one stage: the ring's slot addressing raised their main-loop spills from 10 to 19
+// STL/LDL per key tile (sm_90, no mask).
+constexpr int kStagesUpTo128 = 2;
+
+FLASH_HOST_DEVICE constexpr FwdTileConfig fwd_wide_tile_config(bool general, FwdTileKind kind) {
+  return general || kind == FwdTileKind::kCompact || kWideTile == WideTile::k64x64Warps4 ? FwdTileConfig{64, 64, 4, 1}
+         : kWideTile == WideTile::k128x64Warps8 ? FwdTileConfig{128, 64, 8, 1}
+                                                : FwdTileConfig{128, 64, 8, 2};
+}
+
+// Head dims <= 128: 128 query rows on 4 warps (two 16-row strips each, so every K/V fragment read from shared
+// memory feeds two MMAs); 128 keys per tile up to head dim 64, 64 keys up to 128 (the S accumulators and O
+// stay within 255 registers). The general kernel (softcap, ALiBi, bias, dropout) keeps one stage and 64-key
+// tiles at head dim 64: with 128 it spilled 1.2 KB.
+FLASH_HOST_DEVICE constexpr FwdTileConfig fwd_tile_config(int head_dim, bool general = false,
+                                                          FwdTileKind kind = FwdTileKind::kStandard) {
+  const int stages = general || kind == FwdTileKind::kCompact ? 1 : kStagesUpTo128;
+  return kind == FwdTileKind::kDecode          ? FwdTileConfig{16, 32, 1, head_dim <= 128 ? 3 : 2}
+         : kind == FwdTileKind::kDecodeCompact ? FwdTileConfig{16, 32, 1, 2}
+         : head_dim <= 64             ? FwdTileConfig{128, general ? 64 : 128, 4, stages}
+         : head_dim <= 96             ? FwdTileConfig{128, 64, 4, 1}
+         : head_dim <= 128            ? FwdTileConfig{128, 64, 4, stages}
+                                      : fwd_wide_tile_config(general, kind);
 }
 
 // Whether a call takes the decode tile (fast kernel only; calls with per-element features keep the general one).
 FLASH_HOST_DEVICE constexpr bool fwd_uses_decode_tile(long long seqlen_q, bool general) {
   return !general && seqlen_q <= kDecodeMaxRows;
+}
+
+// Padding of each shared-memory row in elements (kernel_common.h kSmemRowPad, restated here without CUDA headers).
+constexpr int kFwdSmemRowPad = 8;
+constexpr int kFwdElementBytes = 2;  // fp16 / bf16
+
+// Dynamic shared memory of one CTA: Q, then kv_stages K tiles, then kv_stages V tiles.
+FLASH_HOST_DEVICE constexpr int fwd_smem_bytes(int head_dim, bool general, FwdTileKind kind,
+                                               int element_bytes = kFwdElementBytes) {
+  const FwdTileConfig tile = fwd_tile_config(head_dim, general, kind);
+  return (tile.block_m + 2 * tile.kv_stages * tile.block_n) * (head_dim + kFwdSmemRowPad) * element_bytes;
+}
+
+// Shared memory of the device: what one block may opt into and what one SM holds
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin / cudaDevAttrMaxSharedMemoryPerMultiprocessor).
+struct SmemLimits {
+  int per_block_optin;
+  int per_sm;
+};
+
+// Resident CTAs per SM with the kernel at (up to) 255 registers per thread: registers allow kSmRegisterWarps
+// warps; the driver reserves kSmemReservedPerCta of shared memory per CTA.
+constexpr int kSmRegisterWarps = 8;
+constexpr int kSmemReservedPerCta = 1024;
+FLASH_HOST_DEVICE constexpr int fwd_ctas_per_sm_by_registers(int head_dim, bool general, FwdTileKind kind) {
+  return kSmRegisterWarps / fwd_tile_config(head_dim, general, kind).warps;
+}
+FLASH_HOST_DEVICE constexpr int fwd_ctas_per_sm(int head_dim, bool general, FwdTileKind kind, SmemLimits limits) {
+  const int by_registers = fwd_ctas_per_sm_by_registers(head_dim, general, kind);
+  const int by_smem = limits.per_sm / (fwd_smem_bytes(head_dim, general, kind) + kSmemReservedPerCta);
+  const int ctas = by_registers < by_smem ? by_registers : by_smem;
+  return ctas > 0 ? ctas : 1;
+}
+
+// The tile a call takes on a device with the given shared memory (the host split-KV planner and the launcher
+// both ask this, so they agree). seqlen_k: the call's (maximum) key length.
+FLASH_HOST_DEVICE constexpr FwdTileKind fwd_tile_kind(int head_dim, bool general, long long seqlen_q,
+                                                     long long seqlen_k, SmemLimits limits) {
+  const FwdTileKind standard = FwdTileKind::kStandard;
+  const bool standard_fits = fwd_smem_bytes(head_dim, general, standard) <= limits.per_block_optin &&
+                             fwd_ctas_per_sm(head_dim, general, standard, limits) ==
+                                 fwd_ctas_per_sm_by_registers(head_dim, general, standard);
+  const bool short_wide = head_dim > 128 && seqlen_k < kWideMinKeys;
+  const bool decode_fits = fwd_ctas_per_sm(head_dim, general, FwdTileKind::kDecode, limits) >= kDecodeMinCtasPerSm;
+  return fwd_uses_decode_tile(seqlen_q, general) ? (decode_fits ? FwdTileKind::kDecode : FwdTileKind::kDecodeCompact)
+         : standard_fits && !short_wide          ? standard
+                                                 : FwdTileKind::kCompact;
 }
 
 }  // namespace flash::sm80

@@ -1,0 +1,116 @@
+// Split-KV combine kernel of the sm80+ forward: merges the per-split fp32 partial outputs and lses that
+// fwd_kernel wrote (FwdParams::split_out / split_lse) into the call's output and lse. One CTA per (batch, head,
+// query row).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "flash_attn/params.h"
+#include "sm80/fwd_tile_config.h"
+#include "sm80/kernel_common.h"
+
+namespace flash::sm80 {
+
+// Warp 0 turns the split lses into weights (lanes over splits, so the loads overlap; a serial loop over 64
+// splits cost ~100 us of dependent L2 round trips). Then each thread owns one float4 column chunk of the row
+// for a strided subset of the splits (kCombineThreads / (head_dim / 4) subsets, 8 at head dim 128), so a
+// 64-split row takes 8 loads per thread, 4 in flight at a time: two round trips to L2 where one column per
+// thread over all splits took eight (1 x 8k decode: 64 splits, ~33 us per call in all). The subsets' partial
+// sums meet in shared memory.
+constexpr int kCombineThreads = 256;
+constexpr int kCombineVec = 4;          // floats per column chunk (one 16-byte load)
+constexpr int kCombineLoadsInFlight = 4;
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(kCombineThreads) fwd_combine_kernel(const FwdParams p) {
+  constexpr int kChunks = kHeadDim / kCombineVec;
+  constexpr int kGroups = kCombineThreads / kChunks;  // threads past kGroups * kChunks sit out the sum
+  static_assert(kHeadDim % kCombineVec == 0 && kGroups >= 1, "combine layout");
+  __shared__ float weight[kMaxKeySplits];
+  __shared__ float row_lse;
+  __shared__ float4 partial[kGroups][kChunks];
+
+  const int64_t rows_total = p.shape.batch * p.shape.nheads_q * p.shape.seqlen_q;
+  const int64_t flat = blockIdx.x;
+  const int row = static_cast<int>(flat % p.shape.seqlen_q);
+  const int h = static_cast<int>((flat / p.shape.seqlen_q) % p.shape.nheads_q);
+  const int b = static_cast<int>(flat / (p.shape.seqlen_q * p.shape.nheads_q));
+  int64_t q_row0 = 0;
+  if (p.shape.cu_seqlens_q != nullptr) {
+    q_row0 = p.shape.cu_seqlens_q[b];
+    if (row >= p.shape.cu_seqlens_q[b + 1] - q_row0) return;
+  }
+  const int splits = p.num_splits;
+  if (threadIdx.x < kWarpSize) {
+    const int lane = threadIdx.x;
+    float max_lse = -INFINITY;
+    for (int s = lane; s < splits; s += kWarpSize) max_lse = fmaxf(max_lse, p.split_lse[s * rows_total + flat]);
+    for (int mask = kWarpSize / 2; mask > 0; mask /= 2) {
+      max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, mask));
+    }
+    float total = 0.f;
+    if (max_lse != -INFINITY) {
+      for (int s = lane; s < splits; s += kWarpSize) total += expf(p.split_lse[s * rows_total + flat] - max_lse);
+    }
+    for (int mask = kWarpSize / 2; mask > 0; mask /= 2) total += __shfl_xor_sync(0xffffffffu, total, mask);
+    const bool empty = total == 0.f;
+    const float lse = empty ? INFINITY : max_lse + logf(total);
+    for (int s = lane; s < splits; s += kWarpSize) {
+      weight[s] = empty ? 0.f : expf(p.split_lse[s * rows_total + flat] - lse);
+    }
+    if (lane == 0) row_lse = lse;
+  }
+  __syncthreads();
+
+  // split_out rows are kHeadDim (the bucket) floats wide and 16-byte aligned; columns past head_dim hold zeros.
+  const int chunk = threadIdx.x % kChunks;
+  const int group = threadIdx.x / kChunks;
+  const float4* src = reinterpret_cast<const float4*>(p.split_out) + flat * kChunks + chunk;
+  const int64_t split_step = rows_total * kChunks;
+  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+  const int group_splits = group < kGroups ? splits : 0;
+  // Loads of a batch are written to be issued before any is used (a plain unrolled loop, or predicated loads,
+  // let the compiler reuse one register quad: one or two in flight; this form gives three to four, sm_90 SASS).
+  for (int s0 = group; s0 < group_splits; s0 += kCombineLoadsInFlight * kGroups) {
+    float4 x[kCombineLoadsInFlight];
+#pragma unroll
+    for (int j = 0; j < kCombineLoadsInFlight; ++j) {
+      const int s = min(s0 + j * kGroups, group_splits - 1);  // past the end: a valid row, weighted 0 below
+      x[j] = src[s * split_step];
+    }
+#pragma unroll
+    for (int j = 0; j < kCombineLoadsInFlight; ++j) {
+      const int s = s0 + j * kGroups;
+      const float w = s < group_splits ? weight[s] : 0.f;
+      o.x += w * x[j].x;
+      o.y += w * x[j].y;
+      o.z += w * x[j].z;
+      o.w += w * x[j].w;
+    }
+  }
+  if (group < kGroups) partial[group][chunk] = o;
+  __syncthreads();
+  if (group != 0) return;
+#pragma unroll
+  for (int g = 1; g < kGroups; ++g) {
+    const float4 x = partial[g][chunk];
+    o.x += x.x;
+    o.y += x.y;
+    o.z += x.z;
+    o.w += x.w;
+  }
+  // head_dim is a multiple of 8 (the API pads), so a chunk is wholly inside or outside the row.
+  const int col = chunk * kCombineVec;
+  T* out = static_cast<T*>(p.out) + b * p.out_strides.batch + (q_row0 + row) * p.out_strides.row +
+           h * p.out_strides.head;
+  if (col < p.shape.head_dim) {
+    *reinterpret_cast<uint2*>(out + col) = make_uint2(pack_float2<T>(o.x, o.y), pack_float2<T>(o.z, o.w));
+  }
+  if (threadIdx.x == 0) {
+    float* lse_out = static_cast<float*>(p.lse) + b * p.lse_batch_stride + h * p.lse_head_stride + q_row0;
+    lse_out[row] = row_lse;
+  }
+}
+
+}  // namespace flash::sm80
