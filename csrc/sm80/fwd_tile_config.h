@@ -24,10 +24,12 @@ struct FwdTileConfig {
 // tile between twice the rows: cp.async writes per warp-tile drop from 128 to 64 clocks (-9 % shared-memory
 // traffic) and the L2 stream halves, but one CTA per SM (registers) leaves no second CTA to cover its
 // barriers, so the wide tile also double-buffers K and V (198 KB of shared memory at head dim 256).
-// kWideTile picks the variant for the hd 160-256 experiment (docs/perf_log.md, "forward v4"); the general
-// kernel (softcap, ALiBi, bias, dropout) keeps the 4-warp tile, which already spills 64 B at head dim 256.
+// Measured on the H200 (bf16, non-causal 2k / 8k TFLOP/s, docs/perf_log.md "forward v4"): 64 x 64 on 4 warps
+// 284 / 294, the 8-warp one-stage 128 x 64 tile 264 / 271, the same with a 2-stage ring 270 / 272 (FA2 308-325):
+// the byte count favoured the wide tiles, but one CTA per SM loses more at its barriers than it saves, so
+// kWideTile stays at 64 x 64. The general kernel (softcap, ALiBi, bias, dropout) always takes that tile.
 enum class WideTile { k64x64Warps4, k128x64Warps8, k128x64Warps8Ring };
-constexpr WideTile kWideTile = WideTile::k128x64Warps8Ring;
+constexpr WideTile kWideTile = WideTile::k64x64Warps4;
 
 // Decode-shaped calls (at most kDecodeMaxRows query rows per CTA after GQA packing) take one-warp CTAs of 16
 // rows: the work is memory-bound, and small CTAs let several of them stream K/V on each SM at once where a
@@ -54,11 +56,10 @@ constexpr int kDecodeMinCtasPerSm = 4;
 constexpr long long kWideMinKeys = 1024;
 
 // K/V stages of the standard tiles at head dims <= 64 and 97-128. Two put V of the first tile in flight with Q
-// and K (512-token calls: ~1 us of exposed latency in a ~25 us CTA) and K/V two tiles ahead; 1 is the v3
-// kernel measured at FA2 parity from 2k tokens up (docs/perf_log.md), the fallback if the ring costs there.
-// Head dims 65-96 keep one stage: the ring's slot addressing raised their main-loop spills from 10 to 19
-// STL/LDL per key tile (sm_90, no mask).
-constexpr int kStagesUpTo128 = 2;
+// and K and K/V two tiles ahead; measured on the H200 (bf16, docs/perf_log.md "forward v4") they were slower at
+// every shape: hd 128 non-causal 512 / 2k / 8k 282 / 329 / 338 TFLOP/s against one stage's 290 / 335 / 349,
+// hd 64 245 / 299 / 314 against 252 / 306 / 322. The ring's slot addressing costs more than the latency it hides.
+constexpr int kStagesUpTo128 = 1;
 
 FLASH_HOST_DEVICE constexpr FwdTileConfig fwd_wide_tile_config(bool general, FwdTileKind kind) {
   return general || kind == FwdTileKind::kCompact || kWideTile == WideTile::k64x64Warps4 ? FwdTileConfig{64, 64, 4, 1}
