@@ -24,27 +24,41 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_convert_dq_kernel(const BwdPa
   T* dq = static_cast<T*>(bp.dq) + b * bp.dq_strides.batch + (si.q_row0 + row) * bp.dq_strides.row +
           h * bp.dq_strides.head;
   constexpr int kWidth = kVectorBytes / sizeof(T);
+  constexpr int kGroup = kDqSlotGroup;
+  static_assert(kGroup % kWidth == 0 && kBwdHeadDimQuantum % kGroup == 0, "dq slot groups tile the row");
   const bool vector = vector_rows(dq, bp.dq_strides.row, head_dim);
-  for (int64_t c = part * kWidth; c < head_dim; c += kRowThreads * kWidth) {
-    float sum[kWidth];
+  // One interleaved slot group (16 columns) per thread and pass: the row stride is a multiple of it.
+  for (int64_t c = part * kGroup; c < head_dim; c += kRowThreads * kGroup) {
+    float slots[kGroup];
 #pragma unroll
-    for (int e = 0; e < kWidth; ++e) sum[e] = 0.f;
+    for (int e = 0; e < kGroup; ++e) slots[e] = 0.f;
     for (int64_t split = 0; split < bp.dq_splits; ++split) {
-      const float4 lo = *reinterpret_cast<const float4*>(acc + split * w.dq_split_stride + c);
-      const float4 hi = *reinterpret_cast<const float4*>(acc + split * w.dq_split_stride + c + 4);
-      sum[0] += lo.x, sum[1] += lo.y, sum[2] += lo.z, sum[3] += lo.w;
-      sum[4] += hi.x, sum[5] += hi.y, sum[6] += hi.z, sum[7] += hi.w;
-    }
-    if (vector) {
-      uint4 packed;
-      uint32_t* words = reinterpret_cast<uint32_t*>(&packed);
+      const float4* src = reinterpret_cast<const float4*>(acc + split * w.dq_split_stride + c);
 #pragma unroll
-      for (int e = 0; e < kWidth / 2; ++e) words[e] = pack_float2<T>(sum[2 * e] * scale, sum[2 * e + 1] * scale);
-      *reinterpret_cast<uint4*>(dq + c) = packed;
+      for (int v = 0; v < kGroup / 4; ++v) {
+        const float4 x = src[v];
+        slots[4 * v] += x.x, slots[4 * v + 1] += x.y, slots[4 * v + 2] += x.z, slots[4 * v + 3] += x.w;
+      }
+    }
+    float sum[kGroup];
+#pragma unroll
+    for (int e = 0; e < kGroup; ++e) sum[e] = slots[dq_slot(e)] * scale;
+    if (vector) {
+#pragma unroll
+      for (int part8 = 0; part8 < kGroup / kWidth; ++part8) {
+        if (c + part8 * kWidth >= head_dim) break;
+        uint4 packed;
+        uint32_t* words = reinterpret_cast<uint32_t*>(&packed);
+#pragma unroll
+        for (int e = 0; e < kWidth / 2; ++e) {
+          words[e] = pack_float2<T>(sum[part8 * kWidth + 2 * e], sum[part8 * kWidth + 2 * e + 1]);
+        }
+        *reinterpret_cast<uint4*>(dq + c + part8 * kWidth) = packed;
+      }
     } else {
 #pragma unroll
-      for (int e = 0; e < kWidth; ++e) {
-        if (c + e < head_dim) dq[c + e] = from_float<T>(sum[e] * scale);
+      for (int e = 0; e < kGroup; ++e) {
+        if (c + e < head_dim) dq[c + e] = from_float<T>(sum[e]);
       }
     }
   }

@@ -27,47 +27,37 @@ __device__ __forceinline__ bool vector_tensor(const void* base, const TensorStri
          reinterpret_cast<uintptr_t>(base) % kVectorBytes == 0;
 }
 
-// dq reductions: on sm90 lanes t and t^1 swap halves of a 16x8 fp32 fragment so each lane adds four
-// consecutive floats of one row with a single vector reduction (4x fewer atomics than scalar adds): even
-// lanes own row g, columns 2t..2t+3; odd lanes row g+8, columns 2t-2..2t+1. Below sm90 every lane adds its
-// own four values with scalar atomics (rows g and g+8, columns 2t, 2t+1).
+// dq reductions. The accumulator interleaves each 16-column group (flash/bwd_workspace.h, dq_slot): lane t's
+// columns 2t, 2t+1 of both n8 MMA tiles of a pair sit in slots 4t..4t+3, so on sm90 a lane adds its four
+// values of a row with one `red.global.add.v4.f32` straight from its accumulators. The first version kept the
+// natural column order and swapped halves between lanes t and t^1 first: 2 shuffles and 4 selects per
+// fragment, 48 of ~1,100 instructions per hd 128 query block (SASS). Below sm90 (no vector reduction) each value
+// goes by a scalar atomic, to the same slots.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 constexpr bool kVectorDqReduction = true;
 #else
 constexpr bool kVectorDqReduction = false;
 #endif
 
-// Row and column of a fragment where this lane's first reduction goes (see above).
-struct DqLane {
-  int row;
-  int col;
-};
-__device__ __forceinline__ DqLane dq_lane(int g, int t) {
-  if (kVectorDqReduction && t % 2 == 1) return DqLane{g + 8, 2 * t - 2};
-  return DqLane{g, 2 * t};
-}
-
-// Adds one fragment at `dst` (this lane's dq_lane position). first_ok / second_ok: whether the lane's row
-// (sm90), or rows g and g+8 (below sm90), exist. The caller hoists the address and row checks out of the
-// fragment loop: computing them per fragment was ~23 instructions per reduction in the v2 SASS.
-__device__ __forceinline__ void add_dq_fragment(float* dst, int64_t row_stride, const ptx::MmaC& c, int t,
-                                                bool first_ok, bool second_ok) {
+// Adds rows g (row_ok) and g + 8 (row8_ok) of the tile pair (lo, hi) at dst: this lane's slot 4t of row g.
+__device__ __forceinline__ void add_dq_pair(float* dst, int64_t row_stride, const ptx::MmaC& lo, const ptx::MmaC& hi,
+                                            bool row_ok, bool row8_ok) {
+  float* dst8 = dst + 8 * row_stride;
   if constexpr (kVectorDqReduction) {
-    const bool even = t % 2 == 0;
-    const float send0 = even ? c.reg[2] : c.reg[0];
-    const float send1 = even ? c.reg[3] : c.reg[1];
-    const float got0 = __shfl_xor_sync(0xffffffffu, send0, 1);
-    const float got1 = __shfl_xor_sync(0xffffffffu, send1, 1);
-    ptx::red_add_v4_f32(dst, even ? c.reg[0] : got0, even ? c.reg[1] : got1, even ? got0 : c.reg[2],
-                        even ? got1 : c.reg[3], first_ok);
+    ptx::red_add_v4_f32(dst, lo.reg[0], lo.reg[1], hi.reg[0], hi.reg[1], row_ok);
+    ptx::red_add_v4_f32(dst8, lo.reg[2], lo.reg[3], hi.reg[2], hi.reg[3], row8_ok);
   } else {
-    if (first_ok) {
-      atomicAdd(dst, c.reg[0]);
-      atomicAdd(dst + 1, c.reg[1]);
+    if (row_ok) {
+      atomicAdd(dst, lo.reg[0]);
+      atomicAdd(dst + 1, lo.reg[1]);
+      atomicAdd(dst + 2, hi.reg[0]);
+      atomicAdd(dst + 3, hi.reg[1]);
     }
-    if (second_ok) {
-      atomicAdd(dst + 8 * row_stride, c.reg[2]);
-      atomicAdd(dst + 8 * row_stride + 1, c.reg[3]);
+    if (row8_ok) {
+      atomicAdd(dst8, lo.reg[2]);
+      atomicAdd(dst8 + 1, lo.reg[3]);
+      atomicAdd(dst8 + 2, hi.reg[2]);
+      atomicAdd(dst8 + 3, hi.reg[3]);
     }
   }
 }
@@ -211,29 +201,44 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
     const T* v_tile = static_cast<const T*>(p.v) + b * p.v_strides.batch + (si.k_row0 + n0) * p.v_strides.row +
                       hk * p.v_strides.head;
 
-    // Stages query block m0 of q head h into buffer buf: Q, dO, lse and delta, all by cp.async (the caller
-    // commits). lse and delta of rows past the end are zero-filled: such rows only occur in blocks that are
-    // not `full` below, where the visibility test zeroes P (the first version loaded lse and delta with plain
-    // loads whose global latency stalled warps 0-1 at the top of every query block).
-    auto stage = [&](int h, int m0, int buf) {
+    // Where the query block m0 of q head h starts in Q, dO, lse and delta. The loop below advances these by one
+    // block within a head and calls this only when the head changes: recomputing all four per block cost ~40
+    // 64-bit multiply-adds per iteration (SASS, hd 128).
+    struct StageSource {
+      const T* q;
+      const T* dout;
+      const float* lse;
+      const float* delta;
+    };
+    auto source_at = [&](int h, int m0) {
       const int64_t row = si.q_row0 + m0;
-      const T* q_src = static_cast<const T*>(p.q) + b * p.q_strides.batch + row * p.q_strides.row +
-                       h * p.q_strides.head;
-      const T* do_src = static_cast<const T*>(bp.dout) + b * bp.dout_strides.batch + row * bp.dout_strides.row +
-                        h * bp.dout_strides.head;
-      load_tile<T, kBlockM, kHeadDim>(s_q + buf * Smem::kQueryTile, kStrideD, q_src, p.q_strides.row,
+      return StageSource{static_cast<const T*>(p.q) + b * p.q_strides.batch + row * p.q_strides.row +
+                             h * p.q_strides.head,
+                         static_cast<const T*>(bp.dout) + b * bp.dout_strides.batch + row * bp.dout_strides.row +
+                             h * bp.dout_strides.head,
+                         lse_base + h * p.lse_head_stride + m0,
+                         ws.delta + h * ws.delta_head_stride + si.global_q_row0 + m0};
+    };
+    const int64_t q_block_step = kBlockM * p.q_strides.row;
+    const int64_t do_block_step = kBlockM * bp.dout_strides.row;
+
+    // Stages the query block at src (first row m0) into buffer buf: Q, dO, lse and delta, all by cp.async (the
+    // caller commits). lse and delta of rows past the end are zero-filled: such rows only occur in blocks that
+    // are not `full` below, where the visibility test zeroes P (the first version loaded lse and delta with
+    // plain loads whose global latency stalled warps 0-1 at the top of every query block).
+    auto stage = [&](const StageSource& src, int m0, int buf) {
+      load_tile<T, kBlockM, kHeadDim>(s_q + buf * Smem::kQueryTile, kStrideD, src.q, p.q_strides.row,
                                       seqlen_q - m0, static_cast<int>(head_dim), vector_q, tid);
-      load_tile<T, kBlockM, kHeadDim>(s_do + buf * Smem::kQueryTile, kStrideD, do_src, bp.dout_strides.row,
+      load_tile<T, kBlockM, kHeadDim>(s_do + buf * Smem::kQueryTile, kStrideD, src.dout, bp.dout_strides.row,
                                       seqlen_q - m0, static_cast<int>(head_dim), vector_do, tid);
       // Threads [0, kBlockM) fetch lse, [kBlockM, 2 kBlockM) delta: whole warps each.
       if (tid < 2 * kBlockM) {
         const bool is_lse = tid < kBlockM;
         const int r = tid % kBlockM;
         const bool valid = m0 + r < seqlen_q;
-        const float* src = is_lse ? lse_base + h * p.lse_head_stride + m0 + r
-                                  : ws.delta + h * ws.delta_head_stride + si.global_q_row0 + m0 + r;
+        const float* row_src = (is_lse ? src.lse : src.delta) + r;
         float* dst = (is_lse ? s_lse : s_delta) + buf * kBlockM + r;
-        ptx::cp_async_4(dst, valid ? src : lse_base, valid);
+        ptx::cp_async_4(dst, valid ? row_src : lse_base, valid);
       }
     };
 
@@ -245,7 +250,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
     // Head and query block of the current iteration, advanced incrementally (query blocks inner).
     int cur_h = hk * group;
     int cur_m_block = m_first;
-    if (iterations > 0) stage(cur_h, cur_m_block * kBlockM, 0);
+    StageSource next_src = source_at(cur_h, m_first * kBlockM);
+    if (iterations > 0) stage(next_src, m_first * kBlockM, 0);
     ptx::cp_async_commit();
 
     ptx::MmaC acc_dk[kKVMT][kKVNT];
@@ -260,6 +266,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
       const int next_m_block = last_m_block ? m_first : cur_m_block + 1;
       cur_h = next_h;
       cur_m_block = next_m_block;
+      if (last_m_block) {
+        next_src = source_at(next_h, m_first * kBlockM);
+      } else {
+        next_src.q += q_block_step;
+        next_src.dout += do_block_step;
+        next_src.lse += kBlockM;
+        next_src.delta += kBlockM;
+      }
       const T* cur_q = s_q + buf * Smem::kQueryTile;
       const T* cur_do = s_do + buf * Smem::kQueryTile;
       const float* cur_lse = s_lse + buf * kBlockM;
@@ -289,7 +303,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
       // Prefetch the next block into the other buffer (its readers finished before the barrier above). Issued
       // after the S^T MMAs, not before: its address math then overlaps MMAs in flight instead of delaying the
       // first one after the barrier.
-      if (it + 1 < iterations) stage(next_h, next_m_block * kBlockM, buf ^ 1);
+      if (it + 1 < iterations) stage(next_src, next_m_block * kBlockM, buf ^ 1);
       ptx::cp_async_commit();
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / kMmaK; ++kk) {
@@ -458,44 +472,40 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
             }
           }
         }
+        // This lane's slot 4t of row g in the first tile pair of the chunk (address and row checks once
+        // per chunk, after the MMAs so they hold no registers during them).
+        float* dq_lane_acc = dq_acc + g * ws.dq_row_stride + q_dim0 + c0 * kMmaN + 4 * t;
         if (bp.deterministic) {
           // This CTA is the only writer of its accumulator, and each element always has the same thread.
 #pragma unroll
           for (int mt = 0; mt < kQMT; ++mt) {
 #pragma unroll
-            for (int nt = 0; nt < kQChunk; ++nt) {
+            for (int np = 0; np < kQChunk / 2; ++np) {
+              const ptx::MmaC& lo = acc_q[mt][2 * np];
+              const ptx::MmaC& hi = acc_q[mt][2 * np + 1];
 #pragma unroll
               for (int r = 0; r < 2; ++r) {
-                const int row = mt * kMmaM + g + 8 * r;
-                if (m0 + q_row0 + row >= seqlen_q) continue;
-                float2* dst = reinterpret_cast<float2*>(dq_acc + row * ws.dq_row_stride + q_dim0 +
-                                                        (c0 + nt) * kMmaN + 2 * t);
-                float2 sum = *dst;
-                sum.x += acc_q[mt][nt].reg[2 * r];
-                sum.y += acc_q[mt][nt].reg[2 * r + 1];
+                if (m0 + q_row0 + mt * kMmaM + g + 8 * r >= seqlen_q) continue;
+                float4* dst = reinterpret_cast<float4*>(dq_lane_acc + (mt * kMmaM + 8 * r) * ws.dq_row_stride +
+                                                        np * 2 * kMmaN);
+                float4 sum = *dst;
+                sum.x += lo.reg[2 * r];
+                sum.y += lo.reg[2 * r + 1];
+                sum.z += hi.reg[2 * r];
+                sum.w += hi.reg[2 * r + 1];
                 *dst = sum;
               }
             }
           }
         } else {
-          // This lane's reduction address and row checks, out of the fragment loop (computed after the MMAs
-          // so they hold no registers during them).
-          const DqLane lane_pos = dq_lane(g, t);
-          float* dq_lane_acc = dq_acc + lane_pos.row * ws.dq_row_stride + q_dim0 + lane_pos.col;
-          bool dq_row_ok[kQMT][2];
 #pragma unroll
           for (int mt = 0; mt < kQMT; ++mt) {
-            const int first_row = m0 + q_row0 + mt * kMmaM + lane_pos.row;
-            dq_row_ok[mt][0] = first_row < seqlen_q;
-            dq_row_ok[mt][1] = first_row + 8 < seqlen_q;
-          }
+            const int row = m0 + q_row0 + mt * kMmaM + g;
+            float* dst = dq_lane_acc + mt * kMmaM * ws.dq_row_stride;
 #pragma unroll
-          for (int mt = 0; mt < kQMT; ++mt) {
-            float* dst = dq_lane_acc + mt * kMmaM * ws.dq_row_stride + (c0 * kMmaN);
-#pragma unroll
-            for (int nt = 0; nt < kQChunk; ++nt) {
-              add_dq_fragment(dst + nt * kMmaN, ws.dq_row_stride, acc_q[mt][nt], t, dq_row_ok[mt][0],
-                              dq_row_ok[mt][1]);
+            for (int np = 0; np < kQChunk / 2; ++np) {
+              add_dq_pair(dst + np * 2 * kMmaN, ws.dq_row_stride, acc_q[mt][2 * np], acc_q[mt][2 * np + 1],
+                          row < seqlen_q, row + 8 < seqlen_q);
             }
           }
         }

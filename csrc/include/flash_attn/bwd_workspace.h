@@ -20,6 +20,15 @@ constexpr int64_t kBwdSplitCtasPerSm = 2;
 constexpr int64_t kBwdMinKeyBlock = 64;
 constexpr int64_t kBwdAlignFloats = 4;  // 16 bytes
 
+// dq_accum columns are interleaved in groups of kDqSlotGroup: column 2t + j of the group is kept in slot 4t + j
+// and column 8 + 2t + j in slot 4t + 2 + j (t < 4, j < 2), the order in which lane t of an mma.m16n8k16 holds
+// them across two n8 tiles, so the main kernel adds them with one 16-byte reduction (sm80/bwd_kernel.h).
+constexpr int kDqSlotGroup = 16;
+FLASH_HOST_DEVICE constexpr int dq_slot(int column_in_group) {
+  return column_in_group < 8 ? 2 * column_in_group - column_in_group % 2
+                             : 2 * (column_in_group - 8) - column_in_group % 2 + 2;
+}
+
 FLASH_HOST_DEVICE int64_t bwd_padded_head_dim(int64_t head_dim) {
   return (head_dim + kBwdHeadDimQuantum - 1) / kBwdHeadDimQuantum * kBwdHeadDimQuantum;
 }
@@ -37,7 +46,7 @@ inline int64_t bwd_dq_splits(const BwdParams& params, int num_sms) {
 
 struct BwdWorkspace {
   float* delta;     // [nheads_q][delta_row_stride]
-  float* dq_accum;  // [dq_splits][nheads_q][total_q][dq_row_stride]
+  float* dq_accum;  // [dq_splits][nheads_q][total_q][dq_row_stride], columns interleaved (dq_slot)
   int64_t delta_head_stride;
   int64_t dq_row_stride;
   int64_t dq_head_stride;

@@ -1,0 +1,63 @@
+# Opcode histogram of a kernel's hottest loop from its SASS, to count what one main-loop iteration issues
+# before spending GPU time. The loop is the back edge (BRA to a lower address) whose body holds the most
+# HMMA. Usage: python3 tools/sass_stats.py OBJ_OR_CUBIN KERNEL_SUBSTRING [--all]
+#   (cuobjdump comes with the toolkit, or with `pip install triton` under triton/backends/nvidia/bin)
+import collections
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+
+
+def cuobjdump() -> str:
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    import triton  # noqa: PLC0415  (only for its bundled binary)
+
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
+
+
+def kernels(sass: str) -> dict[str, list[tuple[int, str, str]]]:
+    out: dict[str, list[tuple[int, str, str]]] = {}
+    name = None
+    for line in sass.splitlines():
+        head = re.match(r"\s+Function : (\S+)", line)
+        if head:
+            name = head.group(1)
+            out[name] = []
+            continue
+        m = LINE.search(line)
+        if m and name:
+            out[name].append((int(m.group(1), 16), m.group(3), m.group(4)))
+    return out
+
+
+def hottest_loop(code: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
+    best: list[tuple[int, str, str]] = []
+    for addr, op, args in code:
+        target = re.search(r"0x([0-9a-f]+)", args)
+        if op.startswith("BRA") and target and int(target.group(1), 16) < addr:
+            body = [ins for ins in code if int(target.group(1), 16) <= ins[0] <= addr]
+            if sum(o.startswith("HMMA") for _, o, _ in body) > sum(o.startswith("HMMA") for _, o, _ in best):
+                best = body
+    return best
+
+
+def main() -> None:
+    obj, want = sys.argv[1], sys.argv[2]
+    sass = subprocess.run([cuobjdump(), "--dump-sass", obj], capture_output=True, text=True, check=True).stdout
+    for name, code in kernels(sass).items():
+        if want not in name:
+            continue
+        body = code if "--all" in sys.argv else hottest_loop(code)
+        hist = collections.Counter(op.split(".")[0] for _, op, _ in body)
+        print(f"{name}: {len(body)} instructions in {'the kernel' if '--all' in sys.argv else 'the hottest loop'}")
+        print("  " + ", ".join(f"{op} {n}" for op, n in hist.most_common()))
+
+
+if __name__ == "__main__":
+    main()
