@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "flash_attn/bwd_workspace.h"
 #include "flash_attn/common/math.h"
@@ -40,20 +41,26 @@ constexpr bool kVectorDqReduction = false;
 #endif
 
 // Adds rows g (row_ok) and g + 8 (row8_ok) of the tile pair (lo, hi) at dst: this lane's slot 4t of row g.
+// kAllRows: the caller knows both rows exist (every query block but a sequence's last), so the sm90
+// reductions go unpredicated.
+template <bool kAllRows>
 __device__ __forceinline__ void add_dq_pair(float* dst, int64_t row_stride, const ptx::MmaC& lo, const ptx::MmaC& hi,
                                             bool row_ok, bool row8_ok) {
   float* dst8 = dst + 8 * row_stride;
-  if constexpr (kVectorDqReduction) {
+  if constexpr (kVectorDqReduction && kAllRows) {
+    ptx::red_add_v4_f32(dst, lo.reg[0], lo.reg[1], hi.reg[0], hi.reg[1]);
+    ptx::red_add_v4_f32(dst8, lo.reg[2], lo.reg[3], hi.reg[2], hi.reg[3]);
+  } else if constexpr (kVectorDqReduction) {
     ptx::red_add_v4_f32(dst, lo.reg[0], lo.reg[1], hi.reg[0], hi.reg[1], row_ok);
     ptx::red_add_v4_f32(dst8, lo.reg[2], lo.reg[3], hi.reg[2], hi.reg[3], row8_ok);
   } else {
-    if (row_ok) {
+    if (kAllRows || row_ok) {
       atomicAdd(dst, lo.reg[0]);
       atomicAdd(dst + 1, lo.reg[1]);
       atomicAdd(dst + 2, hi.reg[0]);
       atomicAdd(dst + 3, hi.reg[1]);
     }
-    if (row8_ok) {
+    if (kAllRows || row8_ok) {
       atomicAdd(dst8, lo.reg[2]);
       atomicAdd(dst8 + 1, lo.reg[3]);
       atomicAdd(dst8 + 2, hi.reg[2]);
@@ -498,15 +505,22 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
             }
           }
         } else {
+          auto reduce = [&](auto all_rows) {
 #pragma unroll
-          for (int mt = 0; mt < kQMT; ++mt) {
-            const int row = m0 + q_row0 + mt * kMmaM + g;
-            float* dst = dq_lane_acc + mt * kMmaM * ws.dq_row_stride;
+            for (int mt = 0; mt < kQMT; ++mt) {
+              const int row = m0 + q_row0 + mt * kMmaM + g;
+              float* dst = dq_lane_acc + mt * kMmaM * ws.dq_row_stride;
 #pragma unroll
-            for (int np = 0; np < kQChunk / 2; ++np) {
-              add_dq_pair(dst + np * 2 * kMmaN, ws.dq_row_stride, acc_q[mt][2 * np], acc_q[mt][2 * np + 1],
-                          row < seqlen_q, row + 8 < seqlen_q);
+              for (int np = 0; np < kQChunk / 2; ++np) {
+                add_dq_pair<decltype(all_rows)::value>(dst + np * 2 * kMmaN, ws.dq_row_stride, acc_q[mt][2 * np],
+                                                       acc_q[mt][2 * np + 1], row < seqlen_q, row + 8 < seqlen_q);
+              }
             }
+          };
+          if (m0 + kBlockM <= seqlen_q) {
+            reduce(std::true_type{});
+          } else {
+            reduce(std::false_type{});
           }
         }
       }

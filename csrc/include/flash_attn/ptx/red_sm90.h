@@ -21,4 +21,12 @@ __device__ __forceinline__ void red_add_v4_f32(float* dst, float x, float y, flo
 #endif
 }
 
+// The same without a predicate, for callers that know every row exists: the predicated form compiles to a
+// branch (BSSY/BSYNC) around each reduction.
+__device__ __forceinline__ void red_add_v4_f32(float* dst, float x, float y, float z, float w) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(x), "f"(y), "f"(z), "f"(w));
+#endif
+}
+
 }  // namespace flash::ptx
