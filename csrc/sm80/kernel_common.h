@@ -71,9 +71,6 @@ __device__ __forceinline__ float read_bias(const void* base, DType dtype, int64_
 // Issues cp.async for a kRows x kHeadDim tile (row stride kHeadDim + kSmemRowPad in shared memory). Rows at or
 // beyond rows_valid and columns at or beyond head_dim are zero-filled. Requires head_dim % 8 == 0, a row stride
 // that is a multiple of 8 and a 16-byte-aligned gmem (the API guarantees all three for CUDA calls).
-// Smallest head dim whose tiles take the unpredicated copy path below when in bounds (see there).
-constexpr int kUnpredicatedCopyMinHeadDim = 0;
-
 template <int kRows, int kHeadDim, int kThreads, typename T>
 __device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, int64_t row_stride, int rows_valid,
                                                 int head_dim, int tid) {
@@ -88,16 +85,6 @@ __device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, int64_t 
     const bool col_valid = col < head_dim;
     const T* src = gmem + row0 * row_stride + col;
     const int64_t step = kRowsPerIter * row_stride;
-    if (kHeadDim >= kUnpredicatedCopyMinHeadDim && rows_valid >= kRows && head_dim == kHeadDim) {
-      // Every tile but a sequence's last: no bounds, so each copy is a pointer step and the LDGSTS (the
-      // predicated form below costs ~6 instructions per copy: 32 copies per hd 256 key tile, SASS).
-#pragma unroll
-      for (int i = 0; i < kRows / kRowsPerIter; ++i) {
-        ptx::cp_async_16(smem + (row0 + i * kRowsPerIter) * kStride + col, src);
-        src += step;
-      }
-      return;
-    }
 #pragma unroll
     for (int i = 0; i < kRows / kRowsPerIter; ++i) {
       const bool valid = col_valid && row0 + i * kRowsPerIter < rows_valid;

@@ -18,15 +18,6 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* global, bool
 #endif
 }
 
-// The same for a copy known to be in bounds: no source-size operand, so the caller needs no predicate or
-// pointer select per copy.
-__device__ __forceinline__ void cp_async_16(void* smem, const void* global) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(global));
-#endif
-}
-
 // One 4-byte element (e.g. an fp32 row statistic); .ca is the only cache mode with sizes below 16 bytes.
 // `valid` false writes a zero without reading.
 constexpr int kCpAsyncWordBytes = 4;
