@@ -265,10 +265,6 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
     }
 
     // Online softmax: new running max, rescale of the running sum and O, then P = 2^(x * x_scale - max).
-    // O's row is rescaled only when the row of some lane of the warp got a new max (a warp vote per row
-    // pair): the factor is exactly 1 otherwise, and past the first tiles of a long row a new max is rare, so
-    // most tiles skip the 2 * kDTiles multiplies per row (hd 128: 128 FMUL of ~1,090 instructions per key
-    // tile, SASS).
 #pragma unroll
     for (int s = 0; s < kStrips; ++s) {
 #pragma unroll
@@ -282,16 +278,14 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
         const float new_max = fmaxf(row_max[s][r], tile_max * x_scale);
         const float shift = new_max == -INFINITY ? 0.f : new_max;
-        if (__any_sync(0xffffffffu, new_max != row_max[s][r])) {
-          const float rescale = exp2f(row_max[s][r] - shift);
-          row_sum[s][r] *= rescale;
-#pragma unroll
-          for (int dt = 0; dt < kDTiles; ++dt) {
-            acc[s][dt].reg[2 * r] *= rescale;
-            acc[s][dt].reg[2 * r + 1] *= rescale;
-          }
-        }
+        const float rescale = exp2f(row_max[s][r] - shift);
         row_max[s][r] = new_max;
+        row_sum[s][r] *= rescale;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          acc[s][dt].reg[2 * r] *= rescale;
+          acc[s][dt].reg[2 * r + 1] *= rescale;
+        }
         float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) {
