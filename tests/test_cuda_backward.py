@@ -1,9 +1,8 @@
 # CUDA backward kernels against the fp64 reference under the FlashAttention tolerance rule (3x naive for
 # gradients): every head-dim bucket, odd seqlens both ways, GQA/MQA, causal/window/top-left, softcap, ALiBi,
-# additive bias with dbias, dropout (the reference uses the kernel's Philox mask), varlen with empty
-# sequences, the lse gradient, deterministic mode (bitwise repeatable), rows without keys, 64-bit offsets,
-# and the compact tiles of GPUs with less shared memory than Hopper (forced by FLASH_ATTN_BWD_SMEM_LIMIT).
-# Collected only where a GPU and a built backward kernel exist (flash_attn.is_supported).
+# bias with dbias, dropout (the reference uses the kernel's Philox mask), varlen with empty sequences, dlse,
+# deterministic mode (bitwise), rows without keys, 64-bit offsets, and the compact tiles of GPUs below Hopper
+# (forced by FLASH_ATTN_BWD_SMEM_LIMIT). Collected only where a GPU and a built backward kernel exist.
 import functools
 
 import pytest
@@ -254,7 +253,7 @@ def test_64bit_offsets():
 # ---- compact tiles (sm80/bwd_common.h): the kernels GPUs with less shared memory than Hopper run ----
 # FLASH_ATTN_BWD_SMEM_LIMIT makes the launcher assume at most this many bytes of shared memory per block, so a
 # Hopper GPU runs what an sm86/sm89 GPU (99 KB: compact tiles at every head dim) or an A100 (163 KB: compact
-# tiles from head dim 128 on, full ones below) would.
+# tiles at head dims 128, 192, 224, 256; the full ones, which fit, elsewhere) would.
 SMEM_LIMIT_ENV = "FLASH_ATTN_BWD_SMEM_LIMIT"
 SM86_SMEM = 101376
 A100_SMEM = 166912
