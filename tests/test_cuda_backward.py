@@ -1,12 +1,13 @@
 # CUDA backward kernels against the fp64 reference under the FlashAttention tolerance rule (3x naive for
 # gradients): every head-dim bucket, odd seqlens both ways, GQA/MQA, causal/window/top-left, softcap, ALiBi,
-# additive bias with dbias, dropout (the reference uses the kernel's Philox mask), varlen with empty
-# sequences, the lse gradient, deterministic mode (bitwise repeatable), rows without keys, and 64-bit
-# offsets. Collected only where a GPU and a built backward kernel exist (flash_attn.is_supported).
+# bias with dbias, dropout (the reference uses the kernel's Philox mask), varlen with empty sequences, dlse,
+# deterministic mode (bitwise), rows without keys, 64-bit offsets, and the compact tiles of GPUs below Hopper
+# (forced by FLASH_ATTN_BWD_SMEM_LIMIT). Collected only where a GPU and a built backward kernel exist.
 import functools
 
 import pytest
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 import flash_attn
 from flash_attn import flash_attn_func, flash_attn_varlen_func
@@ -247,3 +248,161 @@ def test_64bit_offsets():
     grads2 = torch.autograd.grad(flash_attn_func(q2, k, v, causal=True, deterministic=True), (q2, k, v), dout)
     for g, g2 in zip(grads, grads2):
         assert torch.equal(g, g2)
+
+
+# ---- compact tiles (sm80/bwd_common.h): the kernels GPUs with less shared memory than Hopper run ----
+# FLASH_ATTN_BWD_SMEM_LIMIT makes the launcher assume at most this many bytes of shared memory per block, so a
+# Hopper GPU runs what an sm86/sm89 GPU (99 KB: compact tiles at every head dim) or an A100 (163 KB: compact
+# tiles at head dims 128, 192, 224, 256; the full ones, which fit, elsewhere) would.
+SMEM_LIMIT_ENV = "FLASH_ATTN_BWD_SMEM_LIMIT"
+SM86_SMEM = 101376
+A100_SMEM = 166912
+COMPACT_KERNEL_MARKS = ("BwdTiles)1", "BwdTiles::kCompact", "BwdTilesE1")
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("head_dim", [32, 64, 80, 128, 160, 192, 224, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_compact_tiles_head_dims(head_dim, causal, dtype, monkeypatch):
+    _require(dtype, head_dim)
+    monkeypatch.setenv(SMEM_LIMIT_ENV, str(SM86_SMEM))
+    q, k, v = _qkv(2, 113, 257, 4, 2, head_dim, dtype)
+    _run_and_check(q, k, v, dict(causal=causal), causal=causal)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_compact_tiles_a100_class(head_dim, causal, monkeypatch):
+    _require(torch.bfloat16, head_dim)
+    monkeypatch.setenv(SMEM_LIMIT_ENV, str(A100_SMEM))
+    q, k, v = _qkv(2, 257, 113, 4, 1, head_dim, torch.bfloat16)
+    _run_and_check(q, k, v, dict(causal=causal), causal=causal)
+
+
+COMPACT_FEATURES = {
+    "softcap_hd128": (128, dict(softcap=5.0, causal=True)),
+    "alibi_hd256": (256, dict(alibi=True)),
+    "window_hd192": (192, dict(window_size=(20, 3))),
+    "all_hd96": (96, dict(alibi=True, softcap=8.0, window_size=(16, 3), softmax_scale=0.2)),
+}
+
+
+@pytest.mark.parametrize("case", list(COMPACT_FEATURES))
+def test_compact_tiles_features(case, monkeypatch):
+    head_dim, kwargs = COMPACT_FEATURES[case]
+    kwargs = dict(kwargs)
+    _require(torch.bfloat16, head_dim)
+    monkeypatch.setenv(SMEM_LIMIT_ENV, str(SM86_SMEM))
+    q, k, v = _qkv(2, 100, 140, 4, 2, head_dim, torch.bfloat16)
+    if kwargs.pop("alibi", False):
+        kwargs["alibi_slopes"] = torch.rand(2, 4, device="cuda") * 0.5 + 0.05
+    _run_and_check(q, k, v, kwargs, **kwargs)
+
+
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_compact_tiles_dropout(head_dim, monkeypatch):
+    _require(torch.float16, head_dim)
+    monkeypatch.setenv(SMEM_LIMIT_ENV, str(SM86_SMEM))
+    b, sq, sk, h, hk, p = 2, 77, 140, 4, 2, 0.17
+    q, k, v = _qkv(b, sq, sk, h, hk, head_dim, torch.float16)
+    dout = randn(*q.shape, dtype=torch.float16, device="cuda")
+    with CaptureRngState() as capture:
+        out = flash_attn_func(q, k, v, dropout_p=p, causal=True)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    keep = dropout_keep_mask(capture.last(), b, h, sq, sk, p).to("cuda")
+    ref = functools.partial(attention_ref, causal=True, dropout_mask=keep, dropout_p=p)
+    truth, naive = reference_pair(ref, (q, k, v), dout)
+    check_output_and_grads(out, grads, truth, naive)
+
+
+def test_compact_tiles_bias_and_dbias(monkeypatch):
+    _require(torch.bfloat16, 160)
+    monkeypatch.setenv(SMEM_LIMIT_ENV, str(SM86_SMEM))
+    q, k, v = _qkv(2, 77, 130, 4, 2, 160, torch.bfloat16)
+    bias_leaf = randn(2, 4, 77, 130, dtype=torch.float32, device="cuda", requires_grad=True)
+    dout = randn(*q.shape, dtype=torch.bfloat16, device="cuda")
+    out, _, _ = attention(q, k, v, window=(UNBOUNDED, 0), attn_bias=bias_leaf)
+    grads = torch.autograd.grad(out, (q, k, v, bias_leaf), dout)
+
+    def ref(q, k, v, bias, compute_dtype):
+        return attention_ref(q, k, v, causal=True, attn_bias=bias, compute_dtype=compute_dtype)
+
+    truth, naive = reference_pair(ref, (q, k, v, bias_leaf.detach()), dout)
+    check_output_and_grads(out, grads[:3], truth, naive)
+    assert_close_fa(grads[3].float(), truth[2][3], naive[2][3].float(), 3, floor_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_compact_tiles_varlen(head_dim, monkeypatch):
+    dtype = torch.bfloat16
+    _require(dtype, head_dim)
+    monkeypatch.setenv(SMEM_LIMIT_ENV, str(SM86_SMEM))
+    seqlens_q, seqlens_k = [37, 0, 128, 1, 200, 5], [53, 9, 128, 0, 70, 300]
+    q = randn(sum(seqlens_q), 4, head_dim, dtype=dtype, device="cuda", requires_grad=True)
+    k = randn(sum(seqlens_k), 2, head_dim, dtype=dtype, device="cuda", requires_grad=True)
+    v = randn(sum(seqlens_k), 2, head_dim, dtype=dtype, device="cuda", requires_grad=True)
+    cu_q, cu_k = cu_from_seqlens(seqlens_q, "cuda"), cu_from_seqlens(seqlens_k, "cuda")
+    dout = randn(*q.shape, dtype=dtype, device="cuda")
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), causal=True)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+
+    def ref(q, k, v, compute_dtype):
+        return attention_varlen_ref(q, k, v, cu_q, cu_k, causal=True, compute_dtype=compute_dtype)
+
+    truth, naive = reference_pair(ref, (q, k, v), dout)
+    check_output_and_grads(out, grads, truth, naive)
+
+
+@pytest.mark.parametrize("limit,head_dim", [(SM86_SMEM, 64), (SM86_SMEM, 128), (SM86_SMEM, 256), (A100_SMEM, 128)])
+def test_compact_tiles_deterministic_bitwise(limit, head_dim, monkeypatch):
+    dtype = torch.bfloat16
+    _require(dtype, head_dim)
+    monkeypatch.setenv(SMEM_LIMIT_ENV, str(limit))
+    q, k, v = _qkv(2, 700, 900, 8, 2, head_dim, dtype)
+    dout = randn(*q.shape, dtype=dtype, device="cuda")
+
+    def grads(deterministic=True):
+        return torch.autograd.grad(flash_attn_func(q, k, v, causal=True, deterministic=deterministic), (q, k, v),
+                                   dout)
+
+    runs = [grads() for _ in range(2)]
+    for g0, g in zip(*runs):
+        assert torch.equal(g0, g)
+    for g0, g in zip(runs[0], grads(deterministic=False)):
+        torch.testing.assert_close(g0.float(), g.float(), atol=2e-2, rtol=2e-2)
+
+
+def _backward_kernel_names(fn):
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [event.name for event in prof.events() if "bwd_kernel" in event.name]
+
+
+@pytest.mark.parametrize("limit,compact", [(SM86_SMEM, True), (None, False)])
+def test_compact_tiles_selected(limit, compact, monkeypatch):
+    """The limit picks the tile set: compact under 99 KB, the full tiles on the real (Hopper-class) device."""
+    _require(torch.bfloat16, 128)
+    if limit is None:
+        monkeypatch.delenv(SMEM_LIMIT_ENV, raising=False)
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        if getattr(props, "shared_memory_per_block_optin", 0) < 200 * 1024:
+            pytest.skip("the full hd 128 tiles need a Hopper-class GPU (227 KB of shared memory per block)")
+    else:
+        monkeypatch.setenv(SMEM_LIMIT_ENV, str(limit))
+    q, k, v = _qkv(1, 128, 128, 2, 2, 128, torch.bfloat16)
+    out = flash_attn_func(q, k, v, causal=True)
+    names = _backward_kernel_names(lambda: out.backward(torch.ones_like(out)))
+    assert names, "no backward main kernel seen by the profiler"
+    assert all(any(mark in name for mark in COMPACT_KERNEL_MARKS) == compact for name in names), names
+
+
+@pytest.mark.parametrize("value", ["4096", "abc"])
+def test_smem_limit_errors(value, monkeypatch):
+    """A limit below every kernel's need, or not a number, fails with a message naming the variable."""
+    _require(torch.bfloat16, 64)
+    monkeypatch.setenv(SMEM_LIMIT_ENV, value)
+    q, k, v = _qkv(1, 64, 64, 2, 2, 64, torch.bfloat16)
+    out = flash_attn_func(q, k, v)
+    with pytest.raises(RuntimeError, match=SMEM_LIMIT_ENV):
+        out.backward(torch.ones_like(out))

@@ -1,8 +1,8 @@
 # The representative CUDA subset that tools/sanitize.sh runs under compute-sanitizer (memcheck, racecheck):
-# every head-dim bucket, odd sequence lengths both ways, GQA, causal and not, varlen with empty sequences and
-# rows past cu_seqlens[-1], a head dim that is padded, dropout; forward, and backward where it is built.
-# Small sizes keep the sanitizers' slowdown bearable; each case is also checked against the fp64 reference,
-# so the subset is an ordinary part of the CUDA suite as well (marker: sanitize).
+# every head-dim bucket (backward also with the compact tiles of GPUs below Hopper), odd sequence lengths, GQA,
+# causal and not, varlen with empty sequences and rows past cu_seqlens[-1], a padded head dim, dropout; forward,
+# and backward where it is built. Small sizes keep the sanitizers' slowdown bearable; each case is also checked
+# against the fp64 reference, so the subset is an ordinary part of the CUDA suite as well (marker: sanitize).
 import functools
 
 import pytest
@@ -43,6 +43,13 @@ def _run_dense(shape, backward, **kwargs):
 @pytest.mark.parametrize("head_dim", HEAD_DIM_BUCKETS)
 def test_head_dim_buckets_causal_gqa(head_dim, direction):
     _run_dense((2, 97, 131, 4, 2, head_dim), DIRECTIONS[direction], causal=True)
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIM_BUCKETS)
+def test_compact_backward_tiles(head_dim, monkeypatch):
+    """The compact backward tiles (what sm86/sm89 GPUs run), forced on any GPU by the launcher's limit."""
+    monkeypatch.setenv("FLASH_ATTN_BWD_SMEM_LIMIT", "101376")
+    _run_dense((2, 97, 131, 4, 2, head_dim), True, causal=True)
 
 
 @pytest.mark.parametrize("direction", list(DIRECTIONS))

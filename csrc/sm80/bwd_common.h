@@ -20,31 +20,97 @@ namespace flash::sm80::bwd {
 
 constexpr int kVectorBytes = 16;  // one cp.async / one uint4
 
-// Tiles of the main backward kernel. Every CTA has 8 warps; a key block of kBlockN rows is held in shared
-// memory while query blocks of kBlockM rows stream through. The warp grids below split each GEMM's output:
-// S^T/dP^T (keys x queries), dK/dV (keys x head dim) and dQ (queries x head dim). Sizes as FA2 on A100/H100
-// (64 x 128 up to head dim 128, 64 x 64 above): dK and dV stay in registers (keys x d / 128 floats per thread
-// each), which caps kBlockN * kHeadDim at 16K. The warp grids keep each warp's tile as square as the
-// registers allow, which minimises the shared-memory bytes read per MMA (e.g. dQ at head dim 128: 32 x 32
-// per warp reads 16 KB per block, 16 x 64 would read 20 KB). At head dim <= 64 the plain kernel (no softcap,
-// ALiBi, bias, dropout, dbias) takes 128-row query blocks as FA2 does on H100: per query it then issues ~18 %
-// fewer ldmatrix, ~10 % fewer other instructions and half the barriers (SASS, hd 64); the feature kernel
-// keeps 64 rows (128 rows spilled 694 bytes there). Both use the same key block, so the grid is the same.
+// Tiles of the main backward kernel. A key block of kBlockN rows is held in shared memory while query blocks
+// of kBlockM rows stream through. The warp grids below split each GEMM's output: S^T/dP^T (keys x queries),
+// dK/dV (keys x head dim) and dQ (queries x head dim). dK and dV stay in registers, which caps the keys x
+// head dim per warp; the warp grids keep each warp's tile as square as the registers allow, which minimises
+// the shared-memory bytes read per MMA (e.g. dQ at head dim 128: 32 x 32 per warp reads 16 KB per block,
+// 16 x 64 would read 20 KB).
 struct BwdTileConfig {
   int block_m;
   int block_n;
-  int s_warps_n;  // S^T, dP^T: warps along keys; the rest along queries
+  int s_warps_n;   // S^T, dP^T: warps along keys; the rest along queries
   int kv_warps_n;  // dK, dV: warps along keys; the rest along head dim
   int q_warps_m;   // dQ: warps along queries; the rest along head dim
+  int warps;
+  int q_buffers;  // Q / dO / lse / delta stages: 2 prefetch the next block during this one's S^T GEMM
+  __host__ __device__ constexpr int threads() const { return warps * kWarpSize; }
 };
-constexpr int kBwdWarps = 8;
-constexpr int kBwdThreads = kBwdWarps * kWarpSize;
-__host__ __device__ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool features) {
+
+// Which set of tiles a kernel instantiation uses. kFull: sized for Hopper's 227 KB of shared memory per block
+// (A100 allows 163 KB, sm86/sm89 99 KB). kCompact: every bucket within kBwdCompactSmemBudget, for any sm80+.
+enum class BwdTiles { kFull, kCompact };
+
+// sm86/sm89 allow 99 KB (101376 bytes) of dynamic shared memory per block; the compact tiles keep 1 KB of it
+// spare.
+constexpr int kBwdCompactSmemBudget = 99 * 1024 - 1024;
+
+// 8 warps; sizes as FA2 on A100/H100 (64 x 128 up to head dim 128, 64 x 64 above). dK and dV in registers
+// cap kBlockN * kHeadDim at 16K. At head dim <= 64 the plain kernel (no softcap, ALiBi, bias, dropout,
+// dbias) takes 128-row query blocks as FA2 does on H100: per query it then issues ~18 % fewer ldmatrix,
+// ~10 % fewer other instructions and half the barriers (SASS, hd 64); the feature kernel keeps 64 rows (128
+// rows spilled 694 bytes there). Both use the same key block, so the grid is the same.
+constexpr int kFullWarps = 8;
+constexpr int kTwoStages = 2;
+__host__ __device__ constexpr BwdTileConfig bwd_full_tile_config(int head_dim, bool features) {
   // Four warps along the head dim need head_dim / 4 to be a whole number of n16 fragment pairs.
   const bool split_dim_4 = head_dim % 64 == 0;
-  if (head_dim <= 64) return features ? BwdTileConfig{64, 128, 4, 4, 4} : BwdTileConfig{128, 128, 4, 4, 4};
-  if (head_dim <= 128) return split_dim_4 ? BwdTileConfig{64, 128, 4, 4, 2} : BwdTileConfig{64, 128, 4, 4, 4};
-  return split_dim_4 ? BwdTileConfig{64, 64, 4, 2, 2} : BwdTileConfig{64, 64, 4, 4, 4};
+  if (head_dim <= 64) {
+    return features ? BwdTileConfig{64, 128, 4, 4, 4, kFullWarps, kTwoStages}
+                    : BwdTileConfig{128, 128, 4, 4, 4, kFullWarps, kTwoStages};
+  }
+  if (head_dim <= 128) {
+    return split_dim_4 ? BwdTileConfig{64, 128, 4, 4, 2, kFullWarps, kTwoStages}
+                       : BwdTileConfig{64, 128, 4, 4, 4, kFullWarps, kTwoStages};
+  }
+  return split_dim_4 ? BwdTileConfig{64, 64, 4, 2, 2, kFullWarps, kTwoStages}
+                     : BwdTileConfig{64, 64, 4, 4, 4, kFullWarps, kTwoStages};
+}
+
+// Shared memory of the main kernel with tile `cfg`: K, V, q_buffers x (Q, dO) rows of head_dim + pad
+// elements, P^T and dS^T ([key][query], padded), then q_buffers x (lse, delta) in fp32.
+__host__ __device__ constexpr int bwd_smem_bytes(const BwdTileConfig& cfg, int head_dim, int element_bytes) {
+  const int stride_d = head_dim + kSmemRowPad;
+  const int stride_m = cfg.block_m + kSmemRowPad;
+  const int elements = 2 * cfg.block_n * stride_d + 2 * cfg.q_buffers * cfg.block_m * stride_d +
+                       2 * cfg.block_n * stride_m;
+  return elements * element_bytes + 2 * cfg.q_buffers * cfg.block_m * static_cast<int>(sizeof(float));
+}
+
+// Within kBwdCompactSmemBudget; queries x keys, shared-memory bytes per block (bf16/fp16; the plain and the
+// feature kernel share the tile):
+//   hd  32: 64 x 128, 8 warps, 78848   hd 160: 32 x 32, 4 warps, 70144
+//   hd  64: 64 x 64,  8 warps, 74752   hd 192: 32 x 32, 4 warps, 82432
+//   hd  96: 64 x 64,  8 warps, 99328   hd 224: 32 x 32, 4 warps, 94720
+//   hd 128: 32 x 64,  8 warps, 80384   hd 256: 32 x 32, 4 warps, one Q/dO stage, 72960
+// Above head dim 128 the dK/dV warp tile needs 16 keys and an even number of n8 tiles of the head dim per
+// warp (160 = 2 x 80, 224 = 2 x 112), and dQ's column split must stay on 16-column groups: with 8 warps that
+// takes 64 x 64 blocks, which need 104448 bytes (hd 160) even with one Q/dO stage; 4 warps at 32 x 32 fit.
+// Two stages are used wherever they fit; at hd 256 two stages of 32 rows need 107008 bytes, so the next
+// block is staged after the dK/dV GEMMs, its last readers. FA2 on sm86 uses 8 warps at 64 x 64 (hd 128) and
+// 64 x 32 (hd 256), with fewer buffers than ours (no dO double buffer, V in registers at hd 256).
+constexpr int kCompactWideWarps = 8;    // head dim <= 128
+constexpr int kCompactNarrowWarps = 4;  // head dim > 128
+constexpr int kCompactElementBytes = 2;  // fp16 / bf16
+__host__ __device__ constexpr BwdTileConfig bwd_compact_tile_config(int head_dim) {
+  const bool split_dim_4 = head_dim % 64 == 0;
+  BwdTileConfig cfg{};
+  if (head_dim <= 32) {
+    cfg = BwdTileConfig{64, 128, 4, 4, 4, kCompactWideWarps, kTwoStages};
+  } else if (head_dim <= 96) {
+    cfg = BwdTileConfig{64, 64, 4, 4, 4, kCompactWideWarps, kTwoStages};
+  } else if (head_dim <= 128) {
+    cfg = BwdTileConfig{32, 64, 4, 2, 2, kCompactWideWarps, kTwoStages};
+  } else {
+    cfg = split_dim_4 ? BwdTileConfig{32, 32, 2, 1, 1, kCompactNarrowWarps, kTwoStages}
+                      : BwdTileConfig{32, 32, 2, 2, 2, kCompactNarrowWarps, kTwoStages};
+  }
+  if (bwd_smem_bytes(cfg, head_dim, kCompactElementBytes) > kBwdCompactSmemBudget) cfg.q_buffers = 1;
+  return cfg;
+}
+
+__host__ __device__ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool features, BwdTiles tiles) {
+  return tiles == BwdTiles::kFull ? bwd_full_tile_config(head_dim, features) : bwd_compact_tile_config(head_dim);
 }
 
 // Where one batch entry's rows start and how long its sequences are (varlen: from cu_seqlens).
@@ -131,11 +197,11 @@ __device__ __forceinline__ bool vector_rows(const T* base, int64_t row_stride, i
 
 // Element-wise staging for tensors whose rows are not 16-byte aligned. Out of line: the slow path should
 // not cost the main loop registers.
-template <typename T>
+template <typename T, int kThreads>
 __device__ __noinline__ void load_tile_scalar(T* dst, int dst_stride, const T* src, int64_t src_stride, int rows,
                                               int cols, int valid_rows, int head_dim, int tid) {
   const T zero = from_float<T>(0.f);
-  for (int idx = tid; idx < rows * cols; idx += kBwdThreads) {
+  for (int idx = tid; idx < rows * cols; idx += kThreads) {
     const int r = idx / cols;
     const int c = idx % cols;
     dst[r * dst_stride + c] = r < valid_rows && c < head_dim ? src[r * src_stride + c] : zero;
@@ -144,23 +210,23 @@ __device__ __noinline__ void load_tile_scalar(T* dst, int dst_stride, const T* s
 
 // Rows [0, kRows) x columns [0, kHeadDim) of `src` (row stride src_stride) into `dst` (stride dst_stride);
 // rows >= valid_rows and columns >= head_dim become 0. cp.async when `vector` (caller commits and waits),
-// plain loads otherwise. The chunk loop has a compile-time trip count: the first version looped
-// `idx < kRows * kChunksPerRow` from `tid`, which ptxas could not unroll without a generic remainder loop
-// (~280 instructions per 64 x 128 tile in the SASS, executed by every warp before the first MMA of each
-// query block); now it is ~5 instructions per 16-byte copy.
-template <typename T, int kRows, int kHeadDim>
+// plain loads otherwise; the CTA's kThreads threads share the copies. The chunk loop has a compile-time trip
+// count: the first version looped `idx < kRows * kChunksPerRow` from `tid`, which ptxas could not unroll
+// without a generic remainder loop (~280 instructions per 64 x 128 tile in the SASS, executed by every warp
+// before the first MMA of each query block); now it is ~5 instructions per 16-byte copy.
+template <typename T, int kRows, int kHeadDim, int kThreads>
 __device__ __forceinline__ void load_tile(T* dst, int dst_stride, const T* src, int64_t src_stride, int valid_rows,
                                           int head_dim, bool vector, int tid) {
   constexpr int kWidth = kVectorBytes / sizeof(T);
   constexpr int kChunksPerRow = kHeadDim / kWidth;
   constexpr int kChunks = kRows * kChunksPerRow;
   if (!vector) {
-    load_tile_scalar<T>(dst, dst_stride, src, src_stride, kRows, kHeadDim, valid_rows, head_dim, tid);
+    load_tile_scalar<T, kThreads>(dst, dst_stride, src, src_stride, kRows, kHeadDim, valid_rows, head_dim, tid);
     return;
   }
-  if constexpr (kBwdThreads % kChunksPerRow == 0 && kRows % (kBwdThreads / kChunksPerRow) == 0) {
+  if constexpr (kThreads % kChunksPerRow == 0 && kRows % (kThreads / kChunksPerRow) == 0) {
     // Every pass covers kRowsPerPass whole rows, so a thread keeps its column and steps down the rows.
-    constexpr int kRowsPerPass = kBwdThreads / kChunksPerRow;
+    constexpr int kRowsPerPass = kThreads / kChunksPerRow;
     const int row = tid / kChunksPerRow;
     const int col = (tid % kChunksPerRow) * kWidth;
     const bool col_valid = col < head_dim;
@@ -179,9 +245,9 @@ __device__ __forceinline__ void load_tile(T* dst, int dst_stride, const T* src, 
     // Head dims whose chunk count does not divide the thread count (96, 160, 224): index per chunk, not
     // unrolled (unrolled, the hd 224 kernel spilled 192 bytes instead of 14).
 #pragma unroll 1
-    for (int pass = 0; pass < (kChunks + kBwdThreads - 1) / kBwdThreads; ++pass) {
-      const int idx = tid + pass * kBwdThreads;
-      if (kChunks % kBwdThreads != 0 && idx >= kChunks) break;
+    for (int pass = 0; pass < (kChunks + kThreads - 1) / kThreads; ++pass) {
+      const int idx = tid + pass * kThreads;
+      if (kChunks % kThreads != 0 && idx >= kChunks) break;
       const int r = idx / kChunksPerRow;
       const int c = (idx % kChunksPerRow) * kWidth;
       const bool valid = r < valid_rows && c < head_dim;

@@ -9,7 +9,7 @@
 namespace flash::sm80::bwd {
 
 template <typename T>
-__global__ void __launch_bounds__(kBwdThreads) bwd_convert_dq_kernel(const BwdParams bp) {
+__global__ void __launch_bounds__(kRowwiseThreads) bwd_convert_dq_kernel(const BwdParams bp) {
   const FwdParams& p = bp.fwd;
   const int b = blockIdx.z;
   const int h = blockIdx.y;

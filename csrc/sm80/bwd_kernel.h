@@ -1,9 +1,9 @@
-// Main kernel of the sm80+ backward (FA2-style): one CTA of 8 warps per (key block, kv head, batch entry).
-// K_j and V_j are staged in shared memory once; the CTA walks every (q head of the group, query block) that
-// can see the key block, with Q_i / dO_i double-buffered by cp.async. Per block: S^T = K Q^T, P, dP^T = V dO^T,
-// dS = P (dP - D) in registers; P and dS to shared memory; dV += P^T dO, dK += dS^T Q (registers, written
-// once at the end, so GQA sums over the group in a fixed order); dQ_i += dS K into fp32 global accumulators
-// (atomics, or per-CTA accumulators with plain read-add-write when deterministic).
+// Main kernel of the sm80+ backward (FA2-style): one CTA per (key block, kv head, batch entry). K_j and V_j
+// are staged in shared memory once; the CTA walks every (q head of the group, query block) that can see the
+// key block, with Q_i / dO_i staged by cp.async (two stages where the tile allows). Per block: S^T = K Q^T, P,
+// dP^T = V dO^T, dS = P (dP - D) in registers; P and dS to shared memory; dV += P^T dO, dK += dS^T Q
+// (registers, written once at the end, so GQA sums over the group in a fixed order); dQ_i += dS K into fp32
+// global accumulators (atomics, or per-CTA accumulators with plain read-add-write when deterministic).
 #pragma once
 
 #include <cmath>
@@ -69,42 +69,45 @@ __device__ __forceinline__ void add_dq_pair(float* dst, int64_t row_stride, cons
   }
 }
 
-template <int kHeadDim, bool kFeatures>
+template <int kHeadDim, bool kFeatures, BwdTiles kTiles>
 struct BwdSmem {
-  static constexpr BwdTileConfig kCfg = bwd_tile_config(kHeadDim, kFeatures);
+  static constexpr BwdTileConfig kCfg = bwd_tile_config(kHeadDim, kFeatures, kTiles);
   static constexpr int kStrideD = kHeadDim + kSmemRowPad;      // rows of Q, dO, K, V tiles
   static constexpr int kStrideM = kCfg.block_m + kSmemRowPad;  // rows of the P^T, dS^T tiles ([key][query])
   static constexpr int kKeyTile = kCfg.block_n * kStrideD;
   static constexpr int kQueryTile = kCfg.block_m * kStrideD;
   static constexpr int kScoreTile = kCfg.block_n * kStrideM;
-  // K, V, 2 x Q, 2 x dO, P^T, dS^T (16-bit), then 2 x lse and 2 x delta (fp32).
-  static constexpr int kElements = 2 * kKeyTile + 4 * kQueryTile + 2 * kScoreTile;
   template <typename T>
   static constexpr int bytes() {
-    return kElements * static_cast<int>(sizeof(T)) + 4 * kCfg.block_m * static_cast<int>(sizeof(float));
+    return bwd_smem_bytes(kCfg, kHeadDim, static_cast<int>(sizeof(T)));
   }
 };
 
 // kFeatures: softcap, ALiBi, bias, dropout or dbias may be on. The plain instantiation drops their code:
 // measured with ptxas on hd128 causal, the general code path spills 292 bytes, the plain one 74.
-template <typename T, int kHeadDim, MaskKind kMask, bool kFeatures>
-__global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp) {
-  using Smem = BwdSmem<kHeadDim, kFeatures>;
-  constexpr BwdTileConfig kCfg = bwd_tile_config(kHeadDim, kFeatures);
+// kTiles: the tile set (bwd_common.h); the launcher picks the one the device's shared memory allows.
+template <typename T, int kHeadDim, MaskKind kMask, bool kFeatures, BwdTiles kTiles>
+__global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.threads(), 1)
+    bwd_kernel(const BwdParams bp) {
+  using Smem = BwdSmem<kHeadDim, kFeatures, kTiles>;
+  constexpr BwdTileConfig kCfg = Smem::kCfg;
+  constexpr int kWarps = kCfg.warps;
+  constexpr int kThreads = kCfg.threads();
+  constexpr bool kDoubleBuffer = kCfg.q_buffers == 2;
   constexpr int kBlockM = kCfg.block_m;
   constexpr int kBlockN = kCfg.block_n;
   constexpr int kStrideD = Smem::kStrideD;
   constexpr int kStrideM = Smem::kStrideM;
   // S^T / dP^T warp tiles: kSKeys x kSQueries.
   constexpr int kSWarpsN = kCfg.s_warps_n;
-  constexpr int kSWarpsM = kBwdWarps / kSWarpsN;
+  constexpr int kSWarpsM = kWarps / kSWarpsN;
   constexpr int kSKeys = kBlockN / kSWarpsN;
   constexpr int kSQueries = kBlockM / kSWarpsM;
   constexpr int kSMT = kSKeys / kMmaM;
   constexpr int kSNT = kSQueries / kMmaN;
   // dK / dV warp tiles: kKVKeys x kKVDims.
   constexpr int kKVWarpsN = kCfg.kv_warps_n;
-  constexpr int kKVWarpsD = kBwdWarps / kKVWarpsN;
+  constexpr int kKVWarpsD = kWarps / kKVWarpsN;
   constexpr int kKVKeys = kBlockN / kKVWarpsN;
   constexpr int kKVDims = kHeadDim / kKVWarpsD;
   constexpr int kKVMT = kKVKeys / kMmaM;
@@ -112,7 +115,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
   // dQ warp tiles: kQRows x kQDims, accumulated kQChunk n8 tiles at a time (at most 32 accumulator
   // registers live next to dK and dV).
   constexpr int kQWarpsM = kCfg.q_warps_m;
-  constexpr int kQWarpsD = kBwdWarps / kQWarpsM;
+  constexpr int kQWarpsD = kWarps / kQWarpsM;
   constexpr int kQRows = kBlockM / kQWarpsM;
   constexpr int kQMT = kQRows / kMmaM;
   constexpr int kQDims = kHeadDim / kQWarpsD;
@@ -123,17 +126,27 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
   static_assert(kSMT >= 1 && kSNT % 2 == 0 && kKVMT >= 1 && kKVNT % 2 == 0 && kQMT >= 1 && kQNT % kQChunk == 0 &&
                     kQChunk % 2 == 0 && kHeadDim % kMmaK == 0,
                 "tile shape");
-  static_assert(2 * kBlockM <= kBwdThreads, "stage() fetches lse and delta with one thread per row each");
+  static_assert(kSWarpsN * kSWarpsM == kWarps && kKVWarpsN * kKVWarpsD == kWarps && kQWarpsM * kQWarpsD == kWarps &&
+                    kSKeys * kSWarpsN == kBlockN && kSQueries * kSWarpsM == kBlockM &&
+                    kKVKeys * kKVWarpsN == kBlockN && kKVDims * kKVWarpsD == kHeadDim &&
+                    kQRows * kQWarpsM == kBlockM && kQDims * kQWarpsD == kHeadDim,
+                "warp grids cover their GEMM outputs exactly");
+  // add_dq_pair writes 16-column slot groups of the dq accumulator (dq_slot): every warp's first column and
+  // every chunk's must start a group.
+  static_assert(kQDims % kDqSlotGroup == 0 && (kQChunk * kMmaN) % kDqSlotGroup == 0, "dq columns on slot groups");
+  static_assert(kCfg.q_buffers == 1 || kCfg.q_buffers == 2, "one or two Q/dO stages");
+  static_assert(2 * kBlockM <= kThreads && kBlockM % kWarpSize == 0,
+                "stage() fetches lse and delta with one thread per row each, whole warps each");
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* s_k = reinterpret_cast<T*>(smem_raw);
   T* s_v = s_k + Smem::kKeyTile;
-  T* s_q = s_v + Smem::kKeyTile;            // [2][kQueryTile]
-  T* s_do = s_q + 2 * Smem::kQueryTile;     // [2][kQueryTile]
-  T* s_p = s_do + 2 * Smem::kQueryTile;     // P^T (dropout applied) [key][query]
-  T* s_ds = s_p + Smem::kScoreTile;         // dS^T [key][query]
-  float* s_lse = reinterpret_cast<float*>(s_ds + Smem::kScoreTile);  // [2][kBlockM], natural log
-  float* s_delta = s_lse + 2 * kBlockM;                               // [2][kBlockM]
+  T* s_q = s_v + Smem::kKeyTile;                        // [q_buffers][kQueryTile]
+  T* s_do = s_q + kCfg.q_buffers * Smem::kQueryTile;    // [q_buffers][kQueryTile]
+  T* s_p = s_do + kCfg.q_buffers * Smem::kQueryTile;    // P^T (dropout applied) [key][query]
+  T* s_ds = s_p + Smem::kScoreTile;                     // dS^T [key][query]
+  float* s_lse = reinterpret_cast<float*>(s_ds + Smem::kScoreTile);  // [q_buffers][kBlockM], natural log
+  float* s_delta = s_lse + kCfg.q_buffers * kBlockM;                  // [q_buffers][kBlockM]
 
   const FwdParams& p = bp.fwd;
   const AttentionShape& shape = p.shape;
@@ -234,10 +247,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
     // are not `full` below, where the visibility test zeroes P (the first version loaded lse and delta with
     // plain loads whose global latency stalled warps 0-1 at the top of every query block).
     auto stage = [&](const StageSource& src, int m0, int buf) {
-      load_tile<T, kBlockM, kHeadDim>(s_q + buf * Smem::kQueryTile, kStrideD, src.q, p.q_strides.row,
-                                      seqlen_q - m0, static_cast<int>(head_dim), vector_q, tid);
-      load_tile<T, kBlockM, kHeadDim>(s_do + buf * Smem::kQueryTile, kStrideD, src.dout, bp.dout_strides.row,
-                                      seqlen_q - m0, static_cast<int>(head_dim), vector_do, tid);
+      load_tile<T, kBlockM, kHeadDim, kThreads>(s_q + buf * Smem::kQueryTile, kStrideD, src.q, p.q_strides.row,
+                                                seqlen_q - m0, static_cast<int>(head_dim), vector_q, tid);
+      load_tile<T, kBlockM, kHeadDim, kThreads>(s_do + buf * Smem::kQueryTile, kStrideD, src.dout,
+                                                bp.dout_strides.row, seqlen_q - m0, static_cast<int>(head_dim),
+                                                vector_do, tid);
       // Threads [0, kBlockM) fetch lse, [kBlockM, 2 kBlockM) delta: whole warps each.
       if (tid < 2 * kBlockM) {
         const bool is_lse = tid < kBlockM;
@@ -250,10 +264,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
     };
 
     __syncthreads();  // the previous key block's readers of s_k / s_v are done
-    load_tile<T, kBlockN, kHeadDim>(s_k, kStrideD, k_tile, p.k_strides.row, seqlen_k - n0,
-                                    static_cast<int>(head_dim), vector_k, tid);
-    load_tile<T, kBlockN, kHeadDim>(s_v, kStrideD, v_tile, p.v_strides.row, seqlen_k - n0,
-                                    static_cast<int>(head_dim), vector_v, tid);
+    load_tile<T, kBlockN, kHeadDim, kThreads>(s_k, kStrideD, k_tile, p.k_strides.row, seqlen_k - n0,
+                                              static_cast<int>(head_dim), vector_k, tid);
+    load_tile<T, kBlockN, kHeadDim, kThreads>(s_v, kStrideD, v_tile, p.v_strides.row, seqlen_k - n0,
+                                              static_cast<int>(head_dim), vector_v, tid);
     // Head and query block of the current iteration, advanced incrementally (query blocks inner).
     int cur_h = hk * group;
     int cur_m_block = m_first;
@@ -265,7 +279,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
     ptx::MmaC acc_dv[kKVMT][kKVNT];
 
     for (int it = 0; it < iterations; ++it) {
-      const int buf = it & 1;
+      const int buf = kDoubleBuffer ? it & 1 : 0;
       const int h = cur_h;
       const int m0 = cur_m_block * kBlockM;
       const bool last_m_block = cur_m_block + 1 == m_first + m_count;
@@ -309,9 +323,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
       }
       // Prefetch the next block into the other buffer (its readers finished before the barrier above). Issued
       // after the S^T MMAs, not before: its address math then overlaps MMAs in flight instead of delaying the
-      // first one after the barrier.
-      if (it + 1 < iterations) stage(next_src, next_m_block * kBlockM, buf ^ 1);
-      ptx::cp_async_commit();
+      // first one after the barrier. With one buffer it waits for the dK/dV GEMMs below.
+      if constexpr (kDoubleBuffer) {
+        if (it + 1 < iterations) stage(next_src, next_m_block * kBlockM, buf ^ 1);
+        ptx::cp_async_commit();
+      }
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / kMmaK; ++kk) {
         ptx::MmaA a[kSMT];
@@ -455,6 +471,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const BwdParams bp)
             ptx::mma_m16n8k16(acc_dk[mt][2 * np + 1], a_ds[mt], bq[1], T{});
           }
         }
+      }
+
+      if constexpr (!kDoubleBuffer) {
+        // The dK/dV GEMMs were the last readers of Q, dO (and the elementwise pass of lse, delta): once every
+        // warp is past them, the next block loads into the same buffer while dQ below reads only dS^T and K.
+        __syncthreads();
+        if (it + 1 < iterations) stage(next_src, next_m_block * kBlockM, 0);
+        ptx::cp_async_commit();
       }
 
       // ---- dQ_i += dS K (queries x head dim), into the fp32 accumulator of this split ----

@@ -1,10 +1,13 @@
 // run_bwd<dtype, head dim, mask>: the sm80+ backward of one call on the given stream: preprocess (delta,
 // zeroed dq accumulators), the main kernel (dK, dV, dQ accumulation), and the dq conversion. Included by the
 // generated translation units (tools/gen_kernels.py), one instantiation per TU. No allocation, no host sync:
-// the scratch is params.workspace (flash_attn/bwd_workspace.h), allocated by the caller.
+// the scratch is params.workspace (flash_attn/bwd_workspace.h), allocated by the caller. The main kernel's
+// tile set (full or compact, bwd_common.h) follows the device's shared memory per block.
 #pragma once
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -14,14 +17,16 @@
 
 namespace flash::sm80 {
 
-template <auto kKernel, int kHeadDim, bool kFeatures, typename T>
+template <typename T, int kHeadDim, MaskKind kMask, bool kFeatures, bwd::BwdTiles kTiles>
 void launch_main(const dim3& grid, const BwdParams& params, cudaStream_t stream) {
-  constexpr int kSmemBytes = bwd::BwdSmem<kHeadDim, kFeatures>::template bytes<T>();
+  using Smem = bwd::BwdSmem<kHeadDim, kFeatures, kTiles>;
+  constexpr auto kKernel = bwd::bwd_kernel<T, kHeadDim, kMask, kFeatures, kTiles>;
+  constexpr int kSmemBytes = Smem::template bytes<T>();
   // Raising the dynamic shared-memory cap is a function attribute, not a stream operation (graph-safe).
   static const cudaError_t attribute_set =
       cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   (void)attribute_set;
-  kKernel<<<grid, bwd::kBwdThreads, kSmemBytes, stream>>>(params);
+  kKernel<<<grid, Smem::kCfg.threads(), kSmemBytes, stream>>>(params);
 }
 
 // Opt-in shared memory per block of the current device (0 if it cannot be queried). Not a stream operation.
@@ -33,63 +38,103 @@ inline int device_smem_optin() {
   return bytes;
 }
 
-// The main kernel's tiles are sized for Hopper's 227 KB of shared memory per block (hd 128: 173 KB, hd 256:
-// 217 KB); A100 allows 163 KB and sm86/sm89 99 KB. Until smaller tiles exist for those GPUs, a call that does
-// not fit fails here with a message instead of as a failed launch.
-inline void require_bwd_shared_memory(int needed_bytes, int head_dim_bucket) {
-  const int available = device_smem_optin();
-  if (available >= needed_bytes) return;
+// Lowers the shared memory per block the launcher assumes (bytes) below the device's, so that a Hopper GPU
+// can run the tiles an A100 (166912) or an sm86/sm89 GPU (101376) would get. Read on every call (~100 ns), so
+// a test can set it just before one.
+constexpr const char* kBwdSmemLimitEnv = "FLASH_ATTN_BWD_SMEM_LIMIT";
+
+// The shared memory per block the backward may use: the device's opt-in limit, or less under kBwdSmemLimitEnv.
+inline int bwd_smem_limit() {
+  const int device_bytes = device_smem_optin();
+  const char* text = std::getenv(kBwdSmemLimitEnv);
+  if (text == nullptr || *text == '\0') return device_bytes;
+  char* end = nullptr;
+  errno = 0;
+  const long long bytes = std::strtoll(text, &end, 10);
+  if (end == text || *end != '\0' || errno == ERANGE || bytes <= 0) {
+    throw std::runtime_error(std::string("flash_attn backward: environment variable ") + kBwdSmemLimitEnv +
+                             " must be a positive whole number of bytes (shared memory per block to assume, e.g. "
+                             "101376); got '" + text + "'. Set it to a number or unset it.");
+  }
+  return static_cast<int>(std::min<long long>(bytes, device_bytes));
+}
+
+// Last resort: the compact tiles fit every sm80+ GPU (bwd::kBwdCompactSmemBudget), so this fails only for a
+// smaller limit set through kBwdSmemLimitEnv (or a device that could not be queried).
+inline void require_bwd_shared_memory(int needed_bytes, int available_bytes, int head_dim_bucket) {
+  if (available_bytes >= needed_bytes) return;
+  const char* limit = std::getenv(kBwdSmemLimitEnv);
   throw std::runtime_error(
-      "flash_attn backward: the CUDA backward kernel for head dims up to " + std::to_string(head_dim_bucket) +
-      " needs " + std::to_string(needed_bytes) + " bytes of shared memory per block; this GPU allows " +
-      std::to_string(available) + ". Backward tiles for GPUs with less shared memory than Hopper are not built "
-      "yet: use a smaller head dim, or run the backward on CPU tensors.");
+      "flash_attn backward: the smallest CUDA backward kernel for head dims up to " +
+      std::to_string(head_dim_bucket) + " needs " + std::to_string(needed_bytes) +
+      " bytes of shared memory per block; " +
+      (limit != nullptr && *limit != '\0'
+           ? std::string("the limit is ") + std::to_string(available_bytes) + " (" + kBwdSmemLimitEnv + "=" +
+                 limit + "). Raise or unset " + kBwdSmemLimitEnv + "."
+           : "this GPU allows " + std::to_string(available_bytes) +
+                 ". Run the backward on another GPU (sm80 or newer), or on CPU tensors."));
+}
+
+// The main kernel with one tile set. The grid depends only on the key block, which the set's plain and
+// feature kernels share.
+template <typename T, int kHeadDim, MaskKind kMask, bwd::BwdTiles kTiles>
+void launch_main_tiles(const BwdParams& params, int smem_limit, cudaStream_t stream) {
+  const AttentionShape& shape = params.fwd.shape;
+  constexpr bwd::BwdTileConfig kTile = bwd::bwd_tile_config(kHeadDim, false, kTiles);
+  static_assert(kTile.block_n == bwd::bwd_tile_config(kHeadDim, true, kTiles).block_n, "one grid for both kernels");
+  const int64_t key_blocks = (shape.seqlen_k + kTile.block_n - 1) / kTile.block_n;
+  if (key_blocks == 0) return;
+  // Deterministic: each CTA owns one dq accumulator and walks key blocks x, x + grid, ...
+  const int64_t ctas_x = params.deterministic ? std::min(params.dq_splits, key_blocks) : key_blocks;
+  const dim3 grid(static_cast<unsigned>(ctas_x), static_cast<unsigned>(shape.nheads_k),
+                  static_cast<unsigned>(shape.batch));
+  const FwdParams& p = params.fwd;
+  const bool features = p.softcap > 0.0 || p.mask.alibi_slopes != nullptr || p.mask.bias != nullptr ||
+                        p.dropout.p > 0.0 || params.dbias != nullptr;
+  // Where the plain kernel needs more shared memory than the feature kernel (full tiles, 128-row blocks at
+  // head dim <= 64: 178 KB, above the 163 KB of an A100), devices without it run the feature kernel, which is
+  // also correct for plain calls.
+  constexpr int kPlainSmem = bwd::BwdSmem<kHeadDim, false, kTiles>::template bytes<T>();
+  constexpr int kFeatureSmem = bwd::BwdSmem<kHeadDim, true, kTiles>::template bytes<T>();
+  const bool plain_fits = kPlainSmem <= kFeatureSmem || kPlainSmem <= smem_limit;
+  if (features || !plain_fits) {
+    launch_main<T, kHeadDim, kMask, true, kTiles>(grid, params, stream);
+  } else {
+    launch_main<T, kHeadDim, kMask, false, kTiles>(grid, params, stream);
+  }
 }
 
 template <DType kDType, int kHeadDim, MaskKind kMask>
 void run_bwd(const BwdParams& params, void* stream) {
   using T = typename Element<kDType>::type;
+  using bwd::BwdTiles;
   const AttentionShape& shape = params.fwd.shape;
   if (shape.batch == 0 || shape.nheads_q == 0) return;
-  // The feature kernel's tile is the smaller where the two differ; the plain one falls back to it below.
-  require_bwd_shared_memory(std::min(bwd::BwdSmem<kHeadDim, false>::template bytes<T>(),
-                                     bwd::BwdSmem<kHeadDim, true>::template bytes<T>()),
-                            kHeadDim);
+  // The full tiles run where their smaller kernel (plain or feature) fits, the compact ones elsewhere.
+  constexpr int kFullSmem = std::min(bwd::BwdSmem<kHeadDim, false, BwdTiles::kFull>::template bytes<T>(),
+                                     bwd::BwdSmem<kHeadDim, true, BwdTiles::kFull>::template bytes<T>());
+  constexpr int kCompactSmem = std::max(bwd::BwdSmem<kHeadDim, false, BwdTiles::kCompact>::template bytes<T>(),
+                                        bwd::BwdSmem<kHeadDim, true, BwdTiles::kCompact>::template bytes<T>());
+  static_assert(kCompactSmem <= bwd::kBwdCompactSmemBudget, "compact tiles fit every sm80+ GPU");
+  const int smem_limit = bwd_smem_limit();
+  require_bwd_shared_memory(kCompactSmem, smem_limit, kHeadDim);
   const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
   const unsigned heads_q = static_cast<unsigned>(shape.nheads_q);
   const unsigned batch = static_cast<unsigned>(shape.batch);
   const int64_t row_blocks = (shape.seqlen_q + bwd::kRowwiseRows - 1) / bwd::kRowwiseRows;
 
   if (row_blocks > 0) {
-    bwd::bwd_preprocess_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch), bwd::kBwdThreads, 0,
-                                    cuda_stream>>>(params);
+    bwd::bwd_preprocess_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch),
+                                    bwd::kRowwiseThreads, 0, cuda_stream>>>(params);
   }
-  // The grid depends only on the key block, which the plain and the feature kernel share.
-  constexpr bwd::BwdTileConfig kTile = bwd::bwd_tile_config(kHeadDim, false);
-  static_assert(kTile.block_n == bwd::bwd_tile_config(kHeadDim, true).block_n, "one grid for both kernels");
-  const int64_t key_blocks = (shape.seqlen_k + kTile.block_n - 1) / kTile.block_n;
-  if (key_blocks > 0) {
-    // Deterministic: each CTA owns one dq accumulator and walks key blocks x, x + grid, ...
-    const int64_t ctas_x = params.deterministic ? std::min(params.dq_splits, key_blocks) : key_blocks;
-    const dim3 grid(static_cast<unsigned>(ctas_x), static_cast<unsigned>(shape.nheads_k), batch);
-    const FwdParams& p = params.fwd;
-    const bool features = p.softcap > 0.0 || p.mask.alibi_slopes != nullptr || p.mask.bias != nullptr ||
-                          p.dropout.p > 0.0 || params.dbias != nullptr;
-    // Where the plain kernel needs more shared memory than the feature kernel (128-row blocks at head dim
-    // <= 64: 178 KB, above the 163 KB of an A100), devices without it run the feature kernel, which is also
-    // correct for plain calls.
-    constexpr int kPlainSmem = bwd::BwdSmem<kHeadDim, false>::template bytes<T>();
-    constexpr int kFeatureSmem = bwd::BwdSmem<kHeadDim, true>::template bytes<T>();
-    const bool plain_fits = kPlainSmem <= kFeatureSmem || kPlainSmem <= device_smem_optin();
-    if (features || !plain_fits) {
-      launch_main<bwd::bwd_kernel<T, kHeadDim, kMask, true>, kHeadDim, true, T>(grid, params, cuda_stream);
-    } else {
-      launch_main<bwd::bwd_kernel<T, kHeadDim, kMask, false>, kHeadDim, false, T>(grid, params, cuda_stream);
-    }
+  if (smem_limit >= kFullSmem) {
+    launch_main_tiles<T, kHeadDim, kMask, BwdTiles::kFull>(params, smem_limit, cuda_stream);
+  } else {
+    launch_main_tiles<T, kHeadDim, kMask, BwdTiles::kCompact>(params, smem_limit, cuda_stream);
   }
   if (row_blocks > 0) {
-    bwd::bwd_convert_dq_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch), bwd::kBwdThreads, 0,
-                                    cuda_stream>>>(params);
+    bwd::bwd_convert_dq_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch),
+                                    bwd::kRowwiseThreads, 0, cuda_stream>>>(params);
   }
 }
 

@@ -8,11 +8,13 @@
 
 namespace flash::sm80::bwd {
 
+// Threads per CTA of the row-wise kernels (this one and the dq conversion), independent of the main kernel's.
+constexpr int kRowwiseThreads = 256;
 constexpr int kRowThreads = 8;  // threads sharing one row (reduced with 3 shuffles)
-constexpr int kRowwiseRows = kBwdThreads / kRowThreads;
+constexpr int kRowwiseRows = kRowwiseThreads / kRowThreads;
 
 template <typename T>
-__global__ void __launch_bounds__(kBwdThreads) bwd_preprocess_kernel(const BwdParams bp) {
+__global__ void __launch_bounds__(kRowwiseThreads) bwd_preprocess_kernel(const BwdParams bp) {
   const FwdParams& p = bp.fwd;
   const int b = blockIdx.z;
   const int h = blockIdx.y;

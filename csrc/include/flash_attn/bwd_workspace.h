@@ -16,8 +16,10 @@ constexpr int64_t kBwdHeadDimQuantum = 32;
 // Deterministic mode gives each CTA its own dq accumulator; this many CTAs per SM (over batch x kv heads x
 // splits) keep the GPU busy without multiplying the scratch further.
 constexpr int64_t kBwdSplitCtasPerSm = 2;
-// No split holds fewer keys than this (the smallest key block of any backward kernel).
-constexpr int64_t kBwdMinKeyBlock = 64;
+// Splits are capped at one per this many keys. Where a kernel's key blocks (32 to 128 keys by tile,
+// sm80/bwd_common.h) are fewer than the splits, the launcher runs one CTA per key block and the spare
+// accumulators stay zero; smaller key blocks only mean more blocks per split.
+constexpr int64_t kBwdKeysPerSplit = 64;
 constexpr int64_t kBwdAlignFloats = 4;  // 16 bytes
 
 // dq_accum columns are interleaved in groups of kDqSlotGroup: column 2t + j of the group is kept in slot 4t + j
@@ -39,7 +41,7 @@ inline int64_t bwd_dq_splits(const BwdParams& params, int num_sms) {
   const AttentionShape& s = params.fwd.shape;
   const int64_t ctas = s.batch * s.nheads_k > 0 ? s.batch * s.nheads_k : 1;
   int64_t splits = (kBwdSplitCtasPerSm * num_sms + ctas - 1) / ctas;
-  const int64_t key_blocks = (s.seqlen_k + kBwdMinKeyBlock - 1) / kBwdMinKeyBlock;
+  const int64_t key_blocks = (s.seqlen_k + kBwdKeysPerSplit - 1) / kBwdKeysPerSplit;
   if (splits > key_blocks) splits = key_blocks;
   return splits < 1 ? 1 : splits;
 }
