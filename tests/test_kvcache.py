@@ -221,6 +221,20 @@ def test_fwd_op_seqused_k_rejections():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fwd_op_seqused_k_clamped_on_cuda():
+    """CUDA never reads seqused_k on the host: out-of-range values are clamped to [0, seqlen_k] by the kernel."""
+    require_supported("cuda", torch.bfloat16, 64)
+    q, k, v = (randn(2, s, 2, 64, dtype=torch.bfloat16, device="cuda") for s in (1, 6, 6))
+    args = (None, None, 0, 0, 0.0, 0.125, -1, -1, True, 0.0, None, None, None, False, False)
+
+    def call(lengths):
+        return torch.ops.flash_attn.fwd(q, k, v, *args, torch.tensor(lengths, dtype=torch.int32, device="cuda"))
+
+    wild, clamped = call([-3, 99]), call([0, 6])
+    assert torch.equal(wild[0], clamped[0]) and torch.equal(wild[1], clamped[1])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_kvcache_native_cuda_graph():
     """Decode step captured in a CUDA graph: the replay reads the new cache_seqlens from device memory."""
     require_supported("cuda", torch.bfloat16, 128)
