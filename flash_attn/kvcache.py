@@ -1,7 +1,8 @@
 """flash_attn_with_kvcache: Dao-AILab's decoding entry point (attention of new queries over a KV cache, with
-the new keys/values appended to the cache in place), on flash_attn's fwd op. The per-sequence cache lengths
-become an additive float32 bias (masking, causal/window alignment and ALiBi folded in), so the call reads no
-length on the host and can be captured in a CUDA graph."""
+the new keys/values appended to the cache in place), on flash_attn's fwd op. The per-sequence cache lengths go
+to the op as seqused_k (the kernels stop at each sequence's length and align masks and ALiBi to it); calls that
+need gradients, which seqused_k has none of, fold the lengths into an additive float32 bias instead. Either way
+no length is read on the host, so the call can be captured in a CUDA graph."""
 
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ def _cache_lengths(cache_seqlens, batch, cache_rows, device):
         raise ValueError(f"{_NAME}: cache_seqlens must be an int or a (batch,) = ({batch},) tensor; got shape "
                          f"{tuple(cache_seqlens.shape)}")
     return cache_seqlens.to(device=device, dtype=torch.int64)
+
+
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def _bias(lengths, seqlen_q, cache_rows, window, nheads, alibi_slopes):
@@ -62,8 +67,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_seqlens[b] ... cache_seqlens[b] + seqlen_new - 1. causal / window_size align the queries to the end of
     each sequence. rotary embeddings, cache_leftpad and block_table are not supported (NotImplementedError);
     num_splits is a performance hint of Dao's kernel and is ignored. Returns out, or (out, softmax_lse (batch,
-    nheads, seqlen_q)) when return_softmax_lse. Memory: one float32 bias of batch x seqlen_q x seqlen_cache
-    (x nheads with ALiBi)."""
+    nheads, seqlen_q)) when return_softmax_lse. An inference API: with no input requiring grad (or under
+    torch.no_grad()) the op reads each sequence's length directly (seqused_k) and visits only its keys; otherwise
+    the lengths become a float32 bias of batch x seqlen_q x seqlen_cache (x nheads with ALiBi) that the
+    backward can differentiate through."""
     del rotary_interleaved, num_splits  # only meaningful with rotary embeddings / Dao's split kernel
     _reject(rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_leftpad=cache_leftpad, block_table=block_table)
     if (k is None) != (v is None):
@@ -84,7 +91,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         v_cache[entries.view(-1, 1), rows] = v
         lengths = lengths + k.shape[1]
     keys, values = (k_cache, v_cache) if cache_batch_idx is None else (k_cache[entries], v_cache[entries])
-    bias = _bias(lengths, seqlen_q, cache_rows, _window(window_size, causal), nheads, alibi_slopes)
-    out, lse, _ = attention(q, keys, values, softmax_scale=softmax_scale, softcap=softcap, attn_bias=bias,
-                            bottom_right=False)
+    window = _window(window_size, causal)
+    if _needs_grad(q, keys, values, alibi_slopes):
+        bias = _bias(lengths, seqlen_q, cache_rows, window, nheads, alibi_slopes)
+        out, lse, _ = attention(q, keys, values, softmax_scale=softmax_scale, softcap=softcap, attn_bias=bias,
+                                bottom_right=False)
+    else:
+        slopes = None if alibi_slopes is None else alibi_slopes.to(torch.float32)
+        out, lse, _ = attention(q, keys, values, softmax_scale=softmax_scale, window=window, softcap=softcap,
+                                alibi_slopes=slopes, seqused_k=lengths.to(torch.int32))
     return (out, lse) if return_softmax_lse else out

@@ -16,14 +16,14 @@ bwd_op = torch.ops.flash_attn.bwd.default
 # Position of each fwd input, for ctx.needs_input_grad.
 _FWD_INPUTS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "dropout_p",
                "softmax_scale", "window_left", "window_right", "bottom_right", "softcap", "alibi_slopes",
-               "attn_bias", "rng_state", "return_probs", "deterministic")
+               "attn_bias", "rng_state", "return_probs", "deterministic", "seqused_k")
 _GRAD_INPUTS = {"q": 0, "k": 1, "v": 2, "attn_bias": _FWD_INPUTS.index("attn_bias")}
 
 
 @torch.library.register_fake("flash_attn::fwd")
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
               window_left, window_right, bottom_right, softcap, alibi_slopes, attn_bias, rng_state, return_probs,
-              deterministic=False):
+              deterministic=False, seqused_k=None):
     nheads = q.shape[-2]
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     out = q.new_empty(q.shape)
@@ -47,9 +47,18 @@ def _bwd_fake(dout, q, k, v, out, softmax_lse, dlse, cu_seqlens_q, cu_seqlens_k,
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias
 
 
+def _seqused_k_refusal() -> NotImplementedError:
+    return NotImplementedError(
+        "flash_attn.fwd: seqused_k has no backward (the backward kernels read every key row); call it under "
+        "torch.no_grad() / with inputs that do not require grad, or express the lengths as attn_bias or "
+        "cu_seqlens_k when gradients are needed")
+
+
 def _setup_context(ctx, inputs, output):
     args = dict(zip(_FWD_INPUTS, inputs))
     out, lse, probs = output
+    ctx.num_inputs = len(inputs)
+    ctx.has_seqused_k = args.get("seqused_k") is not None
     ctx.mark_non_differentiable(probs)
     ctx.save_for_backward(args["q"], args["k"], args["v"], out, lse, args["cu_seqlens_q"], args["cu_seqlens_k"],
                           args["alibi_slopes"], args["attn_bias"], args["rng_state"])
@@ -59,6 +68,8 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, dout, dlse, _dprobs):
+    if ctx.has_seqused_k:
+        raise _seqused_k_refusal()
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, attn_bias, rng_state = ctx.saved_tensors
     o = ctx.options
     if dout.stride(-1) != 1:
@@ -68,7 +79,7 @@ def _backward(ctx, dout, dlse, _dprobs):
                                o["max_seqlen_k"], o["dropout_p"], o["softmax_scale"], o["window_left"],
                                o["window_right"], o["bottom_right"], o["softcap"], alibi_slopes, attn_bias,
                                rng_state, o["deterministic"], bias_grad)
-    grads = [None] * len(_FWD_INPUTS)
+    grads = [None] * ctx.num_inputs  # 18 when a caller leaves seqused_k to its default
     grads[0], grads[1], grads[2] = dq, dk, dv
     if bias_grad:
         grads[_GRAD_INPUTS["attn_bias"]] = dbias.to(attn_bias.dtype)
@@ -100,11 +111,15 @@ class _FwdFunction(torch.autograd.Function):
 
 
 def fwd(*args):
-    """torch.ops.flash_attn.fwd with autograd, all 18 arguments positional (see _FWD_INPUTS). Traced calls
-    (torch.compile) use the op and its registered formula; eager calls that need gradients use _FwdFunction."""
+    """torch.ops.flash_attn.fwd with autograd, its arguments positional (see _FWD_INPUTS; seqused_k, the last,
+    may be left out). Traced calls (torch.compile) use the op and its registered formula; eager calls that need
+    gradients use _FwdFunction. seqused_k is forward-only: eager calls that need gradients with it raise
+    NotImplementedError here, traced ones when their backward runs."""
     if torch.compiler.is_compiling():
         return fwd_op(*args)
     if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        if len(args) == len(_FWD_INPUTS) and args[-1] is not None:
+            raise _seqused_k_refusal()
         return _FwdFunction.apply(*args)
     with torch._C._AutoDispatchBelowAutograd():  # nothing to record: skip the autograd wrapper (~7 us)
         return fwd_op(*args)

@@ -1,6 +1,7 @@
 # flash_attn_with_kvcache (Dao-AILab's decoding API) against flash_attn.reference: per-sequence cache
 # lengths, in-place append of new keys/values, causal / window alignment to each sequence's end, GQA, ALiBi,
-# softcap, cache_batch_idx, return_softmax_lse; unsupported options raise NotImplementedError.
+# softcap, cache_batch_idx, return_softmax_lse; unsupported options raise NotImplementedError. The native
+# (seqused_k) path: empty to full sequences, GQA decode, split-KV, CUDA-graph capture, no bias built.
 import pytest
 import torch
 
@@ -9,7 +10,8 @@ from flash_attn import flash_attn_with_kvcache
 from flash_attn.reference import attention_ref
 from helpers import assert_close_fa, randn
 
-# A forward-only API (no autograd in Dao's either), so CUDA runs wherever a forward kernel is built.
+# A forward-only API (no autograd in Dao's either), so CUDA runs wherever a forward kernel is built. Inputs
+# that need no grad take the native path (cache lengths as the op's seqused_k); q requiring grad the bias path.
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
@@ -101,3 +103,163 @@ def test_kvcache_append_needs_cache_seqlens():
     q, k_cache, v_cache = randn(1, 1, 2, 16), randn(1, 8, 2, 16), randn(1, 8, 2, 16)
     with pytest.raises(ValueError, match="cache_seqlens"):
         flash_attn_with_kvcache(q, k_cache, v_cache, randn(1, 1, 2, 16), randn(1, 1, 2, 16))
+
+
+# ---- the native path: cache lengths handed to the kernels as seqused_k ----
+
+# Per-sequence lengths of a 4-entry batch over 48 cache rows: empty, short, mid and full (0 and cache_rows are
+# the edge cases of the kernels' key range and of split-KV's empty partials).
+NATIVE_ROWS = 48
+NATIVE_LENGTHS = [0, 5, 29, NATIVE_ROWS]
+NATIVE_FEATURES = {
+    "plain": dict(),
+    "causal": dict(causal=True),
+    "window": dict(causal=True, window_size=(6, -1)),
+    "softcap": dict(softcap=4.0),
+    "alibi": dict(alibi="H", causal=True),
+}
+
+
+def _native_call(device, dtype, head_dim, seqlen_q, feature, append, nheads=8, nheads_k=2, lengths=None):
+    """Runs flash_attn_with_kvcache (no input requires grad: the native path) and returns what _check needs.
+    Cache rows past each sequence's length hold NaN: the native path must never read them."""
+    require_supported(device, dtype, head_dim)
+    lengths = list(NATIVE_LENGTHS if lengths is None else lengths)
+    batch = len(lengths)
+    kwargs = dict(NATIVE_FEATURES[feature])
+    if kwargs.pop("alibi", None):
+        kwargs["alibi_slopes"] = torch.rand(nheads, device=device) * 0.5 + 0.05
+    q = randn(batch, seqlen_q, nheads, head_dim, dtype=dtype, device=device)
+    k_cache = randn(batch, NATIVE_ROWS, nheads_k, head_dim, dtype=dtype, device=device)
+    v_cache = randn(batch, NATIVE_ROWS, nheads_k, head_dim, dtype=dtype, device=device)
+    new = dict()
+    if append:
+        lengths = [min(n, NATIVE_ROWS - seqlen_q) for n in lengths]
+        new = dict(k=randn(batch, seqlen_q, nheads_k, head_dim, dtype=dtype, device=device),
+                   v=randn(batch, seqlen_q, nheads_k, head_dim, dtype=dtype, device=device))
+    for b, n in enumerate(lengths):
+        k_cache[b, n + (seqlen_q if append else 0):] = float("nan")
+        v_cache[b, n + (seqlen_q if append else 0):] = float("nan")
+    cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, return_softmax_lse=True,
+                                       **new, **kwargs)
+    used = [n + (seqlen_q if append else 0) for n in lengths]
+    return out, lse, q, k_cache, v_cache, used, kwargs
+
+
+@pytest.mark.parametrize("feature", list(NATIVE_FEATURES))
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("seqlen_q, append", [(1, False), (1, True), (3, False), (3, True)])
+@pytest.mark.parametrize("device", DEVICES)
+def test_kvcache_native_matches_reference(device, seqlen_q, append, head_dim, feature):
+    """GQA 8/2 (single-query decode packs the group on CUDA), lengths 0 ... cache_rows; no NaN anywhere."""
+    out, lse, q, k_cache, v_cache, used, kwargs = _native_call(device, torch.bfloat16, head_dim, seqlen_q, feature,
+                                                               append)
+    assert not torch.isnan(lse).any()
+    _check(out, lse, q, k_cache, v_cache, used, range(len(used)), **kwargs)
+    empty = [b for b, n in enumerate(used) if n == 0]
+    assert torch.equal(out[empty], torch.zeros_like(out[empty])) and bool((lse[empty] == float("inf")).all())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("seqlen_q", [1, 3])
+def test_kvcache_native_cuda_matches_cpu_split_decode(seqlen_q):
+    """A long cache and a small grid: the CUDA call splits the keys (split-KV) and the short / empty sequences
+    leave whole splits without a key. Same values as the CPU path."""
+    require_supported("cuda", torch.bfloat16, 128)
+    lengths = [0, 1, 700, 4096]
+    batch, rows, nheads, nheads_k, head_dim = len(lengths), 4096, 8, 2, 128
+    q = randn(batch, seqlen_q, nheads, head_dim, dtype=torch.bfloat16)
+    k_cache = randn(batch, rows, nheads_k, head_dim, dtype=torch.bfloat16)
+    v_cache = randn(batch, rows, nheads_k, head_dim, dtype=torch.bfloat16)
+    results = []
+    for device in ("cpu", "cuda"):
+        cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
+        results.append(flash_attn_with_kvcache(q.to(device), k_cache.to(device), v_cache.to(device),
+                                               cache_seqlens=cache_seqlens, causal=True, return_softmax_lse=True))
+    (out_cpu, lse_cpu), (out_cuda, lse_cuda) = results
+    assert not torch.isnan(out_cuda).any() and not torch.isnan(lse_cuda).any()
+    torch.testing.assert_close(out_cuda.cpu().float(), out_cpu.float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse_cuda.cpu(), lse_cpu, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kvcache_native_allocates_no_bias(device, monkeypatch):
+    """No input requires grad: the lengths reach the op as seqused_k, and no bias tensor is built."""
+    import flash_attn.kvcache as kvcache
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the native path built a bias")
+
+    monkeypatch.setattr(kvcache, "_bias", refuse)
+    out, lse, q, k_cache, v_cache, used, kwargs = _native_call(device, torch.bfloat16, 64, 1, "causal", True)
+    _check(out, lse, q, k_cache, v_cache, used, range(len(used)), **kwargs)
+
+
+def test_kvcache_grad_falls_back_to_bias():
+    """q requiring grad takes the bias path (seqused_k has no backward), and gradients flow."""
+    q = randn(2, 2, 4, 16, requires_grad=True)
+    k_cache, v_cache = randn(2, 10, 2, 16), randn(2, 10, 2, 16)
+    lengths = [3, 10]
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor(lengths), causal=True)
+    out.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+    with torch.no_grad():
+        native = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor(lengths), causal=True)
+    torch.testing.assert_close(out.detach(), native)
+
+
+def test_fwd_op_seqused_k_rejections():
+    q, k, v = randn(2, 1, 2, 16), randn(2, 6, 2, 16), randn(2, 6, 2, 16)
+    args = (None, None, 0, 0, 0.0, 0.25, -1, -1, True, 0.0, None, None, None, False, False)
+    with pytest.raises(RuntimeError, match=r"seqused_k\[1\] must be in \[0, seqlen_k = 6\]"):
+        torch.ops.flash_attn.fwd(q, k, v, *args, torch.tensor([2, 7], dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="seqused_k must have dtype torch.int32"):
+        torch.ops.flash_attn.fwd(q, k, v, *args, torch.tensor([2, 3]))
+    with pytest.raises(NotImplementedError, match="seqused_k has no backward"):
+        flash_attn.ops.fwd(q.requires_grad_(), k, v, *args, torch.tensor([2, 3], dtype=torch.int32))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fwd_op_seqused_k_clamped_on_cuda():
+    """CUDA never reads seqused_k on the host: out-of-range values are clamped to [0, seqlen_k] by the kernel."""
+    require_supported("cuda", torch.bfloat16, 64)
+    q, k, v = (randn(2, s, 2, 64, dtype=torch.bfloat16, device="cuda") for s in (1, 6, 6))
+    args = (None, None, 0, 0, 0.0, 0.125, -1, -1, True, 0.0, None, None, None, False, False)
+
+    def call(lengths):
+        return torch.ops.flash_attn.fwd(q, k, v, *args, torch.tensor(lengths, dtype=torch.int32, device="cuda"))
+
+    wild, clamped = call([-3, 99]), call([0, 6])
+    assert torch.equal(wild[0], clamped[0]) and torch.equal(wild[1], clamped[1])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_kvcache_native_cuda_graph():
+    """Decode step captured in a CUDA graph: the replay reads the new cache_seqlens from device memory."""
+    require_supported("cuda", torch.bfloat16, 128)
+    batch, rows, nheads, nheads_k, head_dim = 3, 256, 8, 2, 128
+    q = randn(batch, 1, nheads, head_dim, dtype=torch.bfloat16, device="cuda")
+    k_new = randn(batch, 1, nheads_k, head_dim, dtype=torch.bfloat16, device="cuda")
+    v_new = randn(batch, 1, nheads_k, head_dim, dtype=torch.bfloat16, device="cuda")
+    k_cache = randn(batch, rows, nheads_k, head_dim, dtype=torch.bfloat16, device="cuda")
+    v_cache = randn(batch, rows, nheads_k, head_dim, dtype=torch.bfloat16, device="cuda")
+    cache_seqlens = torch.tensor([10, 0, 200], dtype=torch.int32, device="cuda")
+
+    def step():
+        return flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=cache_seqlens, causal=True)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = step()
+    cache_seqlens.copy_(torch.tensor([100, 7, 255], dtype=torch.int32))
+    q.copy_(randn(batch, 1, nheads, head_dim, dtype=torch.bfloat16, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = static_out.clone()
+    assert torch.equal(replayed, step())

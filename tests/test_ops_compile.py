@@ -19,9 +19,10 @@ def _dtype(device):
 
 
 def _fwd_args(q, k, v, cu_q=None, cu_k=None, max_q=0, max_k=0, dropout_p=0.0, window=(-1, -1), bottom_right=True,
-              softcap=0.0, alibi=None, bias=None, rng_state=None, return_probs=False):
-    return (q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, SCALE, window[0], window[1], bottom_right, softcap, alibi,
+              softcap=0.0, alibi=None, bias=None, rng_state=None, return_probs=False, seqused_k=None):
+    args = (q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, SCALE, window[0], window[1], bottom_right, softcap, alibi,
             bias, rng_state, return_probs)
+    return args if seqused_k is None else (*args, False, seqused_k)
 
 
 def _configs(device):
@@ -51,6 +52,8 @@ def _configs(device):
         "softcap_window": lambda: dense(softcap=5.0, window=(3, 1)),
         "alibi": lambda: dense(alibi=torch.rand(2, 4, device=device) + 0.1, window=(-1, 0)),
         "bias_top_left": lambda: dense(bias=randn(2, 4, 9, 11, dtype=base, device=device), bottom_right=False),
+        "seqused_k_causal": lambda: dense(seqused_k=torch.tensor([0, 7], dtype=torch.int32, device=device),
+                                          window=(-1, 0)),
     }
 
 
@@ -71,6 +74,8 @@ def test_opcheck_fwd(name, device):
 @pytest.mark.parametrize("name", CONFIG_NAMES)
 def test_opcheck_bwd(name, device):
     cfg = _build(name, device)
+    if "seqused_k" in cfg:
+        pytest.skip("seqused_k is forward-only: the bwd op has no such argument")
     fwd_cfg = dict(cfg, return_probs=False)
     out, lse, _ = torch.ops.flash_attn.fwd(*_fwd_args(**fwd_cfg))
     dout = torch.randn_like(out)

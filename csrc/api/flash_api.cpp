@@ -95,11 +95,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(
     const std::optional<at::Tensor>& cu_seqlens_k, c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
     double dropout_p, double softmax_scale, int64_t window_left, int64_t window_right, bool bottom_right,
     double softcap, const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& attn_bias,
-    const std::optional<at::Tensor>& rng_state, bool return_probs, bool deterministic) {
+    const std::optional<at::Tensor>& rng_state, bool return_probs, bool deterministic,
+    const std::optional<at::Tensor>& seqused_k) {
   (void)deterministic;  // a backward option, carried by the forward op so autograd can hand it on
   const CallArgs args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q.expect_int(), max_seqlen_k.expect_int(),
                       dropout_p, softmax_scale, window_left, window_right, bottom_right, softcap, alibi_slopes,
-                      attn_bias, rng_state};
+                      attn_bias, rng_state, seqused_k};
   CheckedCall call = check_call(kFwdOp, args);
   const KernelInputs in = prepare_kernel_inputs(call, q, k, v);
   FwdParams& p = call.params;
@@ -142,9 +143,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
     int64_t window_left, int64_t window_right, bool bottom_right, double softcap,
     const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& attn_bias,
     const std::optional<at::Tensor>& rng_state, bool deterministic, bool bias_requires_grad) {
+  const std::optional<at::Tensor> no_seqused_k;  // the backward has no seqused_k (flash_attn/ops.py refuses it)
   const CallArgs args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q.expect_int(), max_seqlen_k.expect_int(),
                       dropout_p, softmax_scale, window_left, window_right, bottom_right, softcap, alibi_slopes,
-                      attn_bias, rng_state};
+                      attn_bias, rng_state, no_seqused_k};
   CheckedCall call = check_call(kBwdOp, args);
   check_same_layout(kBwdOp, "dout", dout, q);
   check_same_layout(kBwdOp, "out", out, q);
@@ -284,7 +286,8 @@ TORCH_LIBRARY(flash_attn, m) {
       "fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt max_seqlen_q, "
       "SymInt max_seqlen_k, float dropout_p, float softmax_scale, int window_left, int window_right, "
       "bool bottom_right, float softcap, Tensor? alibi_slopes, Tensor? attn_bias, Tensor? rng_state, "
-      "bool return_probs, bool deterministic=False) -> (Tensor out, Tensor softmax_lse, Tensor probs)");
+      "bool return_probs, bool deterministic=False, Tensor? seqused_k=None) "
+      "-> (Tensor out, Tensor softmax_lse, Tensor probs)");
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor? dlse, "
       "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, float dropout_p, "

@@ -55,6 +55,26 @@ at::Tensor check_cu_seqlens_values(const char* op, const char* name, const at::T
   return host;
 }
 
+// Checks seqused_k of a dense call (int32 (batch,), on q's device) and returns it contiguous; its values, in
+// [0, seqlen_k], are read only for CPU tensors (on CUDA the kernels clamp them instead of the host reading them).
+at::Tensor check_seqused_k(const char* op, const at::Tensor& used, const at::Tensor& q, int64_t batch,
+                           int64_t seqlen_k) {
+  FLASH_CHECK(used.scalar_type() == at::kInt, op, ": seqused_k must have dtype torch.int32; got ",
+              used.scalar_type(), ". Convert with seqused_k.to(torch.int32).");
+  FLASH_CHECK(used.device() == q.device(), op, ": seqused_k must be on the same device as q (", q.device(),
+              "); got ", used.device());
+  FLASH_CHECK(used.dim() == 1 && used.size(0) == batch, op, ": seqused_k must be 1-D with batch_size = ", batch,
+              " entries (keys used per sequence); got shape ", shape_str(used));
+  at::Tensor contiguous = used.contiguous();
+  if (!used.is_cpu()) return contiguous;
+  const int32_t* data = contiguous.data_ptr<int32_t>();
+  for (int64_t b = 0; b < batch; ++b) {
+    FLASH_CHECK(data[b] >= 0 && data[b] <= seqlen_k, op, ": seqused_k[", b, "] must be in [0, seqlen_k = ",
+                seqlen_k, "] (the rows of k); got ", data[b], ". Pass at most k.shape[1] keys per sequence.");
+  }
+  return contiguous;
+}
+
 }  // namespace
 
 DType to_dtype(at::ScalarType type) {
@@ -165,6 +185,13 @@ CheckedCall check_call(const char* op, const CallArgs& a) {
     p.shape.seqlen_k = k.size(1);
     call.total_q = q.size(0) * q.size(1);
     call.total_k = k.size(0) * k.size(1);
+  }
+  if (a.seqused_k.has_value()) {
+    FLASH_CHECK(!call.varlen, op, ": seqused_k is only supported for dense calls (q, k, v of shape (batch, seqlen, "
+                "nheads, headdim)); got it together with cu_seqlens_q / cu_seqlens_k. Give each sequence's key "
+                "count through cu_seqlens_k instead, or pass seqused_k=None");
+    call.seqused_k_device = check_seqused_k(op, *a.seqused_k, q, p.shape.batch, p.shape.seqlen_k);
+    p.shape.seqused_k = call.seqused_k_device.data_ptr<int32_t>();
   }
 
   FLASH_CHECK(a.dropout_p >= 0.0 && a.dropout_p < 1.0, op, ": dropout_p must be in [0, 1); got ", a.dropout_p);

@@ -24,6 +24,7 @@ struct CheckedCall {
   bool unowned_rows_k = false;
   at::Tensor cu_seqlens_q_device;  // varlen: what params.shape points at, on the call's device
   at::Tensor cu_seqlens_k_device;
+  at::Tensor seqused_k_device;  // dense calls with seqused_k: what params.shape points at
 };
 
 struct CallArgs {
@@ -43,11 +44,13 @@ struct CallArgs {
   const std::optional<at::Tensor>& alibi_slopes;
   const std::optional<at::Tensor>& attn_bias;
   const std::optional<at::Tensor>& rng_state;
+  const std::optional<at::Tensor>& seqused_k;
 };
 
 // Checks q, k, v and every option; fills params except the output pointers. cu_seqlens values (start at 0,
-// non-decreasing, within the tensors, max_seqlen >= every length) are validated for CPU tensors only: for CUDA
-// tensors only their dtype, device and shape are checked, so a CUDA call never synchronises with the host.
+// non-decreasing, within the tensors, max_seqlen >= every length) and seqused_k values (in [0, seqlen_k]) are
+// validated for CPU tensors only: for CUDA tensors only their dtype, device and shape are checked, so a CUDA
+// call never synchronises with the host.
 CheckedCall check_call(const char* op, const CallArgs& args);
 
 DType to_dtype(at::ScalarType type);

@@ -110,6 +110,7 @@ SeqInfo seq_info(const FwdParams& p, int64_t b) {
     info.seqlen_q = s.seqlen_q;
     info.seqlen_k = s.seqlen_k;
   }
+  info.seqlen_k = used_keys(s, b, info.seqlen_k);
   info.offset = diagonal_offset(p.mask, info.seqlen_q, info.seqlen_k);
   return info;
 }

@@ -13,6 +13,8 @@ constexpr int kHeadDimGranule = 32;  // head-dim buckets are multiples of 32 (to
 // Each split should cover at least this many key tiles, or its fixed cost (Q load, epilogue) dominates.
 constexpr int kMinTilesPerSplit = 2;
 
+// With seqused_k, seqlen_k is the longest length: a single query that sees every one of seqlen_k keys also sees
+// every key of a shorter sequence (its visible range only moves with the length), so the check holds per entry.
 bool sees_every_key(const MaskParams& mask, int64_t seqlen_q, int64_t seqlen_k) {
   const KeyRange keys = visible_keys(mask, 0, diagonal_offset(mask, seqlen_q, seqlen_k), seqlen_k);
   return seqlen_q == 1 && keys.begin <= 0 && keys.end >= seqlen_k;
@@ -50,6 +52,8 @@ int choose_fwd_num_splits(const FwdParams& p, int num_sms, sm80::SmemLimits smem
   const int64_t key_tiles = (p.shape.seqlen_k + tile.block_n - 1) / tile.block_n;
   const int64_t slots = static_cast<int64_t>(num_sms) * sm80::fwd_ctas_per_sm(bucket, general, kind, smem);
   if (ctas <= 0 || ctas * 2 > slots) return 1;
+  // Planned on the longest length (seqused_k is never read on the host): a shorter sequence's splits past its
+  // last key tile see no key, write lse -inf, and the combine kernel weights them 0.
   // As many splits as fit in one wave of resident CTAs (v3 rounded up, past one wave: 16 x 8k decode took 640
   // CTAs for the 528 slots it assumed), then evened out so every split gets tiles (1 x 8k: 66 wanted, 64 kept).
   const int64_t wanted = slots / ctas;

@@ -84,6 +84,7 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
     k_row0 = shape.cu_seqlens_k[b];
     seqlen_k = shape.cu_seqlens_k[b + 1] - static_cast<int>(k_row0);
   }
+  seqlen_k = static_cast<int>(used_keys(shape, b, seqlen_k));
   // Causal calls take their query tiles in reverse launch order: the block scheduler dispatches blockIdx.x
   // upwards, so ascending tiles left the CTAs with the most key tiles (the last rows) for the end of each head's
   // run and of the grid, and the final wave waited on them (8k tokens: 7.75 waves of CTAs with 1 to 64 key
@@ -108,6 +109,8 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
   const int key_hi = win.has_right ? min(seqlen_k, m_last + win.offset + win.right + 1) : seqlen_k;
   int n_first = key_lo / kBlockN;
   int n_last = key_hi > key_lo ? (key_hi - 1) / kBlockN : n_first - 1;
+  // Splits share this sequence's own tiles; a split starting past n_last (a short seqused_k, or a window that
+  // leaves few tiles) visits none and writes the empty partial (out 0, lse -inf) that the combine weights 0.
   if (p.num_splits > 1) {
     const int per_split = (n_last - n_first + p.num_splits) / p.num_splits;
     const int lo = n_first + split * per_split;

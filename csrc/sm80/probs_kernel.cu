@@ -45,6 +45,7 @@ __global__ void __launch_bounds__(kProbsThreads) probs_kernel(const FwdParams p)
     k_row0 = shape.cu_seqlens_k[b];
     seqlen_k = shape.cu_seqlens_k[b + 1] - k_row0;
   }
+  seqlen_k = used_keys(shape, b, seqlen_k);
   const int64_t row_begin = static_cast<int64_t>(blockIdx.x) * kProbsRows;
   if (row_begin >= seqlen_q) return;
   const int64_t offset = diagonal_offset(p.mask, seqlen_q, seqlen_k);

@@ -13,8 +13,8 @@
 //     8-element (16-byte) chunk of a row can be moved with one vector load or store;
 //   - out, dq, dk, dv are allocated by the host contiguous; for varlen calls they (and softmax_lse) are
 //     pre-initialised for rows past cu_seqlens[-1], which no sequence owns, so kernels write only owned rows;
-//   - cu_seqlens and rng_state are device pointers whose values the host never read (CUDA-graph capture):
-//     kernels read them from device memory, and cu_seqlens values are not validated on CUDA.
+//   - cu_seqlens, seqused_k and rng_state are device pointers whose values the host never read (CUDA-graph
+//     capture): kernels read them from device memory, and their values are not validated on CUDA.
 #pragma once
 
 #include <cstdint>
@@ -54,6 +54,10 @@ struct AttentionShape {
   // Varlen calls: int32 prefix sums of the sequence lengths (batch + 1 entries); null for dense calls.
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;
+  // Dense calls only (null otherwise): int32 (batch,) count of keys each sequence uses, its first seqused_k[b]
+  // rows of k / v (a KV cache's filled length). Masks and ALiBi align to that length as varlen does to
+  // cu_seqlens_k; kernels clamp it to [0, seqlen_k]. Read on the device, never by the host (graph capture).
+  const int32_t* seqused_k = nullptr;
 };
 
 struct MaskParams {

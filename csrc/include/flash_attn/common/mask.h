@@ -1,6 +1,6 @@
 // Which keys a query row may see: the window / causal rule of MaskParams, shared by every backend.
-// visible_keys() gives the half-open key range of one row; mask_kind() folds a call's window into the
-// kernel-table mask kind (none, causal, local).
+// used_keys() gives a sequence's key count (seqused_k), visible_keys() the half-open key range of one row;
+// mask_kind() folds a call's window into the kernel-table mask kind (none, causal, local).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,14 @@ struct KeyRange {
   int64_t begin;  // first visible key
   int64_t end;    // one past the last visible key; empty when end <= begin
 };
+
+// Keys sequence b uses: seqlen_k (its own for varlen), cut to seqused_k[b] when the call gives seqused_k,
+// clamped to [0, seqlen_k] so a bad length cannot make a kernel read past the key rows.
+FLASH_HOST_DEVICE int64_t used_keys(const AttentionShape& shape, int64_t b, int64_t seqlen_k) {
+  if (shape.seqused_k == nullptr) return seqlen_k;
+  const int64_t used = shape.seqused_k[b];
+  return used < 0 ? 0 : (used < seqlen_k ? used : seqlen_k);
+}
 
 // Diagonal offset of a sequence: query i lines up with key i + offset.
 FLASH_HOST_DEVICE int64_t diagonal_offset(const MaskParams& mask, int64_t seqlen_q, int64_t seqlen_k) {
