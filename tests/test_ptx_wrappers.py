@@ -13,6 +13,7 @@ TILE = 16  # mma M and K, ldmatrix.x4 tile side
 MMA_N = 8
 CP_ASYNC_CHUNKS = 64
 CP_ASYNC_WORDS = 4  # 16 bytes as int32
+RED_FLOATS = 4  # red.global.add.v4.f32
 WORD_MASK = 0xFFFFFFFF
 HALF_MASK = 0xFFFF
 
@@ -121,6 +122,26 @@ def test_cp_async_16_with_zero_fill():
     valid[0], valid[1], valid[LANES], valid[LANES + 1] = 1, 0, 1, 0  # both kinds in both commit groups
     (dst,) = selftest("cp_async_16", src, valid)
     expected = torch.where(valid.bool().unsqueeze(1), src, torch.zeros_like(src))
+    torch.testing.assert_close(dst.cpu(), expected, rtol=0, atol=0)
+
+
+def test_cp_async_4_with_zero_fill():
+    words = torch.randint(1, 2 ** 31 - 1, (LANES,), dtype=torch.int32)
+    valid = (torch.rand(LANES) < 0.6).to(torch.int32)
+    valid[0], valid[1] = 1, 0
+    (dst,) = selftest("cp_async_4", words, valid)
+    torch.testing.assert_close(dst.cpu(), torch.where(valid.bool(), words, torch.zeros_like(words)), rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+                    reason="red.global.add.v4.f32 needs sm90+")
+def test_red_add_v4_f32_plain_and_predicated():
+    base, added, extra = (torch.randn(LANES, RED_FLOATS) for _ in range(3))
+    valid = (torch.rand(LANES) < 0.5).to(torch.int32)
+    valid[0], valid[1] = 1, 0
+    (dst,) = selftest("red_add_v4_f32", base, added, extra, valid)
+    # Same fp32 additions in the same order: base + added, then + extra where valid.
+    expected = torch.where(valid.bool().unsqueeze(1), (base + added) + extra, base + added)
     torch.testing.assert_close(dst.cpu(), expected, rtol=0, atol=0)
 
 

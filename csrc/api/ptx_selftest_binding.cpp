@@ -23,7 +23,8 @@ namespace flash::api {
 namespace {
 
 constexpr const char* kSelftestOp = "flash_attn._ptx_selftest";
-constexpr const char* kSelftestNames = "mma_m16n8k16, pack2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans, cp_async_16";
+constexpr const char* kSelftestNames = "mma_m16n8k16, pack2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans, cp_async_16, cp_async_4, "
+    "red_add_v4_f32";
 
 #if defined(FLASH_WITH_CUDA)
 
@@ -93,6 +94,22 @@ std::vector<at::Tensor> run_selftest(const std::string& name, const std::vector<
     const at::Tensor valid = checked_input(name, inputs, 1, "valid", {st::kCpAsyncChunks}, {at::kInt});
     at::Tensor dst = int32_on({st::kCpAsyncChunks, st::kCpAsyncChunkWords});
     st::cp_async_16(src.data_ptr<int32_t>(), valid.data_ptr<int32_t>(), dst.data_ptr<int32_t>(), stream);
+    outputs.push_back(dst);
+  } else if (name == "cp_async_4") {
+    const at::Tensor words = checked_input(name, inputs, 0, "words", {st::kWarpLanes}, {at::kInt});
+    const at::Tensor valid = checked_input(name, inputs, 1, "valid", {st::kWarpLanes}, {at::kInt});
+    at::Tensor dst = int32_on({st::kWarpLanes});
+    st::cp_async_4(words.data_ptr<int32_t>(), valid.data_ptr<int32_t>(), dst.data_ptr<int32_t>(), stream);
+    outputs.push_back(dst);
+  } else if (name == "red_add_v4_f32") {
+    const at::Tensor base = checked_input(name, inputs, 0, "base", {st::kWarpLanes, st::kRedFloats}, {at::kFloat});
+    const at::Tensor added = checked_input(name, inputs, 1, "added", {st::kWarpLanes, st::kRedFloats}, {at::kFloat});
+    const at::Tensor extra = checked_input(name, inputs, 2, "extra", {st::kWarpLanes, st::kRedFloats}, {at::kFloat});
+    const at::Tensor valid = checked_input(name, inputs, 3, "valid", {st::kWarpLanes}, {at::kInt});
+    at::Tensor dst = base.clone();
+    const bool launched = st::red_add_v4_f32(dst.data_ptr<float>(), added.data_ptr<float>(), extra.data_ptr<float>(),
+                                             valid.data_ptr<int32_t>(), stream);
+    FLASH_CHECK(launched, kSelftestOp, "('", name, "'): red.global.add.v4.f32 needs an sm90+ GPU; this one is older");
     outputs.push_back(dst);
   } else {
     FLASH_FAIL(kSelftestOp, ": unknown self test '", name, "'; use one of ", kSelftestNames);

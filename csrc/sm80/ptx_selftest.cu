@@ -11,6 +11,7 @@
 #include "flash_attn/ptx/cp_async_sm80.h"
 #include "flash_attn/ptx/ldmatrix_sm80.h"
 #include "flash_attn/ptx/mma_sm80.h"
+#include "flash_attn/ptx/red_sm90.h"
 
 namespace flash::sm80::selftest {
 namespace {
@@ -117,6 +118,28 @@ __global__ void cp_async_kernel(const int32_t* src, const int32_t* valid, int32_
   }
 }
 
+__global__ void cp_async_4_kernel(const int32_t* words, const int32_t* valid, int32_t* dst) {
+  __shared__ uint32_t smem[kWarpLanes];
+  const int lane = threadIdx.x;
+  smem[lane] = kSmemFillWord;
+  __syncwarp();
+  ptx::cp_async_4(&smem[lane], words + lane, valid[lane] != 0);
+  ptx::cp_async_commit();
+  ptx::cp_async_wait<0>();
+  __syncwarp();
+  const int reader = (lane + 1) % kWarpLanes;
+  dst[reader] = static_cast<int32_t>(smem[reader]);
+}
+
+__global__ void red_add_v4_kernel(float* dst, const float* added, const float* extra, const int32_t* valid) {
+  const int lane = threadIdx.x;
+  float* row = dst + lane * kRedFloats;
+  const float* a = added + lane * kRedFloats;
+  const float* e = extra + lane * kRedFloats;
+  ptx::red_add_v4_f32(row, a[0], a[1], a[2], a[3]);
+  ptx::red_add_v4_f32(row, e[0], e[1], e[2], e[3], valid[lane] != 0);
+}
+
 cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
 }  // namespace
@@ -159,6 +182,23 @@ void ldmatrix_x4(const uint16_t* tile, uint32_t* regs, bool transposed, void* st
 
 void cp_async_16(const int32_t* src, const int32_t* valid, int32_t* dst, void* stream) {
   cp_async_kernel<<<1, kWarpLanes, 0, as_stream(stream)>>>(src, valid, dst);
+}
+
+void cp_async_4(const int32_t* words, const int32_t* valid, int32_t* dst, void* stream) {
+  cp_async_4_kernel<<<1, kWarpLanes, 0, as_stream(stream)>>>(words, valid, dst);
+}
+
+bool red_add_v4_f32(float* dst, const float* added, const float* extra, const int32_t* valid, void* stream) {
+  constexpr int kVectorReductionMajor = 9;
+  int device = 0;
+  int major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      major < kVectorReductionMajor) {
+    return false;
+  }
+  red_add_v4_kernel<<<1, kWarpLanes, 0, as_stream(stream)>>>(dst, added, extra, valid);
+  return true;
 }
 
 }  // namespace flash::sm80::selftest

@@ -17,6 +17,7 @@ constexpr int kMmaCols = 8;                  // mma N, width of the ldmatrix.x2.
 constexpr int kPackedPairs = kWarpLanes;     // pack2: one pair per lane
 constexpr int kCpAsyncChunks = 2 * kWarpLanes;  // two commit groups of one 16-byte chunk per lane
 constexpr int kCpAsyncChunkWords = 4;        // 16 bytes as int32 words
+constexpr int kRedFloats = 4;                // red.global.add.v4.f32: four floats per lane
 
 // d (16x8 fp32) = a (16x16) * b_nk(8x16)^T + c (16x8 fp32); a, b_nk in `dtype` (kFloat16 or kBFloat16),
 // loaded into fragments by the layout documented in ptx/mma_sm80.h. Returns false for another dtype.
@@ -37,5 +38,15 @@ void ldmatrix_x4(const uint16_t* tile, uint32_t* regs, bool transposed, void* st
 // chunks l (first commit group) and 32 + l (second group) into shared memory pre-filled with a non-zero
 // pattern; after wait<1> the warp reads the first group into dst, after wait<0> the second.
 void cp_async_16(const int32_t* src, const int32_t* valid, int32_t* dst, void* stream);
+
+// words: kWarpLanes int32; lane l copies word l with cp_async_4 (valid[l] != 0) or zero-fills it, into shared
+// memory pre-filled with a non-zero pattern; after wait<0> lane l writes word (l + 1) % 32 to dst (another
+// lane's copy, so the wait must cover the whole warp's copies).
+void cp_async_4(const int32_t* words, const int32_t* valid, int32_t* dst, void* stream);
+
+// dst: kWarpLanes x kRedFloats floats, updated in place: lane l adds added[l] with the unpredicated
+// red_add_v4_f32, then extra[l] with the predicated one under valid[l] != 0. Returns false below sm90 (no
+// vector reduction there), launching nothing.
+bool red_add_v4_f32(float* dst, const float* added, const float* extra, const int32_t* valid, void* stream);
 
 }  // namespace flash::sm80::selftest
