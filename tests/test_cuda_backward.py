@@ -131,6 +131,11 @@ def test_bias_and_dbias(bias_shape, dtype):
 @pytest.mark.parametrize("causal", [False, True])
 def test_dropout(causal, head_dim, p, dtype):
     _require(dtype, head_dim)
+    _check_dropout_grads(head_dim, causal, p, dtype)
+
+
+def _check_dropout_grads(head_dim, causal, p, dtype):
+    """Forward + backward with dropout against the reference given the forward's own keep mask."""
     b, sq, sk, h, hk = 2, 77, 140, 4, 2
     q, k, v = _qkv(b, sq, sk, h, hk, head_dim, dtype)
     dout = randn(*q.shape, dtype=dtype, device="cuda")
@@ -308,16 +313,7 @@ def test_compact_tiles_features(case, monkeypatch):
 def test_compact_tiles_dropout(head_dim, monkeypatch):
     _require(torch.float16, head_dim)
     monkeypatch.setenv(SMEM_LIMIT_ENV, str(SM86_SMEM))
-    b, sq, sk, h, hk, p = 2, 77, 140, 4, 2, 0.17
-    q, k, v = _qkv(b, sq, sk, h, hk, head_dim, torch.float16)
-    dout = randn(*q.shape, dtype=torch.float16, device="cuda")
-    with CaptureRngState() as capture:
-        out = flash_attn_func(q, k, v, dropout_p=p, causal=True)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
-    keep = dropout_keep_mask(capture.last(), b, h, sq, sk, p).to("cuda")
-    ref = functools.partial(attention_ref, causal=True, dropout_mask=keep, dropout_p=p)
-    truth, naive = reference_pair(ref, (q, k, v), dout)
-    check_output_and_grads(out, grads, truth, naive)
+    _check_dropout_grads(head_dim, True, 0.17, torch.float16)
 
 
 def test_compact_tiles_bias_and_dbias(monkeypatch):
