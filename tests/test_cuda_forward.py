@@ -60,14 +60,17 @@ def test_seqlens(shape, causal, dtype):
     _check(out, lambda *x, **kw: attention_ref(*x, causal=causal, **kw), (q, k, v))
 
 
-# Shapes that reach each K/V pipeline of the kernel (csrc/sm80/fwd_tile_config.h): the wide 8-warp tile with a
-# two-stage ring (head dim > 128 and at least 1024 keys), the compact 4-warp tile below that, the one-warp
-# decode tile with its three-stage ring (<= 16 query rows; GQA-packed single-token calls; split-KV with ragged
-# splits), and ranges of one or two key tiles where the ring's prologue covers the whole visit.
+# Shapes that reach each K/V pipeline of the kernel (csrc/sm80/fwd_tile_config.h): the wide 8-warp tile
+# (head dim > 128 and at least kWideMinKeys = 4096 keys, V awaited before the softmax), the compact 4-warp tile
+# below that, the one-warp decode tile with its three-stage ring (<= 16 query rows; GQA-packed single-token
+# calls; split-KV with ragged splits), and ranges of one or two key tiles where the ring's prologue covers the
+# whole visit.
 PIPELINE_SHAPES = [
     # (batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim)
+    (1, 300, 4100, 4, 2, 256),
+    (2, 130, 4096, 2, 1, 192),
+    (1, 200, 4150, 2, 2, 160),
     (1, 300, 1100, 4, 2, 256),
-    (2, 130, 1024, 2, 1, 192),
     (1, 200, 1030, 2, 2, 160),
     (1, 1, 5000, 8, 2, 128),
     (3, 16, 777, 2, 2, 128),

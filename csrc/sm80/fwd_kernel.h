@@ -1,9 +1,9 @@
 // Forward attention kernel of the portable sm80+ path: one CTA of 1, 4 or 8 warps per (query tile, head, batch
 // entry [, key split]). Q is staged once in shared memory; K and V tiles stream through cp.async in a ring of
-// one or two stages per kind (with one, V of tile n loads while S = Q K^T and the softmax of tile n run, K of
-// tile n-1 while P V runs; two stages issue each tile one more step ahead); every operand reaches the tensor
-// cores through ldmatrix and mma.sync m16n8k16. Key tiles run last to first, so the tiles that need the
-// window/causal mask come first and the rest skip it. Tile shapes: fwd_tile_config.h.
+// one or more stages per kind (with one, V of tile n loads while S = Q K^T, and at some head dims the softmax,
+// of tile n run, K of tile n-1 while P V runs; more stages issue each tile further ahead); every operand reaches
+// the tensor cores through ldmatrix and mma.sync m16n8k16. Key tiles run last to first, so the tiles that need
+// the window/causal mask come first and the rest skip it. Tile shapes: fwd_tile_config.h.
 #pragma once
 
 #include <cmath>
@@ -64,6 +64,7 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
   constexpr int kStages = kTile.kv_stages;
   // cp.async groups still in flight when K(n) or V(n) is awaited: the 2 * (kStages - 1) loads issued after it.
   constexpr int kYoungerGroups = 2 * (kStages - 1);
+  constexpr bool kEarlyV = fwd_waits_v_before_softmax(kHeadDim, kMask != MaskKind::kNone);
   static_assert(kHeadDim % (2 * kMmaK) == 0 && kBlockN % (2 * kMmaK) == 0 && kStrips >= 1, "tile shape");
   static_assert(kStages >= 1 && kStages <= kMaxKvStages, "kv_stages");
 
@@ -223,6 +224,15 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
       }
     }
 
+    // Either here or after the softmax (fwd_waits_v_before_softmax): V(n) landed; every warp is done with K(n),
+    // whose slot takes K(n - kStages).
+    auto await_v = [&] {
+      ptx::cp_async_wait<kYoungerGroups>();
+      __syncthreads();
+      load_kv(s_k_ring, k, p.k_strides.row, n - kStages);
+    };
+    if constexpr (kEarlyV) await_v();
+
     // General path: scores -> log2-domain logits (scale, softcap, ALiBi, bias).
     if constexpr (kGeneral) {
 #pragma unroll
@@ -323,9 +333,7 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
       }
     }
 
-    ptx::cp_async_wait<kYoungerGroups>();
-    __syncthreads();  // V(n) landed; every warp is done with K(n), whose slot takes K(n - kStages)
-    load_kv(s_k_ring, k, p.k_strides.row, n - kStages);
+    if constexpr (!kEarlyV) await_v();
 
     // O += P V: two adjacent n8 accumulator tiles of P are one k16 A fragment.
 #pragma unroll

@@ -22,14 +22,16 @@ struct FwdTileConfig {
 // warp and key tile are ~704 clocks of the SM's 128 B/clk, 79 % of the measured 892 clocks per warp-tile
 // (ncu: L1/shared 77 %), and K/V streamed from L2 at ~4.8 TB/s. A 128-row CTA of 8 warps shares each K/V
 // tile between twice the rows: cp.async writes per warp-tile drop from 128 to 64 clocks (-9 % shared-memory
-// traffic) and the L2 stream halves, but one CTA per SM (registers) leaves no second CTA to cover its
-// barriers, so the wide tile also double-buffers K and V (198 KB of shared memory at head dim 256).
-// Measured on the H200 (bf16, non-causal 2k / 8k TFLOP/s, docs/perf_log.md "forward v4"): 64 x 64 on 4 warps
-// 284 / 294, the 8-warp one-stage 128 x 64 tile 264 / 271, the same with a 2-stage ring 270 / 272 (FA2 308-325):
-// the byte count favoured the wide tiles, but one CTA per SM loses more at its barriers than it saves, so
-// kWideTile stays at 64 x 64. The general kernel (softcap, ALiBi, bias, dropout) always takes that tile.
+// traffic) and the L2 stream halves. It needs the softmax to overlap P V inside each warp (V awaited before
+// the softmax, fwd_waits_v_before_softmax): with V awaited after it, one CTA per SM left the tensor cores idle
+// through every softmax and the 128-row tile lost (2k / 8k 264 / 271 TFLOP/s against the 64-row tile's
+// 284 / 294, docs/perf_log.md "forward v4"). With it, best of three interleaved rounds on the H200 (bf16,
+// docs/perf_log.md "forward: V awaited before the softmax"): 8k / 16k 308 / 307 against 294-296 / 289-296,
+// causal 16k 307 against 284-287, but causal 2k 237 against 248-250, hence kWideMinKeys. The ring variant
+// (two K/V stages, 198 KB) measured no better (295 / 294). The general kernel (softcap, ALiBi, bias, dropout)
+// always takes the 64-row tile.
 enum class WideTile { k64x64Warps4, k128x64Warps8, k128x64Warps8Ring };
-constexpr WideTile kWideTile = WideTile::k64x64Warps4;
+constexpr WideTile kWideTile = WideTile::k128x64Warps8;
 
 // Decode-shaped calls (at most kDecodeMaxRows query rows per CTA after GQA packing) take one-warp CTAs of 16
 // rows: the work is memory-bound, and small CTAs let several of them stream K/V on each SM at once where a
@@ -48,18 +50,29 @@ constexpr int kMaxKeySplits = 128;
 // of shared memory per block and the hd <= 128 rings 92-104 KB: H100/H200 have 227 KB per block and 228 KB per
 // SM, A100 163/164 KB, sm86/sm89 99/100 KB), taken where the standard tile does not fit or would lose a CTA per
 // SM, and above head dim 128 for key ranges below kWideMinKeys (a CTA of the wide tile runs ~30 us at 512 keys
-// and, alone on its SM, exposes its ~2 us Q/K/V prologue and epilogue, which two CTAs per SM overlap).
+// and, alone on its SM, exposes its ~2 us Q/K/V prologue and epilogue, which two CTAs per SM overlap; at 2k
+// keys the wide tile tied non-causal and lost 5 % causal, at 8k it won 4 %).
 // kDecodeCompact: the decode tile with two stages (38 KB at hd 128, as in v3), where the three-stage one would
 // leave fewer than kDecodeMinCtasPerSm CTAs per SM (A100: 2, sm86/sm89: 1).
 enum class FwdTileKind { kStandard, kDecode, kCompact, kDecodeCompact };
 constexpr int kDecodeMinCtasPerSm = 4;
-constexpr long long kWideMinKeys = 1024;
+constexpr long long kWideMinKeys = 4096;
 
 // K/V stages of the standard tiles at head dims <= 64 and 97-128. Two put V of the first tile in flight with Q
 // and K and K/V two tiles ahead; measured on the H200 (bf16, docs/perf_log.md "forward v4") they were slower at
 // every shape: hd 128 non-causal 512 / 2k / 8k 282 / 329 / 338 TFLOP/s against one stage's 290 / 335 / 349,
 // hd 64 245 / 299 / 314 against 252 / 306 / 322. The ring's slot addressing costs more than the latency it hides.
 constexpr int kStagesUpTo128 = 1;
+
+// Whether the forward awaits V(n) right after S = Q K^T (FA2's place) rather than after the softmax. Early, no
+// barrier separates the softmax from P V, so ptxas interleaves the exponentials and the O rescale with the P V
+// MMAs; but V's load then has only Q K^T to hide behind. Measured on the H200 (three sessions' interleaved
+// rounds, bf16, docs/perf_log.md "forward: V awaited before the softmax"): head dim 64 causal +5-9 % early
+// (8k 312-325 against 300-304), non-causal -3-5 % (8k 301-306 against 315-319); head dims 65-128 -3-6 % early
+// at every shape; above 128 the 8-warp wide tile needs it (above). `masked`: causal or local.
+FLASH_HOST_DEVICE constexpr bool fwd_waits_v_before_softmax(int head_dim, bool masked) {
+  return head_dim > 128 || (head_dim <= 64 && masked);
+}
 
 FLASH_HOST_DEVICE constexpr FwdTileConfig fwd_wide_tile_config(bool general, FwdTileKind kind) {
   return general || kind == FwdTileKind::kCompact || kWideTile == WideTile::k64x64Warps4 ? FwdTileConfig{64, 64, 4, 1}

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# A/B speed comparison in one GPU call, robust to the few-percent drift between runs on a shared H200: each variant
+# is a copy of the working tree with the files of one overlay directory copied over it (AB_VARIANTS, e.g.
+# ".ab/base .ab/x": .ab/base/csrc/sm80/fwd_kernel.h replaces csrc/sm80/fwd_kernel.h; "." is the tree as is). All
+# variants build in parallel, then AB_ROUNDS rounds benchmark every variant in turn (FA2 = sdpa_flash alongside the
+# first), and tools/ab_summary.py prints each variant's best and median TFLOP/s per shape over the rounds.
+# Usage: OUT=dir AB_VARIANTS=". .ab/base" [AB_DIRECTION=fwd AB_HEADDIMS=64,128,256 AB_SEQLENS=... AB_ROUNDS=3
+#        AB_TESTS="tests/x.py" (run on every variant) AB_WORK=dir (where the variant trees go)]
+#        tools/ab_bench.sh   (build knobs FLASH_ATTN_* and REP_MS from the environment)
+set -uo pipefail
+OUT="${OUT:-/tmp/ab}"; mkdir -p "$OUT"
+ROOT="$PWD"; WORK="${AB_WORK:-$(mktemp -d)}"
+VARIANTS=(${AB_VARIANTS:-.}); NV=${#VARIANTS[@]}
+export FLASH_ATTN_CUDA_ARCHS="${FLASH_ATTN_CUDA_ARCHS:-90}" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
+export FLASH_ATTN_DTYPES="${FLASH_ATTN_DTYPES:-bf16}" FLASH_ATTN_HEAD_DIMS="${FLASH_ATTN_HEAD_DIMS:-64;128;256}"
+export MAX_JOBS=$(( ${AB_JOBS:-16} / NV > 0 ? ${AB_JOBS:-16} / NV : 1 ))
+DIRECTION="${AB_DIRECTION:-fwd}"; HEADDIMS="${AB_HEADDIMS:-64,128,256}"; SEQLENS="${AB_SEQLENS:-512,2048,8192,16384}"
+REP_MS="${REP_MS:-30}"; ROUNDS="${AB_ROUNDS:-3}"; TESTS="${AB_TESTS:-}"
+
+name_of() { [ "$1" = "." ] && echo new || basename "$1"; }
+start=$(date +%s)
+for v in "${VARIANTS[@]}"; do
+  name=$(name_of "$v"); dir="$WORK/$name"; mkdir -p "$dir"
+  tar -C "$ROOT" --exclude=./build --exclude=./.git --exclude=./.ab -cf - . | tar -C "$dir" -xf -
+  if [ "$v" != "." ]; then (cd "$ROOT/$v" && find . -type f) | while read -r f; do cp "$ROOT/$v/$f" "$dir/$f"; done; fi
+  (cd "$dir" && python3 setup.py build_ext --inplace > "$OUT/build_$name.log" 2>&1 || echo "BUILD $name FAILED") &
+done
+wait
+echo "builds: $(( $(date +%s) - start ))s (MAX_JOBS=$MAX_JOBS each)"
+grep -l "BUILD\|error:" "$OUT"/build_*.log 2>/dev/null | head
+
+if [ -n "$TESTS" ]; then  # correctness of every variant
+  for v in "${VARIANTS[@]}"; do
+    name=$(name_of "$v")
+    (cd "$WORK/$name" && timeout "${AB_TESTS_S:-150}" python3 -m pytest -q -n 8 -p no:cacheprovider $TESTS \
+      > "$OUT/tests_$name.log" 2>&1)
+    echo "tests $name: $(grep -E "^(FAILED|ERROR)" "$OUT/tests_$name.log" | head -5) $(tail -1 "$OUT/tests_$name.log")"
+  done
+fi
+
+for r in $(seq "$ROUNDS"); do
+  for i in "${!VARIANTS[@]}"; do
+    name=$(name_of "${VARIANTS[$i]}")
+    impls=flash_attn; [ "$i" = 0 ] && impls=flash_attn,sdpa_flash
+    # An overlay may narrow its head dims with a file AB_HEADDIMS (e.g. a tile change that only hd 256 takes).
+    hds="$HEADDIMS"; [ -f "$WORK/$name/AB_HEADDIMS" ] && hds=$(cat "$WORK/$name/AB_HEADDIMS")
+    (cd "$WORK/$name" && python3 benchmarks/bench_attention.py --impls "$impls" --direction "$DIRECTION" \
+      --headdim "$hds" --seqlen "$SEQLENS" --causal both --rep-ms "$REP_MS" --out "$OUT/r${r}_$name.json" \
+      > "$OUT/r${r}_$name.log" 2>&1) || echo "bench $name round $r failed"
+  done
+done
+python3 "$ROOT/tools/ab_summary.py" "$OUT" $(for v in "${VARIANTS[@]}"; do name_of "$v"; done)

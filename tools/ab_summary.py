@@ -1,0 +1,36 @@
+"""Summary of a tools/ab_bench.sh run: per shape and direction, each variant's best and median TFLOP/s over the
+rounds (OUT/r<round>_<variant>.json), FA2's (sdpa_flash) best, and each variant's best as a ratio to FA2's best.
+Usage: python3 tools/ab_summary.py OUT VARIANT [VARIANT ...]"""
+
+import collections
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def main() -> None:
+    out, variants = Path(sys.argv[1]), sys.argv[2:]
+    speeds: dict[tuple, dict[str, list[float]]] = collections.defaultdict(lambda: collections.defaultdict(list))
+    for path in sorted(out.glob("r*_*.json")):
+        variant = path.stem.split("_", 1)[1]
+        for row in json.loads(path.read_text())["rows"]:
+            if row.get("tflops") is None:
+                continue
+            key = (row["direction"], row["headdim"], row["causal"], row["seqlen"])
+            name = "fa2" if row["impl"] == "sdpa_flash" else variant
+            speeds[key][name].append(row["tflops"])
+    header = ["dir", "hd", "causal", "seqlen", "fa2 best"] + [f"{v} best/med (x fa2)" for v in variants]
+    print(" | ".join(header))
+    for key in sorted(speeds):
+        cell = speeds[key]
+        fa2 = max(cell["fa2"]) if cell["fa2"] else float("nan")
+        parts = [str(k) for k in key] + [f"{fa2:.0f}"]
+        for v in variants:
+            got = cell.get(v, [])
+            parts.append(f"{max(got):.0f}/{statistics.median(got):.0f} ({max(got) / fa2:.2f})" if got else "-")
+        print(" | ".join(parts))
+
+
+if __name__ == "__main__":
+    main()
