@@ -145,6 +145,24 @@ def test_red_add_v4_f32_plain_and_predicated():
     torch.testing.assert_close(dst.cpu(), expected, rtol=0, atol=0)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+                    reason="stmatrix needs sm90+")
+def test_stmatrix_x4_inverts_the_fragment_layout():
+    halves = distinct_int16(LANES, 4, 2)
+    regs = pack(halves[..., 0], halves[..., 1])
+    regs = torch.where(regs >= 2 ** 31, regs - 2 ** 32, regs).to(torch.int32)
+    (tile,) = selftest("stmatrix_x4", regs)
+    # Matrix i (lanes 8i..8i+7 address its rows): rows 8 (i % 2).., cols 8 (i // 2)..; lane l holds its
+    # {row g, cols 2t, 2t + 1}.
+    expected = torch.zeros(TILE, TILE, dtype=torch.int16)
+    for i in range(4):
+        rows = (i % 2) * MMA_N + G
+        cols = (i // 2) * MMA_N + 2 * T
+        expected[rows, cols] = halves[:, i, 0]
+        expected[rows, cols + 1] = halves[:, i, 1]
+    torch.testing.assert_close(tile.cpu(), expected, rtol=0, atol=0)
+
+
 def test_unknown_selftest_name_is_rejected():
     with pytest.raises(RuntimeError, match="unknown self test"):
         selftest("ldmatrix_x8", torch.zeros(1))

@@ -5,7 +5,7 @@
 # variants build in parallel, then AB_ROUNDS rounds benchmark every variant in turn (FA2 = sdpa_flash alongside the
 # first), and tools/ab_summary.py prints each variant's best and median TFLOP/s per shape over the rounds.
 # Usage: OUT=dir AB_VARIANTS=". .ab/base" [AB_DIRECTION=fwd AB_HEADDIMS=64,128,256 AB_SEQLENS=... AB_ROUNDS=3
-#        AB_TESTS="tests/x.py" (run on every variant) AB_WORK=dir (where the variant trees go)]
+#        AB_TESTS="tests/x.py" (run on every variant; AB_TEST_FIRST=1: the first only) AB_WORK=dir (where the variant trees go)]
 #        tools/ab_bench.sh   (build knobs FLASH_ATTN_* and REP_MS from the environment)
 set -uo pipefail
 OUT="${OUT:-/tmp/ab}"; mkdir -p "$OUT"
@@ -29,8 +29,9 @@ wait
 echo "builds: $(( $(date +%s) - start ))s (MAX_JOBS=$MAX_JOBS each)"
 grep -l "BUILD\|error:" "$OUT"/build_*.log 2>/dev/null | head
 
-if [ -n "$TESTS" ]; then  # correctness of every variant
-  for v in "${VARIANTS[@]}"; do
+if [ -n "$TESTS" ]; then  # correctness of every variant (of the first only with AB_TEST_FIRST=1)
+  tested=("${VARIANTS[@]}"); [ "${AB_TEST_FIRST:-0}" = 1 ] && tested=("${VARIANTS[0]}")
+  for v in "${tested[@]}"; do
     name=$(name_of "$v")
     (cd "$WORK/$name" && timeout "${AB_TESTS_S:-150}" python3 -m pytest -q -n 8 -p no:cacheprovider $TESTS \
       > "$OUT/tests_$name.log" 2>&1)

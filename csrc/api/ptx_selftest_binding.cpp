@@ -24,7 +24,7 @@ namespace {
 
 constexpr const char* kSelftestOp = "flash_attn._ptx_selftest";
 constexpr const char* kSelftestNames = "mma_m16n8k16, pack2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans, cp_async_16, cp_async_4, "
-    "red_add_v4_f32";
+    "red_add_v4_f32, stmatrix_x4";
 
 #if defined(FLASH_WITH_CUDA)
 
@@ -111,6 +111,13 @@ std::vector<at::Tensor> run_selftest(const std::string& name, const std::vector<
                                              valid.data_ptr<int32_t>(), stream);
     FLASH_CHECK(launched, kSelftestOp, "('", name, "'): red.global.add.v4.f32 needs an sm90+ GPU; this one is older");
     outputs.push_back(dst);
+  } else if (name == "stmatrix_x4") {
+    const at::Tensor regs = checked_input(name, inputs, 0, "regs", {st::kWarpLanes, 4}, {at::kInt});
+    at::Tensor tile = at::empty({st::kTileRows, st::kTileCols}, regs.options().dtype(at::kShort));
+    const bool launched = st::stmatrix_x4(reinterpret_cast<const uint32_t*>(regs.data_ptr()),
+                                          reinterpret_cast<uint16_t*>(tile.data_ptr()), stream);
+    FLASH_CHECK(launched, kSelftestOp, "('", name, "'): stmatrix needs an sm90+ GPU; this one is older");
+    outputs.push_back(tile);
   } else {
     FLASH_FAIL(kSelftestOp, ": unknown self test '", name, "'; use one of ", kSelftestNames);
   }

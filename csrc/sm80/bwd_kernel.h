@@ -13,6 +13,7 @@
 #include "flash_attn/common/math.h"
 #include "flash_attn/common/philox.h"
 #include "flash_attn/ptx/red_sm90.h"
+#include "flash_attn/ptx/stmatrix_sm90.h"
 #include "sm80/bwd_common.h"
 
 namespace flash::sm80::bwd {
@@ -27,6 +28,9 @@ __device__ __forceinline__ bool vector_tensor(const void* base, const TensorStri
   return head_dim % kWidth == 0 && st.batch % kWidth == 0 && st.row % kWidth == 0 && st.head % kWidth == 0 &&
          reinterpret_cast<uintptr_t>(base) % kVectorBytes == 0;
 }
+
+// Largest head dim whose plain (non-causal) kernel stores P^T and dS^T with stmatrix on sm90 (see the stores).
+constexpr int kStmatrixMaxHeadDim = 128;
 
 // dq reductions. The accumulator interleaves each 16-column group (flash/bwd_workspace.h, dq_slot): lane t's
 // columns 2t, 2t+1 of both n8 MMA tiles of a pair sit in slots 4t..4t+3, so on sm90 a lane adds its four
@@ -431,20 +435,46 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.thr
           }
         }
       }
+      if constexpr (ptx::kHasStmatrix && kHeadDim <= kStmatrixMaxHeadDim && kMask == MaskKind::kNone) {
+        // sm90: one stmatrix.x4 per pair of n8 tiles and operand (matrices: rows 0-7 / 8-15 of tile nt, then of
+        // nt + 1), a quarter of the 32-bit stores. ncu at hd 64 (8k) put the MIO-throttle stall at 1.02 cycles
+        // per issued instruction against FA2's 0.30; these stores were 64 of the loop's shared-memory ops.
+        // Measured on the H200 (two interleaved rounds, docs/perf_log.md "backward: stmatrix"): hd 64
+        // non-causal 8k / 16k 268 / 271 TFLOP/s against 261 / 265, hd 128 +1-2 %; but hd 64 causal 250 / 264
+        // against 257 / 275 and hd 256 -1-2 %, which keep the 32-bit stores.
+        const int matrix = lane / 8;
+        const int row_in_tile = (matrix % 2) * 8 + lane % 8;
 #pragma unroll
-      for (int mt = 0; mt < kSMT; ++mt) {
+        for (int mt = 0; mt < kSMT; ++mt) {
 #pragma unroll
-        for (int nt = 0; nt < kSNT; ++nt) {
-          const int key_local = s_key0 + mt * kMmaM + g;
-          const int query_local = s_query0 + nt * kMmaN + 2 * t;
-          uint32_t* p_lo = reinterpret_cast<uint32_t*>(s_p + key_local * kStrideM + query_local);
-          uint32_t* p_hi = reinterpret_cast<uint32_t*>(s_p + (key_local + 8) * kStrideM + query_local);
-          uint32_t* ds_lo = reinterpret_cast<uint32_t*>(s_ds + key_local * kStrideM + query_local);
-          uint32_t* ds_hi = reinterpret_cast<uint32_t*>(s_ds + (key_local + 8) * kStrideM + query_local);
-          *p_lo = pack_float2<T>(acc_s[mt][nt].reg[0], acc_s[mt][nt].reg[1]);
-          *p_hi = pack_float2<T>(acc_s[mt][nt].reg[2], acc_s[mt][nt].reg[3]);
-          *ds_lo = pack_float2<T>(acc_dp[mt][nt].reg[0], acc_dp[mt][nt].reg[1]);
-          *ds_hi = pack_float2<T>(acc_dp[mt][nt].reg[2], acc_dp[mt][nt].reg[3]);
+          for (int np = 0; np < kSNT / 2; ++np) {
+            const int offset = (s_key0 + mt * kMmaM + row_in_tile) * kStrideM + s_query0 + (2 * np + matrix / 2) * kMmaN;
+            const ptx::MmaC& p0 = acc_s[mt][2 * np];
+            const ptx::MmaC& p1 = acc_s[mt][2 * np + 1];
+            const ptx::MmaC& d0 = acc_dp[mt][2 * np];
+            const ptx::MmaC& d1 = acc_dp[mt][2 * np + 1];
+            ptx::stmatrix_x4(s_p + offset, pack_float2<T>(p0.reg[0], p0.reg[1]), pack_float2<T>(p0.reg[2], p0.reg[3]),
+                             pack_float2<T>(p1.reg[0], p1.reg[1]), pack_float2<T>(p1.reg[2], p1.reg[3]));
+            ptx::stmatrix_x4(s_ds + offset, pack_float2<T>(d0.reg[0], d0.reg[1]), pack_float2<T>(d0.reg[2], d0.reg[3]),
+                             pack_float2<T>(d1.reg[0], d1.reg[1]), pack_float2<T>(d1.reg[2], d1.reg[3]));
+          }
+        }
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < kSMT; ++mt) {
+#pragma unroll
+          for (int nt = 0; nt < kSNT; ++nt) {
+            const int key_local = s_key0 + mt * kMmaM + g;
+            const int query_local = s_query0 + nt * kMmaN + 2 * t;
+            uint32_t* p_lo = reinterpret_cast<uint32_t*>(s_p + key_local * kStrideM + query_local);
+            uint32_t* p_hi = reinterpret_cast<uint32_t*>(s_p + (key_local + 8) * kStrideM + query_local);
+            uint32_t* ds_lo = reinterpret_cast<uint32_t*>(s_ds + key_local * kStrideM + query_local);
+            uint32_t* ds_hi = reinterpret_cast<uint32_t*>(s_ds + (key_local + 8) * kStrideM + query_local);
+            *p_lo = pack_float2<T>(acc_s[mt][nt].reg[0], acc_s[mt][nt].reg[1]);
+            *p_hi = pack_float2<T>(acc_s[mt][nt].reg[2], acc_s[mt][nt].reg[3]);
+            *ds_lo = pack_float2<T>(acc_dp[mt][nt].reg[0], acc_dp[mt][nt].reg[1]);
+            *ds_hi = pack_float2<T>(acc_dp[mt][nt].reg[2], acc_dp[mt][nt].reg[3]);
+          }
         }
       }
       __syncthreads();  // P^T and dS^T complete

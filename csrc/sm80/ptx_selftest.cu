@@ -12,6 +12,7 @@
 #include "flash_attn/ptx/ldmatrix_sm80.h"
 #include "flash_attn/ptx/mma_sm80.h"
 #include "flash_attn/ptx/red_sm90.h"
+#include "flash_attn/ptx/stmatrix_sm90.h"
 
 namespace flash::sm80::selftest {
 namespace {
@@ -140,7 +141,34 @@ __global__ void red_add_v4_kernel(float* dst, const float* added, const float* e
   ptx::red_add_v4_f32(row, e[0], e[1], e[2], e[3], valid[lane] != 0);
 }
 
+// The same addressing as ldmatrix_x4_kernel, storing instead: the tile read back must hold each lane's
+// registers where the fragment layout puts them, and the pre-filled pattern nowhere.
+__global__ void stmatrix_x4_kernel(const uint32_t* regs, uint16_t* tile) {
+  __shared__ __align__(16) uint16_t smem[kTileRows][kTileCols + kSmemRowPad];
+  const int lane = threadIdx.x;
+  for (int i = lane; i < kTileRows * (kTileCols + kSmemRowPad); i += kWarpLanes) {
+    smem[i / (kTileCols + kSmemRowPad)][i % (kTileCols + kSmemRowPad)] = static_cast<uint16_t>(kSmemFillWord);
+  }
+  __syncwarp();
+  const uint32_t* r = regs + lane * 4;
+  ptx::stmatrix_x4(&smem[lane % kTileRows][(lane / kTileRows) * kMmaCols], r[0], r[1], r[2], r[3]);
+  __syncwarp();
+  for (int i = lane; i < kTileRows * kTileCols; i += kWarpLanes) tile[i] = smem[i / kTileCols][i % kTileCols];
+}
+
 cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+// Compute capability major of the current device, 0 when it cannot be read.
+int device_major() {
+  int device = 0;
+  int major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    return 0;
+  }
+  return major;
+}
+constexpr int kHopperMajor = 9;
 
 }  // namespace
 
@@ -189,15 +217,14 @@ void cp_async_4(const int32_t* words, const int32_t* valid, int32_t* dst, void* 
 }
 
 bool red_add_v4_f32(float* dst, const float* added, const float* extra, const int32_t* valid, void* stream) {
-  constexpr int kVectorReductionMajor = 9;
-  int device = 0;
-  int major = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      major < kVectorReductionMajor) {
-    return false;
-  }
+  if (device_major() < kHopperMajor) return false;
   red_add_v4_kernel<<<1, kWarpLanes, 0, as_stream(stream)>>>(dst, added, extra, valid);
+  return true;
+}
+
+bool stmatrix_x4(const uint32_t* regs, uint16_t* tile, void* stream) {
+  if (device_major() < kHopperMajor) return false;
+  stmatrix_x4_kernel<<<1, kWarpLanes, 0, as_stream(stream)>>>(regs, tile);
   return true;
 }
 

@@ -49,4 +49,9 @@ void cp_async_4(const int32_t* words, const int32_t* valid, int32_t* dst, void* 
 // vector reduction there), launching nothing.
 bool red_add_v4_f32(float* dst, const float* added, const float* extra, const int32_t* valid, void* stream);
 
+// regs: kWarpLanes x 4 words; lane l stores regs[l][0..3] with stmatrix_x4, passing the address of row l % 16,
+// column 8 * (l / 16) of a 16x16 16-bit shared tile pre-filled with a non-zero pattern; tile receives that
+// shared tile. Returns false below sm90 (no stmatrix there), launching nothing.
+bool stmatrix_x4(const uint32_t* regs, uint16_t* tile, void* stream);
+
 }  // namespace flash::sm80::selftest
