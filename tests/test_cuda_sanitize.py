@@ -1,7 +1,7 @@
 # The representative CUDA subset that tools/sanitize.sh runs under compute-sanitizer (memcheck, racecheck):
 # every head-dim bucket (backward also with the compact tiles of GPUs below Hopper), odd sequence lengths, GQA,
-# causal and not, varlen with empty sequences and rows past cu_seqlens[-1], a padded head dim, dropout; forward,
-# and backward where it is built. Small sizes keep the sanitizers' slowdown bearable; each case is also checked
+# causal and not, varlen with empty sequences and rows past cu_seqlens[-1], a padded head dim, dropout, the wide
+# forward tile and the stmatrix backward stores; forward, and backward where it is built. Small sizes keep the sanitizers' slowdown bearable; each case is also checked
 # against the fp64 reference, so the subset is an ordinary part of the CUDA suite as well (marker: sanitize).
 import functools
 
@@ -56,6 +56,19 @@ def test_compact_backward_tiles(head_dim, monkeypatch):
 @pytest.mark.parametrize("shape", [(1, 1, 77, 2, 2, 64), (2, 131, 17, 4, 1, 128), (1, 65, 65, 2, 2, 60)])
 def test_odd_seqlens_and_padded_head_dim(shape, direction):
     _run_dense(shape, DIRECTIONS[direction])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_wide_forward_tile(causal):
+    """The 8-warp 128-row forward tile (head dims above 128, at least 4096 keys), whose V wait sits before the
+    softmax; ragged last key tile and GQA."""
+    _run_dense((1, 130, 4100, 2, 1, 256), False, causal=causal)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_stmatrix_backward_stores(head_dim):
+    """Non-causal backward at hd <= 128, whose P^T / dS^T stores are stmatrix on sm90: full and partial blocks."""
+    _run_dense((1, 200, 260, 2, 2, head_dim), True)
 
 
 @pytest.mark.parametrize("direction", list(DIRECTIONS))
