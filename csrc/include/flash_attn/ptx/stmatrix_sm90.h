@@ -16,12 +16,15 @@ constexpr bool kHasStmatrix = true;
 constexpr bool kHasStmatrix = false;
 #endif
 
-// Callers branch on kHasStmatrix at compile time; below sm90 this compiles to nothing.
+// Callers branch on kHasStmatrix at compile time; reached below sm90 it traps rather than store nothing.
 __device__ __forceinline__ void stmatrix_x4(void* row_address, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_address(row_address)),
                "r"(r0), "r"(r1), "r"(r2), "r"(r3)
                : "memory");
+#elif defined(__CUDA_ARCH__)
+  (void)row_address, (void)r0, (void)r1, (void)r2, (void)r3;
+  __trap();
 #endif
 }
 
