@@ -46,8 +46,8 @@ constexpr int kDecodeMaxRows = 16;
 constexpr int kMaxKeySplits = 128;
 
 // Which tile a call takes. kDecode: decode-shaped calls. kStandard: the tiles above, deeper K/V rings and (above
-// head dim 128) the 8-warp wide tile. kCompact: the one-stage tiles (the wide hd > 128 tiles need up to 198 KB
-// of shared memory per block and the hd <= 128 rings 92-104 KB: H100/H200 have 227 KB per block and 228 KB per
+// head dim 128) the 8-warp wide tile. kCompact: the one-stage tiles (the wide hd > 128 tile needs 135 KB of
+// shared memory per block at head dim 256, 198 KB as a ring, and the hd <= 128 rings 92-104 KB: H100/H200 have 227 KB per block and 228 KB per
 // SM, A100 163/164 KB, sm86/sm89 99/100 KB), taken where the standard tile does not fit or would lose a CTA per
 // SM, and above head dim 128 for key ranges below kWideMinKeys (a CTA of the wide tile runs ~30 us at 512 keys
 // and, alone on its SM, exposes its ~2 us Q/K/V prologue and epilogue, which two CTAs per SM overlap; at 2k
@@ -66,7 +66,7 @@ constexpr int kStagesUpTo128 = 1;
 
 // Whether the forward awaits V(n) right after S = Q K^T (FA2's place) rather than after the softmax. Early, no
 // barrier separates the softmax from P V, so ptxas interleaves the exponentials and the O rescale with the P V
-// MMAs; but V's load then has only Q K^T to hide behind. Measured on the H200 (three sessions' interleaved
+// MMAs; but V's load then has only Q K^T to hide behind. Measured on the H200 (three runs of interleaved
 // rounds, bf16, docs/perf_log.md "forward: V awaited before the softmax"): head dim 64 causal +5-9 % early
 // (8k 312-325 against 300-304), non-causal -3-5 % (8k 301-306 against 315-319); head dims 65-128 -3-6 % early
 // at every shape; above 128 the 8-warp wide tile needs it (above). `masked`: causal or local.
