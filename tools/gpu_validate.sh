@@ -2,6 +2,8 @@
 # One-shot GPU validation on the H200 machine: build (knobs from the environment), the whole test suite on CUDA,
 # then the BENCHMARKS.md forward/backward and decode runs, each stage under its own time limit so a slow stage
 # still leaves the others' logs. Usage: OUT=dir tools/gpu_validate.sh [build_s tests_s bench_s]
+# The results JSONs record `git rev-parse HEAD`; the device machine's copy of .git can be older than the tree it
+# gets, so pass FLASH_ATTN_COMMIT=<the local HEAD> in the device command when the JSONs are to be committed.
 set -uo pipefail
 OUT="${OUT:-/tmp/gpu_validate}"; mkdir -p "$OUT"
 # Bench logs stay beside, not in, $OUT: the device tool returns at most 8 files.
