@@ -1,11 +1,13 @@
 # Runs a few attention calls of one shape for profilers (ncu/nsys), ours or a torch SDPA backend, forward or
-# forward+backward. Batch x heads follow BENCHMARKS.md (16k tokens, hidden 2048). Example:
+# forward+backward. Batch x heads follow BENCHMARKS.md (16k tokens, hidden 2048; --decode-batch: its decode shapes).
+# Example:
 #   ncu -k regex:bwd_kernel --launch-skip 2 --launch-count 1 python3 tools/profile_attention.py 128 8192 --direction bwd
 import argparse
 
 import torch
 
 TOKENS, HIDDEN = 16384, 2048
+DECODE_HEADS_Q, DECODE_HEADS_K = 32, 8
 
 parser = argparse.ArgumentParser()
 parser.add_argument("head_dim", type=int)
@@ -14,12 +16,18 @@ parser.add_argument("--causal", action="store_true")
 parser.add_argument("--direction", choices=("fwd", "bwd"), default="fwd")
 parser.add_argument("--impl", choices=("flash_attn", "sdpa_flash", "sdpa_cudnn"), default="flash_attn")
 parser.add_argument("--calls", type=int, default=4)
+parser.add_argument("--decode-batch", type=int, default=0,
+                    help="decode shape instead (BENCHMARKS.md): this batch, 1 query, 32 / 8 heads, seqlen = KV length")
 args = parser.parse_args()
 
-batch, heads = TOKENS // args.seqlen, HIDDEN // args.head_dim
 grad = args.direction == "bwd"
-q, k, v = (torch.randn(batch, args.seqlen, heads, args.head_dim, device="cuda", dtype=torch.bfloat16,
-                       requires_grad=grad) for _ in range(3))
+if args.decode_batch:
+    batch, heads_q, heads_k, seqlen_q = args.decode_batch, DECODE_HEADS_Q, DECODE_HEADS_K, 1
+else:
+    batch, heads_q, heads_k, seqlen_q = TOKENS // args.seqlen, HIDDEN // args.head_dim, HIDDEN // args.head_dim, args.seqlen
+q = torch.randn(batch, seqlen_q, heads_q, args.head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=grad)
+k, v = (torch.randn(batch, args.seqlen, heads_k, args.head_dim, device="cuda", dtype=torch.bfloat16,
+                    requires_grad=grad) for _ in range(2))
 dout = torch.randn_like(q)
 
 if args.impl == "flash_attn":
@@ -35,7 +43,8 @@ else:
     def attention():
         with sdpa_kernel(backend):
             out = torch.nn.functional.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=args.causal)
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=args.causal,
+                enable_gqa=heads_q != heads_k)
         return out.transpose(1, 2)
 
 for _ in range(args.calls):
