@@ -1,9 +1,8 @@
 // Forward attention kernel of the portable sm80+ path: one CTA of 1, 4 or 8 warps per (query tile, head, batch
-// entry [, key split]). Q is staged once in shared memory; K and V tiles stream through cp.async in a ring of
-// one or more stages per kind (with one, V of tile n loads while S = Q K^T, and at some head dims the softmax,
-// of tile n run, K of tile n-1 while P V runs; more stages issue each tile further ahead); every operand reaches
-// the tensor cores through ldmatrix and mma.sync m16n8k16. Key tiles run last to first, so the tiles that need
-// the window/causal mask come first and the rest skip it. Tile shapes: fwd_tile_config.h.
+// entry [, key split]), written as the step functions below. Q is staged once in shared memory; K and V tiles
+// stream through a cp.async ring (with one stage per kind, V(n) loads during S = Q K^T, and at some head dims the
+// softmax, K(n-1) during P V; more stages issue each tile further ahead); ldmatrix feeds mma.sync m16n8k16. Key
+// tiles run last to first, so those that need the window/causal mask come first. Tile shapes: fwd_tile_config.h.
 #pragma once
 
 #include <cmath>
@@ -47,329 +46,428 @@ __device__ __forceinline__ CtaWindow cta_window(const MaskParams& mask, int seql
   return w;
 }
 
-template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind>
-__global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).warps* kWarpSize)
-    fwd_kernel(const FwdParams p) {
-  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral, kKind);
-  constexpr int kBlockM = kTile.block_m;
-  constexpr int kBlockN = kTile.block_n;
-  constexpr int kWarps = kTile.warps;
-  constexpr int kThreads = kWarps * kWarpSize;
-  constexpr int kStrips = kBlockM / (kWarps * kMmaM);  // 16-row strips per warp
-  constexpr int kStripStride = kWarps * kMmaM;          // rows between a warp's strips
-  constexpr int kStride = kHeadDim + kSmemRowPad;
-  constexpr int kKSteps = kHeadDim / kMmaK;
-  constexpr int kNTiles = kBlockN / kMmaN;
-  constexpr int kDTiles = kHeadDim / kMmaN;
-  constexpr int kStages = kTile.kv_stages;
-  // cp.async groups still in flight when K(n) or V(n) is awaited: the 2 * (kStages - 1) loads issued after it.
-  constexpr int kYoungerGroups = 2 * (kStages - 1);
-  constexpr bool kEarlyV = fwd_waits_v_before_softmax(kHeadDim, kMask != MaskKind::kNone);
-  static_assert(kHeadDim % (2 * kMmaK) == 0 && kBlockN % (2 * kMmaK) == 0 && kStrips >= 1, "tile shape");
-  static_assert(kStages >= 1 && kStages <= kMaxKvStages, "kv_stages");
+// One CTA's work and this thread's place in it: head (and kv head), batch entry and split; where the batch
+// entry's rows start and how long its sequences are; the first query row m0; the mask window; the key tiles
+// [n_first, n_last] the CTA visits; the thread's warp and lane (g = lane / 4, t = lane % 4 in the fragments).
+struct FwdCta {
+  int h;
+  int b;
+  int split;
+  int64_t q_row0;
+  int64_t k_row0;
+  int seqlen_q;
+  int seqlen_k;
+  int m0;
+  CtaWindow win;
+  int hk;
+  int head_dim;
+  int tid;
+  int warp;
+  int lane;
+  int g;
+  int t;
+  int n_first;
+  int n_last;
+};
 
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* s_q = reinterpret_cast<T*>(smem_raw);
-  T* const s_k_ring = s_q + kBlockM * kStride;
-  T* const s_v_ring = s_k_ring + kStages * kBlockN * kStride;
+// Where the CTA's operands live: Q and the K and V rings in shared memory (Q's rows later stage O), and its Q
+// rows and its kv head's K and V in global memory.
+template <typename T>
+struct FwdTiles {
+  T* s_q;
+  T* s_k_ring;
+  T* s_v_ring;
+  const T* q;
+  const T* k;
+  const T* v;
+};
 
+// Per-call constants of the score transform, the softmax and dropout (the lean kernel uses x_scale only).
+struct FwdScoreParams {
+  float x_scale;
+  float scale;
+  float softcap;
+  float log2e;
+  float alibi_slope;
+  bool dropout;
+  uint64_t seed;
+  uint64_t rng_offset;
+  uint64_t keep_threshold;
+  float inv_keep;
+  int64_t batch_head;
+};
+
+// cp.async groups still in flight when K(n) or V(n) is awaited: the 2 * (kStages - 1) loads issued after it.
+template <int kStages>
+constexpr int kYoungerGroups = 2 * (kStages - 1);
+
+// Finds this CTA's head, batch entry, split, sequence bounds and first query row (none left: m0 >= seqlen_q).
+template <MaskKind kMask, int kBlockM>
+__device__ __forceinline__ FwdCta locate_cta(const FwdParams& p) {
   const AttentionShape& shape = p.shape;
-  const int h = blockIdx.y;
-  const int b = blockIdx.z / p.num_splits;
-  const int split = blockIdx.z % p.num_splits;
-  int64_t q_row0 = 0, k_row0 = 0;
-  int seqlen_q = static_cast<int>(shape.seqlen_q), seqlen_k = static_cast<int>(shape.seqlen_k);
+  FwdCta cta;
+  cta.h = blockIdx.y;
+  cta.b = blockIdx.z / p.num_splits;
+  cta.split = blockIdx.z % p.num_splits;
+  cta.q_row0 = 0;
+  cta.k_row0 = 0;
+  cta.seqlen_q = static_cast<int>(shape.seqlen_q);
+  cta.seqlen_k = static_cast<int>(shape.seqlen_k);
   if (shape.cu_seqlens_q != nullptr) {
-    q_row0 = shape.cu_seqlens_q[b];
-    seqlen_q = shape.cu_seqlens_q[b + 1] - static_cast<int>(q_row0);
-    k_row0 = shape.cu_seqlens_k[b];
-    seqlen_k = shape.cu_seqlens_k[b + 1] - static_cast<int>(k_row0);
+    cta.q_row0 = shape.cu_seqlens_q[cta.b];
+    cta.seqlen_q = shape.cu_seqlens_q[cta.b + 1] - static_cast<int>(cta.q_row0);
+    cta.k_row0 = shape.cu_seqlens_k[cta.b];
+    cta.seqlen_k = shape.cu_seqlens_k[cta.b + 1] - static_cast<int>(cta.k_row0);
   }
-  seqlen_k = static_cast<int>(used_keys(shape, b, seqlen_k));
+  cta.seqlen_k = static_cast<int>(used_keys(shape, cta.b, cta.seqlen_k));
   // Causal calls take their query tiles in reverse launch order: the block scheduler dispatches blockIdx.x
   // upwards, so ascending tiles left the CTAs with the most key tiles (the last rows) for the end of each head's
   // run and of the grid, and the final wave waited on them (8k tokens: 7.75 waves of CTAs with 1 to 64 key
   // tiles at 128 rows). Longest first leaves the one-tile CTAs for the tail.
   const int m_block = kMask == MaskKind::kCausal ? static_cast<int>(gridDim.x - 1 - blockIdx.x)
                                                  : static_cast<int>(blockIdx.x);
-  const int m0 = m_block * kBlockM;
-  if (m0 >= seqlen_q) return;
-  const CtaWindow win = cta_window<kMask>(p.mask, seqlen_q, seqlen_k);
-  const int hk = h / static_cast<int>(shape.nheads_q / shape.nheads_k);
-  const int head_dim = static_cast<int>(shape.head_dim);
+  cta.m0 = m_block * kBlockM;
+  return cta;
+}
 
-  const int tid = threadIdx.x;
-  const int warp = tid / kWarpSize;
-  const int lane = tid % kWarpSize;
-  const int g = lane / 4;
-  const int t = lane % 4;
+// Completes the context of a CTA that has rows: its mask window, kv head, head dim, this thread's coordinates,
+// and the key tiles [n_first, n_last] it (and its split) visits.
+template <MaskKind kMask, int kBlockM, int kBlockN>
+__device__ __forceinline__ void plan_key_tiles(const FwdParams& p, FwdCta& cta) {
+  const AttentionShape& shape = p.shape;
+  cta.win = cta_window<kMask>(p.mask, cta.seqlen_q, cta.seqlen_k);
+  cta.hk = cta.h / static_cast<int>(shape.nheads_q / shape.nheads_k);
+  cta.head_dim = static_cast<int>(shape.head_dim);
+
+  cta.tid = threadIdx.x;
+  cta.warp = cta.tid / kWarpSize;
+  cta.lane = cta.tid % kWarpSize;
+  cta.g = cta.lane / 4;
+  cta.t = cta.lane % 4;
 
   // Key tiles this CTA (and split) visits.
-  const int m_last = min(m0 + kBlockM, seqlen_q) - 1;
+  const CtaWindow& win = cta.win;
+  const int m0 = cta.m0;
+  const int m_last = min(m0 + kBlockM, cta.seqlen_q) - 1;
   const int key_lo = win.has_left ? max(0, m0 + win.offset - win.left) : 0;
-  const int key_hi = win.has_right ? min(seqlen_k, m_last + win.offset + win.right + 1) : seqlen_k;
+  const int key_hi = win.has_right ? min(cta.seqlen_k, m_last + win.offset + win.right + 1) : cta.seqlen_k;
   int n_first = key_lo / kBlockN;
   int n_last = key_hi > key_lo ? (key_hi - 1) / kBlockN : n_first - 1;
   // Splits share this sequence's own tiles; a split starting past n_last (a short seqused_k, or a window that
   // leaves few tiles) visits none and writes the empty partial (out 0, lse -inf) that the combine weights 0.
   if (p.num_splits > 1) {
     const int per_split = (n_last - n_first + p.num_splits) / p.num_splits;
-    const int lo = n_first + split * per_split;
+    const int lo = n_first + cta.split * per_split;
     n_last = min(n_last, lo + per_split - 1);
     n_first = lo;
   }
+  cta.n_first = n_first;
+  cta.n_last = n_last;
+}
 
-  const T* q = static_cast<const T*>(p.q) + b * p.q_strides.batch + (q_row0 + m0) * p.q_strides.row +
-               h * p.q_strides.head;
-  const T* k = static_cast<const T*>(p.k) + b * p.k_strides.batch + k_row0 * p.k_strides.row +
-               static_cast<int64_t>(hk) * p.k_strides.head;
-  const T* v = static_cast<const T*>(p.v) + b * p.v_strides.batch + k_row0 * p.v_strides.row +
-               static_cast<int64_t>(hk) * p.v_strides.head;
+// Locates the CTA's tiles: Q, then the K ring, then the V ring in shared memory, and its rows in global memory.
+template <int kHeadDim, int kBlockM, int kBlockN, int kStages, typename T>
+__device__ __forceinline__ FwdTiles<T> locate_tiles(unsigned char* smem_raw, const FwdParams& p, const FwdCta& cta) {
+  constexpr int kStride = kHeadDim + kSmemRowPad;
+  FwdTiles<T> tiles;
+  tiles.s_q = reinterpret_cast<T*>(smem_raw);
+  tiles.s_k_ring = tiles.s_q + kBlockM * kStride;
+  tiles.s_v_ring = tiles.s_k_ring + kStages * kBlockN * kStride;
+  tiles.q = static_cast<const T*>(p.q) + cta.b * p.q_strides.batch + (cta.q_row0 + cta.m0) * p.q_strides.row +
+            cta.h * p.q_strides.head;
+  tiles.k = static_cast<const T*>(p.k) + cta.b * p.k_strides.batch + cta.k_row0 * p.k_strides.row +
+            static_cast<int64_t>(cta.hk) * p.k_strides.head;
+  tiles.v = static_cast<const T*>(p.v) + cta.b * p.v_strides.batch + cta.k_row0 * p.v_strides.row +
+            static_cast<int64_t>(cta.hk) * p.v_strides.head;
+  return tiles;
+}
 
-  // Key block n lives in ring slot n % kStages. Each load commits one cp.async group, empty when the block is
-  // outside the range, so the wait counts below hold at the end of the range too. Block indices in range are
-  // >= 0: the unsigned modulo is a mask for two stages.
-  auto ring_slot = [](int n) { return static_cast<int>(static_cast<unsigned>(n) % kStages); };
-  auto load_kv = [&](T* ring, const T* base, int64_t row_stride, int n) {
-    if (n >= n_first) {
-      const int n0 = n * kBlockN;
-      load_tile_async<kBlockN, kHeadDim, kThreads>(ring + ring_slot(n) * kBlockN * kStride, base + n0 * row_stride,
-                                                   row_stride, seqlen_k - n0, head_dim, tid);
-    }
-    ptx::cp_async_commit();
-  };
-  // Load order: Q with K(n_last), then V(n + 1 - kStages) after K(n) has landed and K(n - kStages) after V(n)
-  // has; the prologue issues everything before the first tile's wait. With two or more stages V(n_last) is in
-  // the prologue, so the first tile no longer pays a whole memory latency for V after K landed (with few tiles
-  // per CTA, as at 512 tokens or in split decode, that latency was exposed). The order keeps both waits at
-  // kYoungerGroups on every tile, so the loop body has no first-tile branch (one cost up to 15 extra STL/LDL
-  // per tile in the 4-warp kernels, which sit at 255 registers).
-  load_tile_async<kBlockM, kHeadDim, kThreads>(s_q, q, p.q_strides.row, seqlen_q - m0, head_dim, tid);
-  load_kv(s_k_ring, k, p.k_strides.row, n_last);
+// Key block n lives in ring slot n % kStages. Block indices in range are >= 0: the unsigned modulo is a mask for
+// two stages.
+template <int kStages>
+__device__ __forceinline__ int ring_slot(int n) {
+  return static_cast<int>(static_cast<unsigned>(n) % kStages);
+}
+
+// Issues the cp.async loads of key block n of K or V (rows at base) into its slot of `ring`. Each load commits
+// one cp.async group, empty when the block is outside the range, so the wait counts below hold at the end of the
+// range too.
+template <int kHeadDim, int kBlockN, int kThreads, int kStages, typename T>
+__device__ __forceinline__ void load_kv(T* ring, const T* base, int64_t row_stride, int n, const FwdCta& cta) {
+  constexpr int kStride = kHeadDim + kSmemRowPad;
+  if (n >= cta.n_first) {
+    const int n0 = n * kBlockN;
+    load_tile_async<kBlockN, kHeadDim, kThreads>(ring + ring_slot<kStages>(n) * kBlockN * kStride,
+                                                 base + n0 * row_stride, row_stride, cta.seqlen_k - n0, cta.head_dim,
+                                                 cta.tid);
+  }
+  ptx::cp_async_commit();
+}
+
+// Issues the prologue's loads: Q, K(n_last), then V and K of the tiles the deeper ring stages hold.
+// Load order: Q with K(n_last), then V(n + 1 - kStages) after K(n) has landed and K(n - kStages) after V(n)
+// has; the prologue issues everything before the first tile's wait. With two or more stages V(n_last) is in
+// the prologue, so the first tile no longer pays a whole memory latency for V after K landed (with few tiles
+// per CTA, as at 512 tokens or in split decode, that latency was exposed). The order keeps both waits at
+// kYoungerGroups on every tile, so the loop body has no first-tile branch (one cost up to 15 extra STL/LDL
+// per tile in the 4-warp kernels, which sit at 255 registers).
+template <int kHeadDim, int kBlockM, int kBlockN, int kThreads, int kStages, typename T>
+__device__ __forceinline__ void load_prologue(const FwdParams& p, const FwdCta& cta, const FwdTiles<T>& tiles) {
+  load_tile_async<kBlockM, kHeadDim, kThreads>(tiles.s_q, tiles.q, p.q_strides.row, cta.seqlen_q - cta.m0,
+                                               cta.head_dim, cta.tid);
+  load_kv<kHeadDim, kBlockN, kThreads, kStages>(tiles.s_k_ring, tiles.k, p.k_strides.row, cta.n_last, cta);
 #pragma unroll
   for (int ahead = 1; ahead < kStages; ++ahead) {
-    load_kv(s_v_ring, v, p.v_strides.row, n_last + 1 - ahead);
-    load_kv(s_k_ring, k, p.k_strides.row, n_last - ahead);
+    load_kv<kHeadDim, kBlockN, kThreads, kStages>(tiles.s_v_ring, tiles.v, p.v_strides.row, cta.n_last + 1 - ahead,
+                                                  cta);
+    load_kv<kHeadDim, kBlockN, kThreads, kStages>(tiles.s_k_ring, tiles.k, p.k_strides.row, cta.n_last - ahead,
+                                                  cta);
   }
+}
 
-  // Softmax in the log2 domain: p = 2^(x * x_scale - m). The fast path keeps raw scores (x_scale folds the
-  // softmax scale and log2(e) into one FFMA); the general path turns scores into log2-domain logits first.
+// Reads the call's score, softmax and dropout constants (ALiBi slope of this head, dropout RNG state).
+// Softmax in the log2 domain: p = 2^(x * x_scale - m). The fast path keeps raw scores (x_scale folds the
+// softmax scale and log2(e) into one FFMA); the general path turns scores into log2-domain logits first.
+template <bool kGeneral>
+__device__ __forceinline__ FwdScoreParams read_score_params(const FwdParams& p, const FwdCta& cta) {
+  FwdScoreParams sp;
   const float scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
-  const float x_scale = kGeneral ? 1.f : scale_log2;
-  const float scale = static_cast<float>(p.softmax_scale);
-  const float softcap = static_cast<float>(p.softcap);
-  const float log2e = static_cast<float>(kLog2e);
-  float alibi_slope = 0.f;
-  bool dropout = false;
-  uint64_t seed = 0, rng_offset = 0, keep_threshold = 0;
-  float inv_keep = 1.f;
+  sp.x_scale = kGeneral ? 1.f : scale_log2;
+  sp.scale = static_cast<float>(p.softmax_scale);
+  sp.softcap = static_cast<float>(p.softcap);
+  sp.log2e = static_cast<float>(kLog2e);
+  sp.alibi_slope = 0.f;
+  sp.dropout = false;
+  sp.seed = 0;
+  sp.rng_offset = 0;
+  sp.keep_threshold = 0;
+  sp.inv_keep = 1.f;
   if constexpr (kGeneral) {
-    alibi_slope = p.mask.alibi_slopes != nullptr ? p.mask.alibi_slopes[b * p.mask.alibi_batch_stride + h] : 0.f;
-    dropout = p.dropout.p > 0.0;
-    if (dropout) {
-      seed = static_cast<uint64_t>(p.dropout.rng_state[0]);
-      rng_offset = static_cast<uint64_t>(p.dropout.rng_state[1]);
-      keep_threshold = dropout_keep_threshold(p.dropout.p);
-      inv_keep = static_cast<float>(1.0 / (1.0 - p.dropout.p));
+    sp.alibi_slope =
+        p.mask.alibi_slopes != nullptr ? p.mask.alibi_slopes[cta.b * p.mask.alibi_batch_stride + cta.h] : 0.f;
+    sp.dropout = p.dropout.p > 0.0;
+    if (sp.dropout) {
+      sp.seed = static_cast<uint64_t>(p.dropout.rng_state[0]);
+      sp.rng_offset = static_cast<uint64_t>(p.dropout.rng_state[1]);
+      sp.keep_threshold = dropout_keep_threshold(p.dropout.p);
+      sp.inv_keep = static_cast<float>(1.0 / (1.0 - p.dropout.p));
     }
   }
-  const int64_t batch_head = static_cast<int64_t>(b) * shape.nheads_q + h;
+  sp.batch_head = static_cast<int64_t>(cta.b) * p.shape.nheads_q + cta.h;
+  return sp;
+}
 
-  // Rows (within the sequence) of this thread's accumulator entries: strip s, half r -> g + 8r.
-  int rows[kStrips][2];
+// Rows (within the sequence) of this thread's accumulator entries: strip s, half r -> g + 8r.
+template <int kStripStride, int kStrips>
+__device__ __forceinline__ void find_rows(int (&rows)[kStrips][2], const FwdCta& cta) {
 #pragma unroll
   for (int s = 0; s < kStrips; ++s) {
-    rows[s][0] = m0 + warp * kMmaM + s * kStripStride + g;
+    rows[s][0] = cta.m0 + cta.warp * kMmaM + s * kStripStride + cta.g;
     rows[s][1] = rows[s][0] + 8;
   }
+}
 
-  float row_max[kStrips][2], row_sum[kStrips][2];
-  ptx::MmaC acc[kStrips][kDTiles];
+// Starts the online softmax of every row with no keys seen: running max -inf, running sum 0.
+template <int kStrips>
+__device__ __forceinline__ void init_softmax(float (&row_max)[kStrips][2], float (&row_sum)[kStrips][2]) {
 #pragma unroll
   for (int s = 0; s < kStrips; ++s) {
     row_max[s][0] = row_max[s][1] = -INFINITY;
     row_sum[s][0] = row_sum[s][1] = 0.f;
   }
+}
+
+// Waits for K(n) (and, on the first tile, Q); then V(n + 1 - kStages) starts loading into the slot of V(n + 1).
+// await_k and await_v take the tile index by reference, as the lambda they replace captured it: the loop counter
+// then stays in memory until inlining. Passed by value, it changed how the 1-warp decode kernels (three K/V
+// stages) compute their load addresses: the hd32 decode main loop grew from 289 to 307 instructions (SASS).
+template <int kHeadDim, int kBlockN, int kThreads, int kStages, typename T>
+__device__ __forceinline__ void await_k(const FwdParams& p, const FwdCta& cta, const FwdTiles<T>& tiles,
+                                        const int& n) {
+  ptx::cp_async_wait<kYoungerGroups<kStages>>();
+  __syncthreads();  // K(n) (and Q) landed; every warp is done with V(n+1), whose slot takes V(n + 1 - kStages)
+  load_kv<kHeadDim, kBlockN, kThreads, kStages>(tiles.s_v_ring, tiles.v, p.v_strides.row, n + 1 - kStages, cta);
+}
+
+// Either right after S = Q K^T or after the softmax (fwd_waits_v_before_softmax): V(n) landed; every warp is
+// done with K(n), whose slot takes K(n - kStages).
+template <int kHeadDim, int kBlockN, int kThreads, int kStages, typename T>
+__device__ __forceinline__ void await_v(const FwdParams& p, const FwdCta& cta, const FwdTiles<T>& tiles,
+                                        const int& n) {
+  ptx::cp_async_wait<kYoungerGroups<kStages>>();
+  __syncthreads();
+  load_kv<kHeadDim, kBlockN, kThreads, kStages>(tiles.s_k_ring, tiles.k, p.k_strides.row, n - kStages, cta);
+}
+
+// S = Q K^T of this warp's strips against the key tile s_k: each K fragment feeds every strip. `a` holds one k16
+// step of Q's A fragments (the caller's array; see the kernel).
+template <int kHeadDim, int kStripStride, int kStrips, int kNTiles, typename T>
+__device__ __forceinline__ void compute_scores(ptx::MmaC (&sc)[kStrips][kNTiles], ptx::MmaA (&a)[kStrips],
+                                               const T* s_q, const T* s_k, int warp, int lane) {
+  constexpr int kStride = kHeadDim + kSmemRowPad;
+  constexpr int kKSteps = kHeadDim / kMmaK;
   const T zero = from_float<T>(0.f);
-
-  for (int n = n_last; n >= n_first; --n) {
-    const int n0 = n * kBlockN;
-    ptx::cp_async_wait<kYoungerGroups>();
-    __syncthreads();  // K(n) (and Q) landed; every warp is done with V(n+1), whose slot takes V(n + 1 - kStages)
-    load_kv(s_v_ring, v, p.v_strides.row, n + 1 - kStages);
-    const T* s_k = s_k_ring + ring_slot(n) * kBlockN * kStride;
-    const T* s_v = s_v_ring + ring_slot(n) * kBlockN * kStride;
-
-    ptx::MmaC sc[kStrips][kNTiles];
 #pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk) {
-      ptx::MmaA a[kStrips];
-#pragma unroll
-      for (int s = 0; s < kStrips; ++s) {
-        ptx::ldmatrix_x4(a[s].reg,
-                         s_q + (warp * kMmaM + s * kStripStride + lane % 16) * kStride + kk * kMmaK + (lane / 16) * 8);
-      }
-#pragma unroll
-      for (int np = 0; np < kNTiles / 2; ++np) {
-        uint32_t kb[4];
-        ptx::ldmatrix_x4(kb, s_k + (np * 16 + lane % 8 + 8 * (lane / 16)) * kStride + kk * kMmaK +
-                                 8 * ((lane / 8) % 2));
-        const ptx::MmaB b0{{kb[0], kb[1]}};
-        const ptx::MmaB b1{{kb[2], kb[3]}};
-#pragma unroll
-        for (int s = 0; s < kStrips; ++s) {
-          ptx::mma_m16n8k16(sc[s][2 * np], a[s], b0, zero);
-          ptx::mma_m16n8k16(sc[s][2 * np + 1], a[s], b1, zero);
-        }
-      }
-    }
-
-    // Either here or after the softmax (fwd_waits_v_before_softmax): V(n) landed; every warp is done with K(n),
-    // whose slot takes K(n - kStages).
-    auto await_v = [&] {
-      ptx::cp_async_wait<kYoungerGroups>();
-      __syncthreads();
-      load_kv(s_k_ring, k, p.k_strides.row, n - kStages);
-    };
-    if constexpr (kEarlyV) await_v();
-
-    // General path: scores -> log2-domain logits (scale, softcap, ALiBi, bias).
-    if constexpr (kGeneral) {
-#pragma unroll
-      for (int s = 0; s < kStrips; ++s) {
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int row = rows[s][e / 2];
-            const int col = n0 + nt * kMmaN + 2 * t + (e % 2);
-            float z = sc[s][nt].reg[e] * scale;
-            if (softcap > 0.f) z = softcap * tanhf(z / softcap);
-            if (p.mask.alibi_slopes != nullptr) z -= alibi_slope * fabsf(static_cast<float>(row + win.offset - col));
-            if (p.mask.bias != nullptr && row < seqlen_q && col < seqlen_k) {
-              const ScoreStrides& bs = p.mask.bias_strides;
-              z += read_bias(p.mask.bias, p.mask.bias_dtype,
-                             b * bs.batch + h * bs.head + static_cast<int64_t>(row) * bs.row + col * bs.col);
-            }
-            sc[s][nt].reg[e] = z * log2e;
-          }
-        }
-      }
-    }
-
-    // Mask only the tiles some row of this CTA cannot fully see.
-    const bool needs_mask = n0 + kBlockN > seqlen_k || (win.has_right && n0 + kBlockN - 1 > m0 + win.offset + win.right) ||
-                            (win.has_left && n0 < m0 + kBlockM - 1 + win.offset - win.left);
-    if (needs_mask) {
-#pragma unroll
-      for (int s = 0; s < kStrips; ++s) {
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int row = rows[s][e / 2];
-            const int col = n0 + nt * kMmaN + 2 * t + (e % 2);
-            const bool visible = col < seqlen_k && (!win.has_left || col >= row + win.offset - win.left) &&
-                                 (!win.has_right || col <= row + win.offset + win.right);
-            if (!visible) sc[s][nt].reg[e] = -INFINITY;
-          }
-        }
-      }
-    }
-
-    // Online softmax: new running max, rescale of the running sum and O, then P = 2^(x * x_scale - max).
+  for (int kk = 0; kk < kKSteps; ++kk) {
 #pragma unroll
     for (int s = 0; s < kStrips; ++s) {
+      ptx::ldmatrix_x4(a[s].reg,
+                       s_q + (warp * kMmaM + s * kStripStride + lane % 16) * kStride + kk * kMmaK + (lane / 16) * 8);
+    }
+#pragma unroll
+    for (int np = 0; np < kNTiles / 2; ++np) {
+      uint32_t kb[4];
+      ptx::ldmatrix_x4(kb, s_k + (np * 16 + lane % 8 + 8 * (lane / 16)) * kStride + kk * kMmaK +
+                               8 * ((lane / 8) % 2));
+      const ptx::MmaB b0{{kb[0], kb[1]}};
+      const ptx::MmaB b1{{kb[2], kb[3]}};
+#pragma unroll
+      for (int s = 0; s < kStrips; ++s) {
+        ptx::mma_m16n8k16(sc[s][2 * np], a[s], b0, zero);
+        ptx::mma_m16n8k16(sc[s][2 * np + 1], a[s], b1, zero);
+      }
+    }
+  }
+}
+
+// General path: scores -> log2-domain logits (scale, softcap, ALiBi, bias).
+template <int kStrips, int kNTiles>
+__device__ __forceinline__ void transform_scores(ptx::MmaC (&sc)[kStrips][kNTiles], const int (&rows)[kStrips][2],
+                                                 int n0, const FwdParams& p, const FwdCta& cta,
+                                                 const FwdScoreParams& sp) {
+#pragma unroll
+  for (int s = 0; s < kStrips; ++s) {
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = rows[s][e / 2];
+        const int col = n0 + nt * kMmaN + 2 * cta.t + (e % 2);
+        float z = sc[s][nt].reg[e] * sp.scale;
+        if (sp.softcap > 0.f) z = sp.softcap * tanhf(z / sp.softcap);
+        if (p.mask.alibi_slopes != nullptr) {
+          z -= sp.alibi_slope * fabsf(static_cast<float>(row + cta.win.offset - col));
+        }
+        if (p.mask.bias != nullptr && row < cta.seqlen_q && col < cta.seqlen_k) {
+          const ScoreStrides& bs = p.mask.bias_strides;
+          z += read_bias(p.mask.bias, p.mask.bias_dtype,
+                         cta.b * bs.batch + cta.h * bs.head + static_cast<int64_t>(row) * bs.row + col * bs.col);
+        }
+        sc[s][nt].reg[e] = z * sp.log2e;
+      }
+    }
+  }
+}
+
+// Online softmax: new running max, rescale of the running sum and O, then P = 2^(x * x_scale - max).
+template <int kStrips, int kNTiles, int kDTiles>
+__device__ __forceinline__ void online_softmax(ptx::MmaC (&sc)[kStrips][kNTiles], ptx::MmaC (&acc)[kStrips][kDTiles],
+                                               float (&row_max)[kStrips][2], float (&row_sum)[kStrips][2],
+                                               float x_scale) {
+#pragma unroll
+  for (int s = 0; s < kStrips; ++s) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        tile_max = fmaxf(tile_max, fmaxf(sc[s][nt].reg[2 * r], sc[s][nt].reg[2 * r + 1]));
+      }
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float new_max = fmaxf(row_max[s][r], tile_max * x_scale);
+      const float shift = new_max == -INFINITY ? 0.f : new_max;
+      const float rescale = exp2f(row_max[s][r] - shift);
+      row_max[s][r] = new_max;
+      row_sum[s][r] *= rescale;
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        acc[s][dt].reg[2 * r] *= rescale;
+        acc[s][dt].reg[2 * r + 1] *= rescale;
+      }
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float prob = exp2f(fmaf(sc[s][nt].reg[2 * r + c], x_scale, -shift));
+          sum += prob;
+          sc[s][nt].reg[2 * r + c] = prob;
+        }
+      }
+      row_sum[s][r] += sum;
+    }
+  }
+}
+
+// Dropout: the row sum keeps every probability; only P V sees the kept ones, scaled by 1 / (1 - p).
+template <int kStrips, int kNTiles>
+__device__ __forceinline__ void apply_dropout(ptx::MmaC (&sc)[kStrips][kNTiles], const int (&rows)[kStrips][2],
+                                              int n0, int t, const FwdScoreParams& sp) {
+#pragma unroll
+  for (int s = 0; s < kStrips; ++s) {
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float tile_max = -INFINITY;
+        const int col = n0 + nt * kMmaN + 2 * t;
+        const PhiloxBlock words = dropout_words(sp.seed, sp.rng_offset, sp.batch_head, rows[s][r], col / 4);
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-          tile_max = fmaxf(tile_max, fmaxf(sc[s][nt].reg[2 * r], sc[s][nt].reg[2 * r + 1]));
-        }
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        const float new_max = fmaxf(row_max[s][r], tile_max * x_scale);
-        const float shift = new_max == -INFINITY ? 0.f : new_max;
-        const float rescale = exp2f(row_max[s][r] - shift);
-        row_max[s][r] = new_max;
-        row_sum[s][r] *= rescale;
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          acc[s][dt].reg[2 * r] *= rescale;
-          acc[s][dt].reg[2 * r + 1] *= rescale;
-        }
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const float prob = exp2f(fmaf(sc[s][nt].reg[2 * r + c], x_scale, -shift));
-            sum += prob;
-            sc[s][nt].reg[2 * r + c] = prob;
-          }
-        }
-        row_sum[s][r] += sum;
-      }
-    }
-
-    // Dropout: the row sum keeps every probability; only P V sees the kept ones, scaled by 1 / (1 - p).
-    if (kGeneral && dropout) {
-#pragma unroll
-      for (int s = 0; s < kStrips; ++s) {
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int col = n0 + nt * kMmaN + 2 * t;
-            const PhiloxBlock words = dropout_words(seed, rng_offset, batch_head, rows[s][r], col / 4);
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              float& prob = sc[s][nt].reg[2 * r + c];
-              prob = words.word[(col + c) % 4] < keep_threshold ? prob * inv_keep : 0.f;
-            }
-          }
-        }
-      }
-    }
-
-    if constexpr (!kEarlyV) await_v();
-
-    // O += P V: two adjacent n8 accumulator tiles of P are one k16 A fragment.
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / kMmaK; ++kk) {
-      ptx::MmaA pa[kStrips];
-#pragma unroll
-      for (int s = 0; s < kStrips; ++s) {
-        const ptx::MmaC& left = sc[s][2 * kk];
-        const ptx::MmaC& right = sc[s][2 * kk + 1];
-        pa[s].reg[0] = pack_float2<T>(left.reg[0], left.reg[1]);
-        pa[s].reg[1] = pack_float2<T>(left.reg[2], left.reg[3]);
-        pa[s].reg[2] = pack_float2<T>(right.reg[0], right.reg[1]);
-        pa[s].reg[3] = pack_float2<T>(right.reg[2], right.reg[3]);
-      }
-#pragma unroll
-      for (int dp = 0; dp < kHeadDim / 16; ++dp) {
-        uint32_t vb[4];
-        ptx::ldmatrix_x4_trans(vb, s_v + (kk * kMmaK + lane % 16) * kStride + dp * 16 + 8 * (lane / 16));
-        const ptx::MmaB b0{{vb[0], vb[1]}};
-        const ptx::MmaB b1{{vb[2], vb[3]}};
-#pragma unroll
-        for (int s = 0; s < kStrips; ++s) {
-          ptx::mma_m16n8k16(acc[s][2 * dp], pa[s], b0, zero);
-          ptx::mma_m16n8k16(acc[s][2 * dp + 1], pa[s], b1, zero);
+        for (int c = 0; c < 2; ++c) {
+          float& prob = sc[s][nt].reg[2 * r + c];
+          prob = words.word[(col + c) % 4] < sp.keep_threshold ? prob * sp.inv_keep : 0.f;
         }
       }
     }
   }
+}
 
-  // Epilogue: normalise; a split writes fp32 partials, a whole call stages O (in T) through the warp's own Q
-  // rows of shared memory and stores 16-byte chunks.
-  ptx::cp_async_wait<0>();
-  __syncthreads();
-  const bool split_call = p.num_splits > 1;
+// O += P V: two adjacent n8 accumulator tiles of P are one k16 A fragment (`pa`, the caller's array; see the
+// kernel).
+template <int kHeadDim, int kStrips, int kNTiles, int kDTiles, typename T>
+__device__ __forceinline__ void accumulate_pv(ptx::MmaC (&acc)[kStrips][kDTiles], ptx::MmaA (&pa)[kStrips],
+                                              const ptx::MmaC (&sc)[kStrips][kNTiles], const T* s_v, int lane) {
+  constexpr int kStride = kHeadDim + kSmemRowPad;
+  constexpr int kBlockN = kNTiles * kMmaN;
+  const T zero = from_float<T>(0.f);
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / kMmaK; ++kk) {
+#pragma unroll
+    for (int s = 0; s < kStrips; ++s) {
+      const ptx::MmaC& left = sc[s][2 * kk];
+      const ptx::MmaC& right = sc[s][2 * kk + 1];
+      pa[s].reg[0] = pack_float2<T>(left.reg[0], left.reg[1]);
+      pa[s].reg[1] = pack_float2<T>(left.reg[2], left.reg[3]);
+      pa[s].reg[2] = pack_float2<T>(right.reg[0], right.reg[1]);
+      pa[s].reg[3] = pack_float2<T>(right.reg[2], right.reg[3]);
+    }
+#pragma unroll
+    for (int dp = 0; dp < kHeadDim / 16; ++dp) {
+      uint32_t vb[4];
+      ptx::ldmatrix_x4_trans(vb, s_v + (kk * kMmaK + lane % 16) * kStride + dp * 16 + 8 * (lane / 16));
+      const ptx::MmaB b0{{vb[0], vb[1]}};
+      const ptx::MmaB b1{{vb[2], vb[3]}};
+#pragma unroll
+      for (int s = 0; s < kStrips; ++s) {
+        ptx::mma_m16n8k16(acc[s][2 * dp], pa[s], b0, zero);
+        ptx::mma_m16n8k16(acc[s][2 * dp + 1], pa[s], b1, zero);
+      }
+    }
+  }
+}
+
+// Normalises O by the row sums and writes each row's LSE: a split writes its fp32 partial straight to global
+// memory, a whole call stages O (in T) in this warp's own Q rows of shared memory for store_output.
+template <int kHeadDim, int kStrips, int kDTiles, typename T>
+__device__ __forceinline__ void normalise_output(const ptx::MmaC (&acc)[kStrips][kDTiles],
+                                                 const float (&row_max)[kStrips][2],
+                                                 const float (&row_sum)[kStrips][2], const int (&rows)[kStrips][2],
+                                                 T* s_q, const FwdParams& p, const FwdCta& cta, bool split_call) {
+  constexpr int kStride = kHeadDim + kSmemRowPad;
+  const AttentionShape& shape = p.shape;
+  const int t = cta.t;
   const int64_t split_row0 =
-      ((static_cast<int64_t>(split) * shape.batch + b) * shape.nheads_q + h) * shape.seqlen_q;
+      ((static_cast<int64_t>(cta.split) * shape.batch + cta.b) * shape.nheads_q + cta.h) * shape.seqlen_q;
 #pragma unroll
   for (int s = 0; s < kStrips; ++s) {
 #pragma unroll
@@ -382,9 +480,9 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
       const float lse = empty ? (split_call ? -INFINITY : INFINITY)
                               : row_max[s][r] * static_cast<float>(kLn2) + logf(sum);
       const int row = rows[s][r];
-      const int local = row - m0;
+      const int local = row - cta.m0;
       if (split_call) {
-        if (row < seqlen_q) {
+        if (row < cta.seqlen_q) {
           float* o = p.split_out + (split_row0 + row) * kHeadDim;
 #pragma unroll
           for (int dt = 0; dt < kDTiles; ++dt) {
@@ -401,31 +499,129 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
           *reinterpret_cast<uint32_t*>(s_q + local * kStride + col) =
               pack_float2<T>(acc[s][dt].reg[2 * r] * inv_sum, acc[s][dt].reg[2 * r + 1] * inv_sum);
         }
-        if (t == 0 && row < seqlen_q) {
-          float* lse_out = static_cast<float*>(p.lse) + b * p.lse_batch_stride + h * p.lse_head_stride + q_row0;
+        if (t == 0 && row < cta.seqlen_q) {
+          float* lse_out =
+              static_cast<float*>(p.lse) + cta.b * p.lse_batch_stride + cta.h * p.lse_head_stride + cta.q_row0;
           lse_out[row] = lse;
         }
       }
     }
   }
-  if (split_call) return;
-  __syncwarp();
-  T* out = static_cast<T*>(p.out) + b * p.out_strides.batch + (q_row0 + m0) * p.out_strides.row +
-           h * p.out_strides.head;
+}
+
+// Copies this warp's staged O rows from shared memory to the output in 16-byte chunks.
+template <int kHeadDim, int kStripStride, int kStrips, typename T>
+__device__ __forceinline__ void store_output(const T* s_q, const FwdParams& p, const FwdCta& cta) {
+  constexpr int kStride = kHeadDim + kSmemRowPad;
   constexpr int kChunksPerRow = kHeadDim / kChunkElems;
+  __syncwarp();
+  T* out = static_cast<T*>(p.out) + cta.b * p.out_strides.batch + (cta.q_row0 + cta.m0) * p.out_strides.row +
+           cta.h * p.out_strides.head;
 #pragma unroll
   for (int s = 0; s < kStrips; ++s) {
-    const int strip0 = warp * kMmaM + s * kStripStride;
+    const int strip0 = cta.warp * kMmaM + s * kStripStride;
 #pragma unroll
-    for (int c = lane; c < kMmaM * kChunksPerRow; c += kWarpSize) {
+    for (int c = cta.lane; c < kMmaM * kChunksPerRow; c += kWarpSize) {
       const int local = strip0 + c / kChunksPerRow;
       const int col = (c % kChunksPerRow) * kChunkElems;
-      if (m0 + local < seqlen_q && col < head_dim) {
+      if (cta.m0 + local < cta.seqlen_q && col < cta.head_dim) {
         *reinterpret_cast<uint4*>(out + local * p.out_strides.row + col) =
             *reinterpret_cast<const uint4*>(s_q + local * kStride + col);
       }
     }
   }
+}
+
+template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind>
+__global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).warps* kWarpSize)
+    fwd_kernel(const FwdParams p) {
+  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral, kKind);
+  constexpr int kBlockM = kTile.block_m;
+  constexpr int kBlockN = kTile.block_n;
+  constexpr int kWarps = kTile.warps;
+  constexpr int kThreads = kWarps * kWarpSize;
+  constexpr int kStrips = kBlockM / (kWarps * kMmaM);  // 16-row strips per warp
+  constexpr int kStripStride = kWarps * kMmaM;          // rows between a warp's strips
+  constexpr int kStride = kHeadDim + kSmemRowPad;
+  constexpr int kNTiles = kBlockN / kMmaN;
+  constexpr int kDTiles = kHeadDim / kMmaN;
+  constexpr int kStages = kTile.kv_stages;
+  constexpr bool kEarlyV = fwd_waits_v_before_softmax(kHeadDim, kMask != MaskKind::kNone);
+  static_assert(kHeadDim % (2 * kMmaK) == 0 && kBlockN % (2 * kMmaK) == 0 && kStrips >= 1, "tile shape");
+  static_assert(kStages >= 1 && kStages <= kMaxKvStages, "kv_stages");
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+
+  FwdCta cta = locate_cta<kMask, kBlockM>(p);
+  if (cta.m0 >= cta.seqlen_q) return;
+  plan_key_tiles<kMask, kBlockM, kBlockN>(p, cta);
+  const FwdTiles<T> tiles = locate_tiles<kHeadDim, kBlockM, kBlockN, kStages, T>(smem_raw, p, cta);
+  load_prologue<kHeadDim, kBlockM, kBlockN, kThreads, kStages>(p, cta, tiles);
+  const FwdScoreParams sp = read_score_params<kGeneral>(p, cta);
+
+  int rows[kStrips][2];
+  find_rows<kStripStride>(rows, cta);
+  float row_max[kStrips][2], row_sum[kStrips][2];
+  ptx::MmaC acc[kStrips][kDTiles];
+  init_softmax(row_max, row_sum);
+
+  for (int n = cta.n_last; n >= cta.n_first; --n) {
+    const int n0 = n * kBlockN;
+    await_k<kHeadDim, kBlockN, kThreads, kStages>(p, cta, tiles, n);
+    const T* s_k = tiles.s_k_ring + ring_slot<kStages>(n) * kBlockN * kStride;
+    const T* s_v = tiles.s_v_ring + ring_slot<kStages>(n) * kBlockN * kStride;
+
+    // The A-fragment arrays of both GEMMs (a: Q, pa: P) are declared here and passed in: declared inside
+    // compute_scores / accumulate_pv, they are allocated ahead of this kernel's own arrays once inlined, and ptxas
+    // then assigned registers differently (the standard-tile kernels' SASS changed at 3 of the 4 head dims checked;
+    // hd128 causal general: main loop 7719 -> 7720 instructions).
+    ptx::MmaC sc[kStrips][kNTiles];
+    ptx::MmaA a[kStrips];
+    compute_scores<kHeadDim, kStripStride>(sc, a, tiles.s_q, s_k, cta.warp, cta.lane);
+    if constexpr (kEarlyV) await_v<kHeadDim, kBlockN, kThreads, kStages>(p, cta, tiles, n);
+    if constexpr (kGeneral) transform_scores(sc, rows, n0, p, cta, sp);
+
+    // Mask only the tiles some row of this CTA cannot fully see: scores of keys past seqlen_k or outside the
+    // window become -inf. Written here rather than as a function: every function form tried (test and masking
+    // loop in one function or two, the tile's first key by value or by reference) changed the SASS of some 1-warp
+    // decode kernels, e.g. sm90 sliding-window hd160: 36 more bytes of spill loads and 2 more main-loop
+    // instructions; or sm90 no-mask hd32: main loop 289 -> 304 instructions.
+    const CtaWindow& win = cta.win;
+    const bool needs_mask = n0 + kBlockN > cta.seqlen_k ||
+                            (win.has_right && n0 + kBlockN - 1 > cta.m0 + win.offset + win.right) ||
+                            (win.has_left && n0 < cta.m0 + kBlockM - 1 + win.offset - win.left);
+    if (needs_mask) {
+#pragma unroll
+      for (int s = 0; s < kStrips; ++s) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int row = rows[s][e / 2];
+            const int col = n0 + nt * kMmaN + 2 * cta.t + (e % 2);
+            const bool visible = col < cta.seqlen_k && (!win.has_left || col >= row + win.offset - win.left) &&
+                                 (!win.has_right || col <= row + win.offset + win.right);
+            if (!visible) sc[s][nt].reg[e] = -INFINITY;
+          }
+        }
+      }
+    }
+
+    online_softmax(sc, acc, row_max, row_sum, sp.x_scale);
+    if (kGeneral && sp.dropout) apply_dropout(sc, rows, n0, cta.t, sp);
+    if constexpr (!kEarlyV) await_v<kHeadDim, kBlockN, kThreads, kStages>(p, cta, tiles, n);
+    ptx::MmaA pa[kStrips];
+    accumulate_pv<kHeadDim>(acc, pa, sc, s_v, cta.lane);
+  }
+
+  // Epilogue: normalise; a split writes fp32 partials, a whole call stages O (in T) through the warp's own Q
+  // rows of shared memory and stores 16-byte chunks.
+  ptx::cp_async_wait<0>();
+  __syncthreads();
+  const bool split_call = p.num_splits > 1;
+  normalise_output<kHeadDim>(acc, row_max, row_sum, rows, tiles.s_q, p, cta, split_call);
+  if (split_call) return;
+  store_output<kHeadDim, kStripStride, kStrips>(tiles.s_q, p, cta);
 }
 
 }  // namespace flash::sm80
