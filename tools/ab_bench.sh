@@ -5,7 +5,8 @@
 # variants build in parallel, then AB_ROUNDS rounds benchmark every variant in turn (FA2 = sdpa_flash alongside the
 # first), and tools/ab_summary.py prints each variant's best and median TFLOP/s per shape over the rounds.
 # Usage: OUT=dir AB_VARIANTS=". .ab/base" [AB_DIRECTION=fwd AB_HEADDIMS=64,128,256 AB_SEQLENS=... AB_ROUNDS=3
-#        AB_TESTS="tests/x.py" (run on every variant; AB_TEST_FIRST=1: the first only) AB_WORK=dir (where the variant trees go)]
+#        AB_TESTS="tests/x.py" (run on every variant; AB_TEST_FIRST=1: the first only) AB_WORK=dir (where the variant trees go)
+#        AB_DECODE=1 (also the decode shapes of BENCHMARKS.md, TB/s)]
 #        tools/ab_bench.sh   (build knobs FLASH_ATTN_* and REP_MS from the environment)
 set -uo pipefail
 OUT="${OUT:-/tmp/ab}"; mkdir -p "$OUT"
@@ -48,6 +49,10 @@ for r in $(seq "$ROUNDS"); do
     (cd "$WORK/$name" && python3 benchmarks/bench_attention.py --impls "$impls" --direction "$DIRECTION" \
       --headdim "$hds" --seqlen "$SEQLENS" --causal both --rep-ms "$REP_MS" --out "$OUT/r${r}_$name.json" \
       > "$OUT/r${r}_$name.log" 2>&1) || echo "bench $name round $r failed"
+    if [ "${AB_DECODE:-0}" = 1 ]; then
+      (cd "$WORK/$name" && python3 benchmarks/bench_attention.py --impls "$impls" --decode --rep-ms "$REP_MS" \
+        --out "$OUT/r${r}_${name}_decode.json" > "$OUT/r${r}_${name}_decode.log" 2>&1) || echo "decode $name round $r failed"
+    fi
   done
 done
 python3 "$ROOT/tools/ab_summary.py" "$OUT" $(for v in "${VARIANTS[@]}"; do name_of "$v"; done)

@@ -1,5 +1,6 @@
 """Summary of a tools/ab_bench.sh run: per shape and direction, each variant's best and median TFLOP/s over the
-rounds (OUT/r<round>_<variant>.json), FA2's (sdpa_flash) best, and each variant's best as a ratio to FA2's best.
+rounds (OUT/r<round>_<variant>.json), FA2's (sdpa_flash) best, and each variant's best as a ratio to FA2's best
+(decode rows, AB_DECODE=1: TB/s, keyed by batch x KV length).
 Usage: python3 tools/ab_summary.py OUT VARIANT [VARIANT ...]"""
 
 import collections
@@ -13,22 +14,26 @@ def main() -> None:
     out, variants = Path(sys.argv[1]), sys.argv[2:]
     speeds: dict[tuple, dict[str, list[float]]] = collections.defaultdict(lambda: collections.defaultdict(list))
     for path in sorted(out.glob("r*_*.json")):
-        variant = path.stem.split("_", 1)[1]
+        variant = path.stem.split("_", 1)[1].removesuffix("_decode")
         for row in json.loads(path.read_text())["rows"]:
-            if row.get("tflops") is None:
+            decode = row.get("seqlen_q") == 1
+            rate = row.get("tbps") if decode else row.get("tflops")
+            if rate is None or row["impl"] == "copy_ceiling":
                 continue
-            key = (row["direction"], row["headdim"], row["causal"], row["seqlen"])
+            seqlen = f"{row['batch']}x{row['seqlen']}" if decode else row["seqlen"]
+            key = ("decode" if decode else row["direction"], row["headdim"], row["causal"], seqlen)
             name = "fa2" if row["impl"] == "sdpa_flash" else variant
-            speeds[key][name].append(row["tflops"])
+            speeds[key][name].append(rate)
     header = ["dir", "hd", "causal", "seqlen", "fa2 best"] + [f"{v} best/med (x fa2)" for v in variants]
     print(" | ".join(header))
-    for key in sorted(speeds):
+    for key in sorted(speeds, key=str):
         cell = speeds[key]
         fa2 = max(cell["fa2"]) if cell["fa2"] else float("nan")
-        parts = [str(k) for k in key] + [f"{fa2:.0f}"]
+        parts = [str(k) for k in key] + [f"{fa2:.2f}" if key[0] == "decode" else f"{fa2:.0f}"]
         for v in variants:
             got = cell.get(v, [])
-            parts.append(f"{max(got):.0f}/{statistics.median(got):.0f} ({max(got) / fa2:.2f})" if got else "-")
+            digits = 2 if key[0] == "decode" else 0
+            parts.append(f"{max(got):.{digits}f}/{statistics.median(got):.{digits}f} ({max(got) / fa2:.2f})" if got else "-")
         print(" | ".join(parts))
 
 
