@@ -141,31 +141,35 @@ __device__ __forceinline__ SeqInfo seq_info(const AttentionShape& shape, int b) 
 }
 
 // ---- fragment loaders (see ldmatrix_sm80.h / mma_sm80.h for the register layouts) ----
-// `tile` points at element (0, 0) of a row-major shared tile with `stride` elements per row.
+// `tile` points at element (0, 0) of a shared tile stored row-major in `Layout` (kernel_common.h: PaddedRows or
+// SwizzledRows). The 8 rows of each 8x8 matrix are 8 consecutive rows from a multiple of 8, so either layout
+// serves every ldmatrix phase without bank conflicts.
 
 // A (16 x 16) at (row0, k0) of a tile stored [row][k].
-template <typename T>
-__device__ __forceinline__ ptx::MmaA load_a(const T* tile, int stride, int row0, int k0, int lane) {
+template <typename Layout, typename T>
+__device__ __forceinline__ ptx::MmaA load_a(const T* tile, int row0, int k0, int lane) {
   ptx::MmaA a;
-  ptx::ldmatrix_x4(a.reg, tile + (row0 + lane % 16) * stride + k0 + (lane / 16) * 8);
+  ptx::ldmatrix_x4(a.reg, tile + Layout::ldmatrix_offset(Layout::lane_offset(lane % 16, (lane / 16) * 8), row0, k0));
   return a;
 }
 
 // A (16 x 16) at (row0, k0) of the transpose of a tile stored [k][row].
-template <typename T>
-__device__ __forceinline__ ptx::MmaA load_a_trans(const T* tile, int stride, int row0, int k0, int lane) {
+template <typename Layout, typename T>
+__device__ __forceinline__ ptx::MmaA load_a_trans(const T* tile, int row0, int k0, int lane) {
   ptx::MmaA a;
   const int matrix = lane / 8;
-  ptx::ldmatrix_x4_trans(a.reg, tile + (k0 + lane % 8 + (matrix / 2) * 8) * stride + row0 + (matrix % 2) * 8);
+  const int lane_offset = Layout::lane_offset(lane % 8 + (matrix / 2) * 8, (matrix % 2) * 8);
+  ptx::ldmatrix_x4_trans(a.reg, tile + Layout::ldmatrix_offset(lane_offset, k0, row0));
   return a;
 }
 
 // B fragments of two n8 tiles (n0..n0+15) x k16 (k0..) of a tile stored [n][k].
-template <typename T>
-__device__ __forceinline__ void load_b_pair(ptx::MmaB (&b)[2], const T* tile, int stride, int n0, int k0, int lane) {
+template <typename Layout, typename T>
+__device__ __forceinline__ void load_b_pair(ptx::MmaB (&b)[2], const T* tile, int n0, int k0, int lane) {
   const int matrix = lane / 8;
   uint32_t reg[4];
-  ptx::ldmatrix_x4(reg, tile + (n0 + (matrix / 2) * 8 + lane % 8) * stride + k0 + (matrix % 2) * 8);
+  const int lane_offset = Layout::lane_offset((matrix / 2) * 8 + lane % 8, (matrix % 2) * 8);
+  ptx::ldmatrix_x4(reg, tile + Layout::ldmatrix_offset(lane_offset, n0, k0));
   b[0].reg[0] = reg[0];
   b[0].reg[1] = reg[1];
   b[1].reg[0] = reg[2];
@@ -173,12 +177,12 @@ __device__ __forceinline__ void load_b_pair(ptx::MmaB (&b)[2], const T* tile, in
 }
 
 // B fragments of two n8 tiles (n0..n0+15) x k16 (k0..) of a tile stored [k][n].
-template <typename T>
-__device__ __forceinline__ void load_b_pair_trans(ptx::MmaB (&b)[2], const T* tile, int stride, int n0, int k0,
-                                                  int lane) {
+template <typename Layout, typename T>
+__device__ __forceinline__ void load_b_pair_trans(ptx::MmaB (&b)[2], const T* tile, int n0, int k0, int lane) {
   const int matrix = lane / 8;
   uint32_t reg[4];
-  ptx::ldmatrix_x4_trans(reg, tile + (k0 + (matrix % 2) * 8 + lane % 8) * stride + n0 + (matrix / 2) * 8);
+  const int lane_offset = Layout::lane_offset((matrix % 2) * 8 + lane % 8, (matrix / 2) * 8);
+  ptx::ldmatrix_x4_trans(reg, tile + Layout::ldmatrix_offset(lane_offset, k0, n0));
   b[0].reg[0] = reg[0];
   b[0].reg[1] = reg[1];
   b[1].reg[0] = reg[2];
@@ -197,31 +201,32 @@ __device__ __forceinline__ bool vector_rows(const T* base, int64_t row_stride, i
 
 // Element-wise staging for tensors whose rows are not 16-byte aligned. Out of line: the slow path should
 // not cost the main loop registers.
-template <typename T, int kThreads>
-__device__ __noinline__ void load_tile_scalar(T* dst, int dst_stride, const T* src, int64_t src_stride, int rows,
-                                              int cols, int valid_rows, int head_dim, int tid) {
+template <typename T, int kThreads, typename Layout>
+__device__ __noinline__ void load_tile_scalar(T* dst, const T* src, int64_t src_stride, int rows, int cols,
+                                              int valid_rows, int head_dim, int tid) {
   const T zero = from_float<T>(0.f);
   for (int idx = tid; idx < rows * cols; idx += kThreads) {
     const int r = idx / cols;
     const int c = idx % cols;
-    dst[r * dst_stride + c] = r < valid_rows && c < head_dim ? src[r * src_stride + c] : zero;
+    dst[Layout::offset(r, c - c % kChunkElems) + c % kChunkElems] =
+        r < valid_rows && c < head_dim ? src[r * src_stride + c] : zero;
   }
 }
 
-// Rows [0, kRows) x columns [0, kHeadDim) of `src` (row stride src_stride) into `dst` (stride dst_stride);
+// Rows [0, kRows) x columns [0, kHeadDim) of `src` (row stride src_stride) into `dst` (laid out as Layout);
 // rows >= valid_rows and columns >= head_dim become 0. cp.async when `vector` (caller commits and waits),
 // plain loads otherwise; the CTA's kThreads threads share the copies. The chunk loop has a compile-time trip
 // count: the first version looped `idx < kRows * kChunksPerRow` from `tid`, which ptxas could not unroll
 // without a generic remainder loop (~280 instructions per 64 x 128 tile in the SASS, executed by every warp
 // before the first MMA of each query block); now it is ~5 instructions per 16-byte copy.
-template <typename T, int kRows, int kHeadDim, int kThreads>
-__device__ __forceinline__ void load_tile(T* dst, int dst_stride, const T* src, int64_t src_stride, int valid_rows,
-                                          int head_dim, bool vector, int tid) {
+template <typename T, int kRows, int kHeadDim, int kThreads, typename Layout>
+__device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t src_stride, int valid_rows, int head_dim,
+                                          bool vector, int tid) {
   constexpr int kWidth = kVectorBytes / sizeof(T);
   constexpr int kChunksPerRow = kHeadDim / kWidth;
   constexpr int kChunks = kRows * kChunksPerRow;
   if (!vector) {
-    load_tile_scalar<T, kThreads>(dst, dst_stride, src, src_stride, kRows, kHeadDim, valid_rows, head_dim, tid);
+    load_tile_scalar<T, kThreads, Layout>(dst, src, src_stride, kRows, kHeadDim, valid_rows, head_dim, tid);
     return;
   }
   if constexpr (kThreads % kChunksPerRow == 0 && kRows % (kThreads / kChunksPerRow) == 0) {
@@ -230,7 +235,6 @@ __device__ __forceinline__ void load_tile(T* dst, int dst_stride, const T* src, 
     const int row = tid / kChunksPerRow;
     const int col = (tid % kChunksPerRow) * kWidth;
     const bool col_valid = col < head_dim;
-    T* d = dst + row * dst_stride + col;
     // A running pointer: computing the address inside the predicate made ptxas redo the 64-bit multiply per
     // copy. Rows past valid_rows point at `src` (a real row) and read nothing.
     const T* s = src + row * src_stride + col;
@@ -238,7 +242,7 @@ __device__ __forceinline__ void load_tile(T* dst, int dst_stride, const T* src, 
 #pragma unroll
     for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
       const bool valid = col_valid && row + pass * kRowsPerPass < valid_rows;
-      ptx::cp_async_16(d + pass * kRowsPerPass * dst_stride, valid ? s : src, valid);
+      ptx::cp_async_16(dst + Layout::offset(row + pass * kRowsPerPass, col), valid ? s : src, valid);
       s += src_step;
     }
   } else {
@@ -251,7 +255,7 @@ __device__ __forceinline__ void load_tile(T* dst, int dst_stride, const T* src, 
       const int r = idx / kChunksPerRow;
       const int c = (idx % kChunksPerRow) * kWidth;
       const bool valid = r < valid_rows && c < head_dim;
-      ptx::cp_async_16(dst + r * dst_stride + c, valid ? src + r * src_stride + c : src, valid);
+      ptx::cp_async_16(dst + Layout::offset(r, c), valid ? src + r * src_stride + c : src, valid);
     }
   }
 }

@@ -100,8 +100,12 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.thr
   constexpr bool kDoubleBuffer = kCfg.q_buffers == 2;
   constexpr int kBlockM = kCfg.block_m;
   constexpr int kBlockN = kCfg.block_n;
-  constexpr int kStrideD = Smem::kStrideD;
   constexpr int kStrideM = Smem::kStrideM;
+  // Q and dO load every iteration: swizzled rows where the head dim allows (kernel_common.h, SwizzledRows). K and
+  // V load once per key block and keep padded rows, as do P^T and dS^T, which the threads store from registers.
+  using QueryLayout = CopiedTileLayout<kHeadDim>;
+  using KeyLayout = PaddedRows<kHeadDim>;
+  using ScoreLayout = PaddedRows<kBlockM>;
   // S^T / dP^T warp tiles: kSKeys x kSQueries.
   constexpr int kSWarpsN = kCfg.s_warps_n;
   constexpr int kSWarpsM = kWarps / kSWarpsN;
@@ -142,7 +146,7 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.thr
   static_assert(2 * kBlockM <= kThreads && kBlockM % kWarpSize == 0,
                 "stage() fetches lse and delta with one thread per row each, whole warps each");
 
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ __align__(kSmemAlign) unsigned char smem_raw[];
   T* s_k = reinterpret_cast<T*>(smem_raw);
   T* s_v = s_k + Smem::kKeyTile;
   T* s_q = s_v + Smem::kKeyTile;                        // [q_buffers][kQueryTile]
@@ -251,9 +255,9 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.thr
     // are not `full` below, where the visibility test zeroes P (the first version loaded lse and delta with
     // plain loads whose global latency stalled warps 0-1 at the top of every query block).
     auto stage = [&](const StageSource& src, int m0, int buf) {
-      load_tile<T, kBlockM, kHeadDim, kThreads>(s_q + buf * Smem::kQueryTile, kStrideD, src.q, p.q_strides.row,
+      load_tile<T, kBlockM, kHeadDim, kThreads, QueryLayout>(s_q + buf * Smem::kQueryTile, src.q, p.q_strides.row,
                                                 seqlen_q - m0, static_cast<int>(head_dim), vector_q, tid);
-      load_tile<T, kBlockM, kHeadDim, kThreads>(s_do + buf * Smem::kQueryTile, kStrideD, src.dout,
+      load_tile<T, kBlockM, kHeadDim, kThreads, QueryLayout>(s_do + buf * Smem::kQueryTile, src.dout,
                                                 bp.dout_strides.row, seqlen_q - m0, static_cast<int>(head_dim),
                                                 vector_do, tid);
       // Threads [0, kBlockM) fetch lse, [kBlockM, 2 kBlockM) delta: whole warps each.
@@ -268,9 +272,9 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.thr
     };
 
     __syncthreads();  // the previous key block's readers of s_k / s_v are done
-    load_tile<T, kBlockN, kHeadDim, kThreads>(s_k, kStrideD, k_tile, p.k_strides.row, seqlen_k - n0,
+    load_tile<T, kBlockN, kHeadDim, kThreads, KeyLayout>(s_k, k_tile, p.k_strides.row, seqlen_k - n0,
                                               static_cast<int>(head_dim), vector_k, tid);
-    load_tile<T, kBlockN, kHeadDim, kThreads>(s_v, kStrideD, v_tile, p.v_strides.row, seqlen_k - n0,
+    load_tile<T, kBlockN, kHeadDim, kThreads, KeyLayout>(s_v, v_tile, p.v_strides.row, seqlen_k - n0,
                                               static_cast<int>(head_dim), vector_v, tid);
     // Head and query block of the current iteration, advanced incrementally (query blocks inner).
     int cur_h = hk * group;
@@ -313,11 +317,11 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.thr
       for (int kk = 0; kk < kHeadDim / kMmaK; ++kk) {
         ptx::MmaA a[kSMT];
 #pragma unroll
-        for (int mt = 0; mt < kSMT; ++mt) a[mt] = load_a(s_k, kStrideD, s_key0 + mt * kMmaM, kk * kMmaK, lane);
+        for (int mt = 0; mt < kSMT; ++mt) a[mt] = load_a<KeyLayout>(s_k, s_key0 + mt * kMmaM, kk * kMmaK, lane);
 #pragma unroll
         for (int np = 0; np < kSNT / 2; ++np) {
           ptx::MmaB bq[2];
-          load_b_pair(bq, cur_q, kStrideD, s_query0 + np * 2 * kMmaN, kk * kMmaK, lane);
+          load_b_pair<QueryLayout>(bq, cur_q, s_query0 + np * 2 * kMmaN, kk * kMmaK, lane);
 #pragma unroll
           for (int mt = 0; mt < kSMT; ++mt) {
             ptx::mma_m16n8k16(acc_s[mt][2 * np], a[mt], bq[0], T{});
@@ -336,11 +340,11 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.thr
       for (int kk = 0; kk < kHeadDim / kMmaK; ++kk) {
         ptx::MmaA a[kSMT];
 #pragma unroll
-        for (int mt = 0; mt < kSMT; ++mt) a[mt] = load_a(s_v, kStrideD, s_key0 + mt * kMmaM, kk * kMmaK, lane);
+        for (int mt = 0; mt < kSMT; ++mt) a[mt] = load_a<KeyLayout>(s_v, s_key0 + mt * kMmaM, kk * kMmaK, lane);
 #pragma unroll
         for (int np = 0; np < kSNT / 2; ++np) {
           ptx::MmaB bo[2];
-          load_b_pair(bo, cur_do, kStrideD, s_query0 + np * 2 * kMmaN, kk * kMmaK, lane);
+          load_b_pair<QueryLayout>(bo, cur_do, s_query0 + np * 2 * kMmaN, kk * kMmaK, lane);
 #pragma unroll
           for (int mt = 0; mt < kSMT; ++mt) {
             ptx::mma_m16n8k16(acc_dp[mt][2 * np], a[mt], bo[0], T{});
@@ -485,14 +489,14 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.thr
         ptx::MmaA a_p[kKVMT], a_ds[kKVMT];
 #pragma unroll
         for (int mt = 0; mt < kKVMT; ++mt) {
-          a_p[mt] = load_a(s_p, kStrideM, kv_key0 + mt * kMmaM, kk * kMmaK, lane);
-          a_ds[mt] = load_a(s_ds, kStrideM, kv_key0 + mt * kMmaM, kk * kMmaK, lane);
+          a_p[mt] = load_a<ScoreLayout>(s_p, kv_key0 + mt * kMmaM, kk * kMmaK, lane);
+          a_ds[mt] = load_a<ScoreLayout>(s_ds, kv_key0 + mt * kMmaM, kk * kMmaK, lane);
         }
 #pragma unroll
         for (int np = 0; np < kKVNT / 2; ++np) {
           ptx::MmaB bo[2], bq[2];
-          load_b_pair_trans(bo, cur_do, kStrideD, kv_dim0 + np * 2 * kMmaN, kk * kMmaK, lane);
-          load_b_pair_trans(bq, cur_q, kStrideD, kv_dim0 + np * 2 * kMmaN, kk * kMmaK, lane);
+          load_b_pair_trans<QueryLayout>(bo, cur_do, kv_dim0 + np * 2 * kMmaN, kk * kMmaK, lane);
+          load_b_pair_trans<QueryLayout>(bq, cur_q, kv_dim0 + np * 2 * kMmaN, kk * kMmaK, lane);
 #pragma unroll
           for (int mt = 0; mt < kKVMT; ++mt) {
             ptx::mma_m16n8k16(acc_dv[mt][2 * np], a_p[mt], bo[0], T{});
@@ -521,11 +525,13 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.thr
         for (int kk = 0; kk < kBlockN / kMmaK; ++kk) {
           ptx::MmaA a[kQMT];
 #pragma unroll
-          for (int mt = 0; mt < kQMT; ++mt) a[mt] = load_a_trans(s_ds, kStrideM, q_row0 + mt * kMmaM, kk * kMmaK, lane);
+          for (int mt = 0; mt < kQMT; ++mt) {
+            a[mt] = load_a_trans<ScoreLayout>(s_ds, q_row0 + mt * kMmaM, kk * kMmaK, lane);
+          }
 #pragma unroll
           for (int np = 0; np < kQChunk / 2; ++np) {
             ptx::MmaB bk[2];
-            load_b_pair_trans(bk, s_k, kStrideD, q_dim0 + (c0 + 2 * np) * kMmaN, kk * kMmaK, lane);
+            load_b_pair_trans<KeyLayout>(bk, s_k, q_dim0 + (c0 + 2 * np) * kMmaN, kk * kMmaK, lane);
 #pragma unroll
             for (int mt = 0; mt < kQMT; ++mt) {
               ptx::mma_m16n8k16(acc_q[mt][2 * np], a[mt], bk[0], T{});

@@ -194,12 +194,12 @@ __device__ __forceinline__ int ring_slot(int n) {
 // range too.
 template <int kHeadDim, int kBlockN, int kThreads, int kStages, typename T>
 __device__ __forceinline__ void load_kv(T* ring, const T* base, int64_t row_stride, int n, const FwdCta& cta) {
-  constexpr int kStride = kHeadDim + kSmemRowPad;
+  constexpr int kStride = kHeadDim + kSmemRowPad;  // slots are allocated with padded rows (kernel_common.h)
   if (n >= cta.n_first) {
     const int n0 = n * kBlockN;
-    load_tile_async<kBlockN, kHeadDim, kThreads>(ring + ring_slot<kStages>(n) * kBlockN * kStride,
-                                                 base + n0 * row_stride, row_stride, cta.seqlen_k - n0, cta.head_dim,
-                                                 cta.tid);
+    load_tile_async<kBlockN, kHeadDim, kThreads, CopiedTileLayout<kHeadDim>>(
+        ring + ring_slot<kStages>(n) * kBlockN * kStride, base + n0 * row_stride, row_stride, cta.seqlen_k - n0,
+        cta.head_dim, cta.tid);
   }
   ptx::cp_async_commit();
 }
@@ -306,6 +306,8 @@ __device__ __forceinline__ void compute_scores(ptx::MmaC (&sc)[kStrips][kNTiles]
                                                const T* s_q, const T* s_k, int warp, int lane) {
   constexpr int kStride = kHeadDim + kSmemRowPad;
   constexpr int kKSteps = kHeadDim / kMmaK;
+  using KLayout = CopiedTileLayout<kHeadDim>;
+  const int k_lane = KLayout::lane_offset(lane % 8 + 8 * (lane / 16), 8 * ((lane / 8) % 2));
   const T zero = from_float<T>(0.f);
 #pragma unroll
   for (int kk = 0; kk < kKSteps; ++kk) {
@@ -317,8 +319,7 @@ __device__ __forceinline__ void compute_scores(ptx::MmaC (&sc)[kStrips][kNTiles]
 #pragma unroll
     for (int np = 0; np < kNTiles / 2; ++np) {
       uint32_t kb[4];
-      ptx::ldmatrix_x4(kb, s_k + (np * 16 + lane % 8 + 8 * (lane / 16)) * kStride + kk * kMmaK +
-                               8 * ((lane / 8) % 2));
+      ptx::ldmatrix_x4(kb, s_k + KLayout::ldmatrix_offset(k_lane, np * 16, kk * kMmaK));
       const ptx::MmaB b0{{kb[0], kb[1]}};
       const ptx::MmaB b1{{kb[2], kb[3]}};
 #pragma unroll
@@ -427,8 +428,9 @@ __device__ __forceinline__ void apply_dropout(ptx::MmaC (&sc)[kStrips][kNTiles],
 template <int kHeadDim, int kStrips, int kNTiles, int kDTiles, typename T>
 __device__ __forceinline__ void accumulate_pv(ptx::MmaC (&acc)[kStrips][kDTiles], ptx::MmaA (&pa)[kStrips],
                                               const ptx::MmaC (&sc)[kStrips][kNTiles], const T* s_v, int lane) {
-  constexpr int kStride = kHeadDim + kSmemRowPad;
   constexpr int kBlockN = kNTiles * kMmaN;
+  using VLayout = CopiedTileLayout<kHeadDim>;
+  const int v_lane = VLayout::lane_offset(lane % 16, 8 * (lane / 16));
   const T zero = from_float<T>(0.f);
 #pragma unroll
   for (int kk = 0; kk < kBlockN / kMmaK; ++kk) {
@@ -444,7 +446,7 @@ __device__ __forceinline__ void accumulate_pv(ptx::MmaC (&acc)[kStrips][kDTiles]
 #pragma unroll
     for (int dp = 0; dp < kHeadDim / 16; ++dp) {
       uint32_t vb[4];
-      ptx::ldmatrix_x4_trans(vb, s_v + (kk * kMmaK + lane % 16) * kStride + dp * 16 + 8 * (lane / 16));
+      ptx::ldmatrix_x4_trans(vb, s_v + VLayout::ldmatrix_offset(v_lane, kk * kMmaK, dp * 16));
       const ptx::MmaB b0{{vb[0], vb[1]}};
       const ptx::MmaB b1{{vb[2], vb[3]}};
 #pragma unroll
@@ -550,7 +552,7 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
   static_assert(kHeadDim % (2 * kMmaK) == 0 && kBlockN % (2 * kMmaK) == 0 && kStrips >= 1, "tile shape");
   static_assert(kStages >= 1 && kStages <= kMaxKvStages, "kv_stages");
 
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ __align__(kSmemAlign) unsigned char smem_raw[];
 
   FwdCta cta = locate_cta<kMask, kBlockM>(p);
   if (cta.m0 >= cta.seqlen_q) return;

@@ -1,5 +1,5 @@
 // Pieces every sm80+ kernel shares: element types, fp32 <-> 16-bit conversions, the mma tile constants, the
-// padded shared-memory row layout, and the cp.async tile loader. Device code only; no torch.
+// shared-memory tile layouts (padded and swizzled rows), and the cp.async tile loader. Device code only; no torch.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "flash_attn/params.h"
 #include "flash_attn/ptx/cp_async_sm80.h"
@@ -53,10 +54,57 @@ constexpr int kMmaM = 16;
 constexpr int kMmaN = 8;
 constexpr int kMmaK = 16;
 // Shared-memory rows are padded by 8 elements (16 bytes): the 8 rows one ldmatrix phase reads then start in
-// 8 different 4-bank groups, so fragment loads and 16-byte cp.async stores are conflict-free.
+// 8 different 4-bank groups, so fragment loads are conflict-free. Tiles are allocated with padded rows even where
+// they are laid out as SwizzledRows (below), so every tile and ring slot starts on a 128-byte boundary.
 constexpr int kSmemRowPad = 8;
 // Elements per 16-byte cp.async chunk.
 constexpr int kChunkElems = 8;
+// Elements per 128-byte segment: the span of the 32 shared-memory banks.
+constexpr int kSegmentElems = 64;
+// Alignment of the dynamic shared memory, so that segments of the tiles start on bank 0.
+constexpr int kSmemAlign = 128;
+
+// Shared-memory layouts of a tile with kCols-element rows, as the element offset of (row, col) for col a multiple
+// of kChunkElems (plus col % kChunkElems within the chunk). Readers and writers of a tile use the same layout.
+// ldmatrix addresses take two parts: a lane's offset within its 8x8 matrix, lane_offset(row_lane, col_lane) with
+// row_lane < 16 and col_lane 0 or 8, computed once; and the matrix origin (row_base a multiple of 8, col_base a
+// multiple of 16), from loop indices: ldmatrix_offset(lane_offset, row_base, col_base).
+template <int kCols>
+struct PaddedRows {
+  static constexpr int kStride = kCols + kSmemRowPad;
+  static __device__ __forceinline__ int offset(int row, int col) { return row * kStride + col; }
+  static __device__ __forceinline__ int lane_offset(int row_lane, int col_lane) { return offset(row_lane, col_lane); }
+  static __device__ __forceinline__ int ldmatrix_offset(int lane_offset, int row_base, int col_base) {
+    return lane_offset + row_base * kStride + col_base;
+  }
+};
+// Unpadded rows of whole 128-byte segments, the 16-byte chunk index within each segment XORed with row % 8. For
+// the tiles cp.async fills: with padded rows (stride 16 mod 128 bytes) seven rows in eight start mid-segment,
+// and ncu counted 2.2-2.6x the ideal shared-memory wavefronts for those copies (hd 256 forward 2k: 89.5 M
+// against FA2's 34.1 M, a quarter of all the kernel's shared-memory wavefronts; hd 256 backward 8k: 329 M
+// against 135 M; FA2 swizzles the same way). ldmatrix stays conflict-free: the 8 rows of one of its 8x8
+// matrices have 8 different row % 8, so their chunks land in 8 different bank groups.
+// For ldmatrix the swizzle of (row_base + row_lane, col_base + col_lane) is the lane's own swizzled offset XORed with
+// col_base's place in its segment (col_base and col_lane have disjoint bits, row_base keeps row % 8): written so,
+// ptxas keeps at most one register per distinct col_base % 64 instead of one address per fragment (the direct
+// form spilled 328 bytes in the hd 256 forward).
+template <int kCols>
+struct SwizzledRows {
+  static_assert(kCols % kSegmentElems == 0, "swizzled rows are whole 128-byte segments");
+  static constexpr int kStride = kCols;
+  static __device__ __forceinline__ int offset(int row, int col) {
+    return row * kCols + (col ^ ((row % kChunkElems) * kChunkElems));
+  }
+  static __device__ __forceinline__ int lane_offset(int row_lane, int col_lane) { return offset(row_lane, col_lane); }
+  static __device__ __forceinline__ int ldmatrix_offset(int lane_offset, int row_base, int col_base) {
+    const int in_segment = col_base % kSegmentElems;
+    return (lane_offset ^ in_segment) + row_base * kCols + (col_base - in_segment);
+  }
+};
+// The layout of the cp.async-loaded K/V (forward) and Q/dO (backward) tiles: swizzled where rows are whole
+// segments (head dims 64, 128, 192, 256), padded otherwise.
+template <int kCols>
+using CopiedTileLayout = std::conditional_t<kCols % kSegmentElems == 0, SwizzledRows<kCols>, PaddedRows<kCols>>;
 
 __device__ __forceinline__ float read_bias(const void* base, DType dtype, int64_t index) {
   switch (dtype) {
@@ -68,14 +116,13 @@ __device__ __forceinline__ float read_bias(const void* base, DType dtype, int64_
   return 0.f;
 }
 
-// Issues cp.async for a kRows x kHeadDim tile (row stride kHeadDim + kSmemRowPad in shared memory). Rows at or
-// beyond rows_valid and columns at or beyond head_dim are zero-filled. Requires head_dim % 8 == 0, a row stride
-// that is a multiple of 8 and a 16-byte-aligned gmem (the API guarantees all three for CUDA calls).
-template <int kRows, int kHeadDim, int kThreads, typename T>
+// Issues cp.async for a kRows x kHeadDim tile (laid out as Layout in shared memory). Rows at or beyond rows_valid
+// and columns at or beyond head_dim are zero-filled. Requires head_dim % 8 == 0, a row stride that is a multiple
+// of 8 and a 16-byte-aligned gmem (the API guarantees all three for CUDA calls).
+template <int kRows, int kHeadDim, int kThreads, typename Layout = PaddedRows<kHeadDim>, typename T>
 __device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, int64_t row_stride, int rows_valid,
                                                 int head_dim, int tid) {
   constexpr int kChunksPerRow = kHeadDim / kChunkElems;
-  constexpr int kStride = kHeadDim + kSmemRowPad;
   if constexpr (kThreads % kChunksPerRow == 0) {
     // Each thread keeps one column chunk and walks rows with a fixed pointer step: two live 64-bit values
     // instead of one per iteration (the hoisted per-iteration offsets cost ~30 registers and spilled).
@@ -88,7 +135,7 @@ __device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, int64_t 
 #pragma unroll
     for (int i = 0; i < kRows / kRowsPerIter; ++i) {
       const bool valid = col_valid && row0 + i * kRowsPerIter < rows_valid;
-      ptx::cp_async_16(smem + (row0 + i * kRowsPerIter) * kStride + col, valid ? src : gmem, valid);
+      ptx::cp_async_16(smem + Layout::offset(row0 + i * kRowsPerIter, col), valid ? src : gmem, valid);
       src += step;
     }
   } else {
@@ -102,7 +149,7 @@ __device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, int64_t 
         const int col = (c % kChunksPerRow) * kChunkElems;
         const bool valid = row < rows_valid && col < head_dim;
         const T* src = valid ? gmem + row * row_stride + col : gmem;
-        ptx::cp_async_16(smem + row * kStride + col, src, valid);
+        ptx::cp_async_16(smem + Layout::offset(row, col), src, valid);
       }
     }
   }
