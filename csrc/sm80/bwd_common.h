@@ -67,6 +67,13 @@ __host__ __device__ constexpr BwdTileConfig bwd_full_tile_config(int head_dim, b
                      : BwdTileConfig{64, 64, 4, 4, 4, kFullWarps, kTwoStages};
 }
 
+// Whether the Q/dO tiles (loaded every iteration) are laid out as swizzled rows (kernel_common.h SwizzledRows)
+// rather than padded ones. Measured on the H200 (bf16, three interleaved rounds, best TFLOP/s, swizzled / padded,
+// docs/perf_log.md "swizzled shared memory"): head dim 256 2k / 8k 225 / 218 and 242 / 235, causal 194 / 186 and
+// 237 / 228; head dim 64 2k / 8k 253 / 244 and 273 / 267. Head dim 128 lost 2-7 % (causal 8k 269 / 280): its
+// kernel spilled 56 bytes with the XORed addresses (0 padded), 7 local loads per iteration.
+__host__ __device__ constexpr bool bwd_swizzles_queries(int head_dim) { return head_dim != 128; }
+
 // Shared memory of the main kernel with tile `cfg`: K, V, q_buffers x (Q, dO) rows of head_dim + pad
 // elements, P^T and dS^T ([key][query], padded), then q_buffers x (lse, delta) in fp32.
 __host__ __device__ constexpr int bwd_smem_bytes(const BwdTileConfig& cfg, int head_dim, int element_bytes) {
@@ -149,7 +156,11 @@ __device__ __forceinline__ SeqInfo seq_info(const AttentionShape& shape, int b) 
 template <typename Layout, typename T>
 __device__ __forceinline__ ptx::MmaA load_a(const T* tile, int row0, int k0, int lane) {
   ptx::MmaA a;
-  ptx::ldmatrix_x4(a.reg, tile + Layout::ldmatrix_offset(Layout::lane_offset(lane % 16, (lane / 16) * 8), row0, k0));
+  if constexpr (Layout::kSplitAddress) {
+    ptx::ldmatrix_x4(a.reg, tile + Layout::ldmatrix_offset(Layout::lane_offset(lane % 16, (lane / 16) * 8), row0, k0));
+  } else {
+    ptx::ldmatrix_x4(a.reg, tile + (row0 + lane % 16) * Layout::kStride + k0 + (lane / 16) * 8);
+  }
   return a;
 }
 
@@ -158,8 +169,13 @@ template <typename Layout, typename T>
 __device__ __forceinline__ ptx::MmaA load_a_trans(const T* tile, int row0, int k0, int lane) {
   ptx::MmaA a;
   const int matrix = lane / 8;
-  const int lane_offset = Layout::lane_offset(lane % 8 + (matrix / 2) * 8, (matrix % 2) * 8);
-  ptx::ldmatrix_x4_trans(a.reg, tile + Layout::ldmatrix_offset(lane_offset, k0, row0));
+  if constexpr (Layout::kSplitAddress) {
+    const int lane_offset = Layout::lane_offset(lane % 8 + (matrix / 2) * 8, (matrix % 2) * 8);
+    ptx::ldmatrix_x4_trans(a.reg, tile + Layout::ldmatrix_offset(lane_offset, k0, row0));
+  } else {
+    ptx::ldmatrix_x4_trans(a.reg,
+                           tile + (k0 + lane % 8 + (matrix / 2) * 8) * Layout::kStride + row0 + (matrix % 2) * 8);
+  }
   return a;
 }
 
@@ -168,8 +184,12 @@ template <typename Layout, typename T>
 __device__ __forceinline__ void load_b_pair(ptx::MmaB (&b)[2], const T* tile, int n0, int k0, int lane) {
   const int matrix = lane / 8;
   uint32_t reg[4];
-  const int lane_offset = Layout::lane_offset((matrix / 2) * 8 + lane % 8, (matrix % 2) * 8);
-  ptx::ldmatrix_x4(reg, tile + Layout::ldmatrix_offset(lane_offset, n0, k0));
+  if constexpr (Layout::kSplitAddress) {
+    const int lane_offset = Layout::lane_offset((matrix / 2) * 8 + lane % 8, (matrix % 2) * 8);
+    ptx::ldmatrix_x4(reg, tile + Layout::ldmatrix_offset(lane_offset, n0, k0));
+  } else {
+    ptx::ldmatrix_x4(reg, tile + (n0 + (matrix / 2) * 8 + lane % 8) * Layout::kStride + k0 + (matrix % 2) * 8);
+  }
   b[0].reg[0] = reg[0];
   b[0].reg[1] = reg[1];
   b[1].reg[0] = reg[2];
@@ -181,8 +201,12 @@ template <typename Layout, typename T>
 __device__ __forceinline__ void load_b_pair_trans(ptx::MmaB (&b)[2], const T* tile, int n0, int k0, int lane) {
   const int matrix = lane / 8;
   uint32_t reg[4];
-  const int lane_offset = Layout::lane_offset((matrix % 2) * 8 + lane % 8, (matrix / 2) * 8);
-  ptx::ldmatrix_x4_trans(reg, tile + Layout::ldmatrix_offset(lane_offset, k0, n0));
+  if constexpr (Layout::kSplitAddress) {
+    const int lane_offset = Layout::lane_offset((matrix % 2) * 8 + lane % 8, (matrix / 2) * 8);
+    ptx::ldmatrix_x4_trans(reg, tile + Layout::ldmatrix_offset(lane_offset, k0, n0));
+  } else {
+    ptx::ldmatrix_x4_trans(reg, tile + (k0 + (matrix % 2) * 8 + lane % 8) * Layout::kStride + n0 + (matrix / 2) * 8);
+  }
   b[0].reg[0] = reg[0];
   b[0].reg[1] = reg[1];
   b[1].reg[0] = reg[2];
@@ -201,9 +225,21 @@ __device__ __forceinline__ bool vector_rows(const T* base, int64_t row_stride, i
 
 // Element-wise staging for tensors whose rows are not 16-byte aligned. Out of line: the slow path should
 // not cost the main loop registers.
+template <typename T, int kThreads>
+__device__ __noinline__ void load_tile_scalar(T* dst, int dst_stride, const T* src, int64_t src_stride, int rows,
+                                              int cols, int valid_rows, int head_dim, int tid) {
+  const T zero = from_float<T>(0.f);
+  for (int idx = tid; idx < rows * cols; idx += kThreads) {
+    const int r = idx / cols;
+    const int c = idx % cols;
+    dst[r * dst_stride + c] = r < valid_rows && c < head_dim ? src[r * src_stride + c] : zero;
+  }
+}
+
+// The same into a tile of any layout (the split-address kernels' form).
 template <typename T, int kThreads, typename Layout>
-__device__ __noinline__ void load_tile_scalar(T* dst, const T* src, int64_t src_stride, int rows, int cols,
-                                              int valid_rows, int head_dim, int tid) {
+__device__ __noinline__ void load_tile_scalar_laid_out(T* dst, const T* src, int64_t src_stride, int rows, int cols,
+                                                       int valid_rows, int head_dim, int tid) {
   const T zero = from_float<T>(0.f);
   for (int idx = tid; idx < rows * cols; idx += kThreads) {
     const int r = idx / cols;
@@ -226,7 +262,11 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t src_stri
   constexpr int kChunksPerRow = kHeadDim / kWidth;
   constexpr int kChunks = kRows * kChunksPerRow;
   if (!vector) {
-    load_tile_scalar<T, kThreads, Layout>(dst, src, src_stride, kRows, kHeadDim, valid_rows, head_dim, tid);
+    if constexpr (Layout::kSplitAddress) {
+      load_tile_scalar_laid_out<T, kThreads, Layout>(dst, src, src_stride, kRows, kHeadDim, valid_rows, head_dim, tid);
+    } else {
+      load_tile_scalar<T, kThreads>(dst, Layout::kStride, src, src_stride, kRows, kHeadDim, valid_rows, head_dim, tid);
+    }
     return;
   }
   if constexpr (kThreads % kChunksPerRow == 0 && kRows % (kThreads / kChunksPerRow) == 0) {
@@ -235,6 +275,7 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t src_stri
     const int row = tid / kChunksPerRow;
     const int col = (tid % kChunksPerRow) * kWidth;
     const bool col_valid = col < head_dim;
+    T* d = dst + row * Layout::kStride + col;  // direct form (padded tiles of direct-address kernels)
     // A running pointer: computing the address inside the predicate made ptxas redo the 64-bit multiply per
     // copy. Rows past valid_rows point at `src` (a real row) and read nothing.
     const T* s = src + row * src_stride + col;
@@ -242,7 +283,11 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t src_stri
 #pragma unroll
     for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
       const bool valid = col_valid && row + pass * kRowsPerPass < valid_rows;
-      ptx::cp_async_16(dst + Layout::offset(row + pass * kRowsPerPass, col), valid ? s : src, valid);
+      if constexpr (Layout::kSplitAddress) {
+        ptx::cp_async_16(dst + Layout::offset(row + pass * kRowsPerPass, col), valid ? s : src, valid);
+      } else {
+        ptx::cp_async_16(d + pass * kRowsPerPass * Layout::kStride, valid ? s : src, valid);
+      }
       s += src_step;
     }
   } else {

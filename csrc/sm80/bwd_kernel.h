@@ -101,11 +101,14 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.thr
   constexpr int kBlockM = kCfg.block_m;
   constexpr int kBlockN = kCfg.block_n;
   constexpr int kStrideM = Smem::kStrideM;
-  // Q and dO load every iteration: swizzled rows where the head dim allows (kernel_common.h, SwizzledRows). K and
-  // V load once per key block and keep padded rows, as do P^T and dS^T, which the threads store from registers.
-  using QueryLayout = CopiedTileLayout<kHeadDim>;
-  using KeyLayout = PaddedRows<kHeadDim>;
-  using ScoreLayout = PaddedRows<kBlockM>;
+  // Q and dO load every iteration: swizzled rows where that measured faster (bwd_swizzles_queries). K and V load
+  // once per key block and keep padded rows, as do P^T and dS^T, which the threads store from registers. Kernels
+  // that swizzle address their padded tiles in the split form too, the others in the direct form: the split form
+  // cost the padded hd 128 kernel 110 bytes of spill (ptxas), and each form is the one measured for its kernel.
+  constexpr bool kSwizzleQueries = bwd_swizzles_queries(kHeadDim) && kHeadDim % kSegmentElems == 0;
+  using QueryLayout = TileLayout<kSwizzleQueries, kHeadDim>;
+  using KeyLayout = PaddedRows<kHeadDim, kSwizzleQueries>;
+  using ScoreLayout = PaddedRows<kBlockM, kSwizzleQueries>;
   // S^T / dP^T warp tiles: kSKeys x kSQueries.
   constexpr int kSWarpsN = kCfg.s_warps_n;
   constexpr int kSWarpsM = kWarps / kSWarpsN;

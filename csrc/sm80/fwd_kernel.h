@@ -192,12 +192,12 @@ __device__ __forceinline__ int ring_slot(int n) {
 // Issues the cp.async loads of key block n of K or V (rows at base) into its slot of `ring`. Each load commits
 // one cp.async group, empty when the block is outside the range, so the wait counts below hold at the end of the
 // range too.
-template <int kHeadDim, int kBlockN, int kThreads, int kStages, typename T>
+template <typename KvLayout, int kHeadDim, int kBlockN, int kThreads, int kStages, typename T>
 __device__ __forceinline__ void load_kv(T* ring, const T* base, int64_t row_stride, int n, const FwdCta& cta) {
   constexpr int kStride = kHeadDim + kSmemRowPad;  // slots are allocated with padded rows (kernel_common.h)
   if (n >= cta.n_first) {
     const int n0 = n * kBlockN;
-    load_tile_async<kBlockN, kHeadDim, kThreads, CopiedTileLayout<kHeadDim>>(
+    load_tile_async<kBlockN, kHeadDim, kThreads, KvLayout>(
         ring + ring_slot<kStages>(n) * kBlockN * kStride, base + n0 * row_stride, row_stride, cta.seqlen_k - n0,
         cta.head_dim, cta.tid);
   }
@@ -211,17 +211,17 @@ __device__ __forceinline__ void load_kv(T* ring, const T* base, int64_t row_stri
 // per CTA, as at 512 tokens or in split decode, that latency was exposed). The order keeps both waits at
 // kYoungerGroups on every tile, so the loop body has no first-tile branch (one cost up to 15 extra STL/LDL
 // per tile in the 4-warp kernels, which sit at 255 registers).
-template <int kHeadDim, int kBlockM, int kBlockN, int kThreads, int kStages, typename T>
+template <typename KvLayout, int kHeadDim, int kBlockM, int kBlockN, int kThreads, int kStages, typename T>
 __device__ __forceinline__ void load_prologue(const FwdParams& p, const FwdCta& cta, const FwdTiles<T>& tiles) {
   load_tile_async<kBlockM, kHeadDim, kThreads>(tiles.s_q, tiles.q, p.q_strides.row, cta.seqlen_q - cta.m0,
                                                cta.head_dim, cta.tid);
-  load_kv<kHeadDim, kBlockN, kThreads, kStages>(tiles.s_k_ring, tiles.k, p.k_strides.row, cta.n_last, cta);
+  load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(tiles.s_k_ring, tiles.k, p.k_strides.row, cta.n_last, cta);
 #pragma unroll
   for (int ahead = 1; ahead < kStages; ++ahead) {
-    load_kv<kHeadDim, kBlockN, kThreads, kStages>(tiles.s_v_ring, tiles.v, p.v_strides.row, cta.n_last + 1 - ahead,
-                                                  cta);
-    load_kv<kHeadDim, kBlockN, kThreads, kStages>(tiles.s_k_ring, tiles.k, p.k_strides.row, cta.n_last - ahead,
-                                                  cta);
+    load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(tiles.s_v_ring, tiles.v, p.v_strides.row,
+                                                            cta.n_last + 1 - ahead, cta);
+    load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(tiles.s_k_ring, tiles.k, p.k_strides.row,
+                                                            cta.n_last - ahead, cta);
   }
 }
 
@@ -281,32 +281,32 @@ __device__ __forceinline__ void init_softmax(float (&row_max)[kStrips][2], float
 // await_k and await_v take the tile index by reference, as the lambda they replace captured it: the loop counter
 // then stays in memory until inlining. Passed by value, it changed how the 1-warp decode kernels (three K/V
 // stages) compute their load addresses: the hd32 decode main loop grew from 289 to 307 instructions (SASS).
-template <int kHeadDim, int kBlockN, int kThreads, int kStages, typename T>
+template <typename KvLayout, int kHeadDim, int kBlockN, int kThreads, int kStages, typename T>
 __device__ __forceinline__ void await_k(const FwdParams& p, const FwdCta& cta, const FwdTiles<T>& tiles,
                                         const int& n) {
   ptx::cp_async_wait<kYoungerGroups<kStages>>();
   __syncthreads();  // K(n) (and Q) landed; every warp is done with V(n+1), whose slot takes V(n + 1 - kStages)
-  load_kv<kHeadDim, kBlockN, kThreads, kStages>(tiles.s_v_ring, tiles.v, p.v_strides.row, n + 1 - kStages, cta);
+  load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(tiles.s_v_ring, tiles.v, p.v_strides.row, n + 1 - kStages,
+                                                          cta);
 }
 
 // Either right after S = Q K^T or after the softmax (fwd_waits_v_before_softmax): V(n) landed; every warp is
 // done with K(n), whose slot takes K(n - kStages).
-template <int kHeadDim, int kBlockN, int kThreads, int kStages, typename T>
+template <typename KvLayout, int kHeadDim, int kBlockN, int kThreads, int kStages, typename T>
 __device__ __forceinline__ void await_v(const FwdParams& p, const FwdCta& cta, const FwdTiles<T>& tiles,
                                         const int& n) {
   ptx::cp_async_wait<kYoungerGroups<kStages>>();
   __syncthreads();
-  load_kv<kHeadDim, kBlockN, kThreads, kStages>(tiles.s_k_ring, tiles.k, p.k_strides.row, n - kStages, cta);
+  load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(tiles.s_k_ring, tiles.k, p.k_strides.row, n - kStages, cta);
 }
 
 // S = Q K^T of this warp's strips against the key tile s_k: each K fragment feeds every strip. `a` holds one k16
 // step of Q's A fragments (the caller's array; see the kernel).
-template <int kHeadDim, int kStripStride, int kStrips, int kNTiles, typename T>
+template <typename KLayout, int kHeadDim, int kStripStride, int kStrips, int kNTiles, typename T>
 __device__ __forceinline__ void compute_scores(ptx::MmaC (&sc)[kStrips][kNTiles], ptx::MmaA (&a)[kStrips],
                                                const T* s_q, const T* s_k, int warp, int lane) {
   constexpr int kStride = kHeadDim + kSmemRowPad;
   constexpr int kKSteps = kHeadDim / kMmaK;
-  using KLayout = CopiedTileLayout<kHeadDim>;
   const int k_lane = KLayout::lane_offset(lane % 8 + 8 * (lane / 16), 8 * ((lane / 8) % 2));
   const T zero = from_float<T>(0.f);
 #pragma unroll
@@ -319,7 +319,12 @@ __device__ __forceinline__ void compute_scores(ptx::MmaC (&sc)[kStrips][kNTiles]
 #pragma unroll
     for (int np = 0; np < kNTiles / 2; ++np) {
       uint32_t kb[4];
-      ptx::ldmatrix_x4(kb, s_k + KLayout::ldmatrix_offset(k_lane, np * 16, kk * kMmaK));
+      if constexpr (KLayout::kSplitAddress) {
+        ptx::ldmatrix_x4(kb, s_k + KLayout::ldmatrix_offset(k_lane, np * 16, kk * kMmaK));
+      } else {
+        ptx::ldmatrix_x4(kb, s_k + (np * 16 + lane % 8 + 8 * (lane / 16)) * kStride + kk * kMmaK +
+                                 8 * ((lane / 8) % 2));
+      }
       const ptx::MmaB b0{{kb[0], kb[1]}};
       const ptx::MmaB b1{{kb[2], kb[3]}};
 #pragma unroll
@@ -425,11 +430,11 @@ __device__ __forceinline__ void apply_dropout(ptx::MmaC (&sc)[kStrips][kNTiles],
 
 // O += P V: two adjacent n8 accumulator tiles of P are one k16 A fragment (`pa`, the caller's array; see the
 // kernel).
-template <int kHeadDim, int kStrips, int kNTiles, int kDTiles, typename T>
+template <typename VLayout, int kHeadDim, int kStrips, int kNTiles, int kDTiles, typename T>
 __device__ __forceinline__ void accumulate_pv(ptx::MmaC (&acc)[kStrips][kDTiles], ptx::MmaA (&pa)[kStrips],
                                               const ptx::MmaC (&sc)[kStrips][kNTiles], const T* s_v, int lane) {
+  constexpr int kStride = kHeadDim + kSmemRowPad;
   constexpr int kBlockN = kNTiles * kMmaN;
-  using VLayout = CopiedTileLayout<kHeadDim>;
   const int v_lane = VLayout::lane_offset(lane % 16, 8 * (lane / 16));
   const T zero = from_float<T>(0.f);
 #pragma unroll
@@ -446,7 +451,11 @@ __device__ __forceinline__ void accumulate_pv(ptx::MmaC (&acc)[kStrips][kDTiles]
 #pragma unroll
     for (int dp = 0; dp < kHeadDim / 16; ++dp) {
       uint32_t vb[4];
-      ptx::ldmatrix_x4_trans(vb, s_v + VLayout::ldmatrix_offset(v_lane, kk * kMmaK, dp * 16));
+      if constexpr (VLayout::kSplitAddress) {
+        ptx::ldmatrix_x4_trans(vb, s_v + VLayout::ldmatrix_offset(v_lane, kk * kMmaK, dp * 16));
+      } else {
+        ptx::ldmatrix_x4_trans(vb, s_v + (kk * kMmaK + lane % 16) * kStride + dp * 16 + 8 * (lane / 16));
+      }
       const ptx::MmaB b0{{vb[0], vb[1]}};
       const ptx::MmaB b1{{vb[2], vb[3]}};
 #pragma unroll
@@ -549,6 +558,7 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
   constexpr int kDTiles = kHeadDim / kMmaN;
   constexpr int kStages = kTile.kv_stages;
   constexpr bool kEarlyV = fwd_waits_v_before_softmax(kHeadDim, kMask != MaskKind::kNone);
+  using KvLayout = TileLayout<fwd_swizzles_kv(kHeadDim, kKind, kMask != MaskKind::kNone), kHeadDim>;
   static_assert(kHeadDim % (2 * kMmaK) == 0 && kBlockN % (2 * kMmaK) == 0 && kStrips >= 1, "tile shape");
   static_assert(kStages >= 1 && kStages <= kMaxKvStages, "kv_stages");
 
@@ -558,7 +568,7 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
   if (cta.m0 >= cta.seqlen_q) return;
   plan_key_tiles<kMask, kBlockM, kBlockN>(p, cta);
   const FwdTiles<T> tiles = locate_tiles<kHeadDim, kBlockM, kBlockN, kStages, T>(smem_raw, p, cta);
-  load_prologue<kHeadDim, kBlockM, kBlockN, kThreads, kStages>(p, cta, tiles);
+  load_prologue<KvLayout, kHeadDim, kBlockM, kBlockN, kThreads, kStages>(p, cta, tiles);
   const FwdScoreParams sp = read_score_params<kGeneral>(p, cta);
 
   int rows[kStrips][2];
@@ -569,7 +579,7 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
 
   for (int n = cta.n_last; n >= cta.n_first; --n) {
     const int n0 = n * kBlockN;
-    await_k<kHeadDim, kBlockN, kThreads, kStages>(p, cta, tiles, n);
+    await_k<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(p, cta, tiles, n);
     const T* s_k = tiles.s_k_ring + ring_slot<kStages>(n) * kBlockN * kStride;
     const T* s_v = tiles.s_v_ring + ring_slot<kStages>(n) * kBlockN * kStride;
 
@@ -579,8 +589,8 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
     // hd128 causal general: main loop 7719 -> 7720 instructions).
     ptx::MmaC sc[kStrips][kNTiles];
     ptx::MmaA a[kStrips];
-    compute_scores<kHeadDim, kStripStride>(sc, a, tiles.s_q, s_k, cta.warp, cta.lane);
-    if constexpr (kEarlyV) await_v<kHeadDim, kBlockN, kThreads, kStages>(p, cta, tiles, n);
+    compute_scores<KvLayout, kHeadDim, kStripStride>(sc, a, tiles.s_q, s_k, cta.warp, cta.lane);
+    if constexpr (kEarlyV) await_v<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(p, cta, tiles, n);
     if constexpr (kGeneral) transform_scores(sc, rows, n0, p, cta, sp);
 
     // Mask only the tiles some row of this CTA cannot fully see: scores of keys past seqlen_k or outside the
@@ -611,9 +621,9 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
 
     online_softmax(sc, acc, row_max, row_sum, sp.x_scale);
     if (kGeneral && sp.dropout) apply_dropout(sc, rows, n0, cta.t, sp);
-    if constexpr (!kEarlyV) await_v<kHeadDim, kBlockN, kThreads, kStages>(p, cta, tiles, n);
+    if constexpr (!kEarlyV) await_v<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(p, cta, tiles, n);
     ptx::MmaA pa[kStrips];
-    accumulate_pv<kHeadDim>(acc, pa, sc, s_v, cta.lane);
+    accumulate_pv<KvLayout, kHeadDim>(acc, pa, sc, s_v, cta.lane);
   }
 
   // Epilogue: normalise; a split writes fp32 partials, a whole call stages O (in T) through the warp's own Q

@@ -74,6 +74,19 @@ FLASH_HOST_DEVICE constexpr bool fwd_waits_v_before_softmax(int head_dim, bool m
   return head_dim > 128 || (head_dim <= 64 && masked);
 }
 
+// Whether the K/V tiles are laid out as swizzled rows (kernel_common.h SwizzledRows; head dims that are whole 128-byte
+// segments) rather than padded ones: cp.async then fills aligned segments (padded, the copies took 2.6x the ideal
+// shared-memory wavefronts, ncu). Measured on the H200 (bf16, three interleaved rounds, best TFLOP/s, swizzled /
+// padded, docs/perf_log.md "swizzled shared memory"): head dim 256, wide tile, 8k 328 / 305, causal 8k 301 / 271;
+// 64-row tile causal 512 / 2k 205 / 192 and 272 / 252, but non-causal 512 / 2k 253 / 263 and 289 / 297 (every
+// round), so that one stays padded; decode (hd 128) +5-7 %, e.g. 8 x 32k 4.20 / 3.92 TB/s. The 4-warp tiles at
+// head dims 64 and 128 gain 0-2 % non-causal and lose 2-7 % causal (hd 64 causal 8k 302 / 323): the XORed ldmatrix
+// addresses cost them registers (hd 128: 8 -> 32 bytes of spill), so they stay padded. `masked`: causal or local.
+FLASH_HOST_DEVICE constexpr bool fwd_swizzles_kv(int head_dim, FwdTileKind kind, bool masked) {
+  const bool decode = kind == FwdTileKind::kDecode || kind == FwdTileKind::kDecodeCompact;
+  return decode || (head_dim > 128 && (masked || kind != FwdTileKind::kCompact));
+}
+
 FLASH_HOST_DEVICE constexpr FwdTileConfig fwd_wide_tile_config(bool general, FwdTileKind kind) {
   return general || kind == FwdTileKind::kCompact || kWideTile == WideTile::k64x64Warps4 ? FwdTileConfig{64, 64, 4, 1}
          : kWideTile == WideTile::k128x64Warps8 ? FwdTileConfig{128, 64, 8, 1}

@@ -66,12 +66,16 @@ constexpr int kSmemAlign = 128;
 
 // Shared-memory layouts of a tile with kCols-element rows, as the element offset of (row, col) for col a multiple
 // of kChunkElems (plus col % kChunkElems within the chunk). Readers and writers of a tile use the same layout.
-// ldmatrix addresses take two parts: a lane's offset within its 8x8 matrix, lane_offset(row_lane, col_lane) with
-// row_lane < 16 and col_lane 0 or 8, computed once; and the matrix origin (row_base a multiple of 8, col_base a
-// multiple of 16), from loop indices: ldmatrix_offset(lane_offset, row_base, col_base).
-template <int kCols>
+// Fragment (ldmatrix) addresses come in two forms. Split (kSplitAddress): a lane's offset within its 8x8 matrix,
+// lane_offset(row_lane, col_lane) with row_lane < 16 and col_lane 0 or 8, computed once, then the matrix origin
+// (row_base a multiple of 8, col_base a multiple of 16) from loop indices: ldmatrix_offset(lane_offset, row_base,
+// col_base). Direct: row * kStride + col as one expression. SwizzledRows needs the split form; padded tiles take
+// the form of the kernel they are in (see the kernels), as the two give ptxas different register pressure.
+template <int kCols, bool kSplit = false>
 struct PaddedRows {
   static constexpr int kStride = kCols + kSmemRowPad;
+  static constexpr bool kSwizzled = false;
+  static constexpr bool kSplitAddress = kSplit;
   static __device__ __forceinline__ int offset(int row, int col) { return row * kStride + col; }
   static __device__ __forceinline__ int lane_offset(int row_lane, int col_lane) { return offset(row_lane, col_lane); }
   static __device__ __forceinline__ int ldmatrix_offset(int lane_offset, int row_base, int col_base) {
@@ -92,6 +96,8 @@ template <int kCols>
 struct SwizzledRows {
   static_assert(kCols % kSegmentElems == 0, "swizzled rows are whole 128-byte segments");
   static constexpr int kStride = kCols;
+  static constexpr bool kSwizzled = true;
+  static constexpr bool kSplitAddress = true;
   static __device__ __forceinline__ int offset(int row, int col) {
     return row * kCols + (col ^ ((row % kChunkElems) * kChunkElems));
   }
@@ -101,10 +107,10 @@ struct SwizzledRows {
     return (lane_offset ^ in_segment) + row_base * kCols + (col_base - in_segment);
   }
 };
-// The layout of the cp.async-loaded K/V (forward) and Q/dO (backward) tiles: swizzled where rows are whole
-// segments (head dims 64, 128, 192, 256), padded otherwise.
-template <int kCols>
-using CopiedTileLayout = std::conditional_t<kCols % kSegmentElems == 0, SwizzledRows<kCols>, PaddedRows<kCols>>;
+// Swizzled rows where asked for and the rows are whole segments, padded rows otherwise. Which tiles ask: forward K/V
+// (fwd_swizzles_kv) and backward Q/dO (bwd_swizzles_queries), chosen per head dim from measurements.
+template <bool kSwizzle, int kCols>
+using TileLayout = std::conditional_t<kSwizzle && kCols % kSegmentElems == 0, SwizzledRows<kCols>, PaddedRows<kCols>>;
 
 __device__ __forceinline__ float read_bias(const void* base, DType dtype, int64_t index) {
   switch (dtype) {
