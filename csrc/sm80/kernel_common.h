@@ -74,7 +74,6 @@ constexpr int kSmemAlign = 128;
 template <int kCols, bool kSplit = false>
 struct PaddedRows {
   static constexpr int kStride = kCols + kSmemRowPad;
-  static constexpr bool kSwizzled = false;
   static constexpr bool kSplitAddress = kSplit;
   static __device__ __forceinline__ int offset(int row, int col) { return row * kStride + col; }
   static __device__ __forceinline__ int lane_offset(int row_lane, int col_lane) { return offset(row_lane, col_lane); }
@@ -96,10 +95,10 @@ template <int kCols>
 struct SwizzledRows {
   static_assert(kCols % kSegmentElems == 0, "swizzled rows are whole 128-byte segments");
   static constexpr int kStride = kCols;
-  static constexpr bool kSwizzled = true;
   static constexpr bool kSplitAddress = true;
+  static constexpr int kChunksPerSegment = kSegmentElems / kChunkElems;
   static __device__ __forceinline__ int offset(int row, int col) {
-    return row * kCols + (col ^ ((row % kChunkElems) * kChunkElems));
+    return row * kCols + (col ^ ((row % kChunksPerSegment) * kChunkElems));
   }
   static __device__ __forceinline__ int lane_offset(int row_lane, int col_lane) { return offset(row_lane, col_lane); }
   static __device__ __forceinline__ int ldmatrix_offset(int lane_offset, int row_base, int col_base) {
