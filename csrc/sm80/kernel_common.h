@@ -75,9 +75,11 @@ template <int kCols, bool kSplit = false>
 struct PaddedRows {
   static constexpr int kStride = kCols + kSmemRowPad;
   static constexpr bool kSplitAddress = kSplit;
-  static __device__ __forceinline__ int offset(int row, int col) { return row * kStride + col; }
-  static __device__ __forceinline__ int lane_offset(int row_lane, int col_lane) { return offset(row_lane, col_lane); }
-  static __device__ __forceinline__ int ldmatrix_offset(int lane_offset, int row_base, int col_base) {
+  static constexpr __host__ __device__ int offset(int row, int col) { return row * kStride + col; }
+  static constexpr __host__ __device__ int lane_offset(int row_lane, int col_lane) {
+    return offset(row_lane, col_lane);
+  }
+  static constexpr __host__ __device__ int ldmatrix_offset(int lane_offset, int row_base, int col_base) {
     return lane_offset + row_base * kStride + col_base;
   }
 };
@@ -97,15 +99,57 @@ struct SwizzledRows {
   static constexpr int kStride = kCols;
   static constexpr bool kSplitAddress = true;
   static constexpr int kChunksPerSegment = kSegmentElems / kChunkElems;
-  static __device__ __forceinline__ int offset(int row, int col) {
+  static constexpr __host__ __device__ int offset(int row, int col) {
     return row * kCols + (col ^ ((row % kChunksPerSegment) * kChunkElems));
   }
-  static __device__ __forceinline__ int lane_offset(int row_lane, int col_lane) { return offset(row_lane, col_lane); }
-  static __device__ __forceinline__ int ldmatrix_offset(int lane_offset, int row_base, int col_base) {
+  static constexpr __host__ __device__ int lane_offset(int row_lane, int col_lane) {
+    return offset(row_lane, col_lane);
+  }
+  static constexpr __host__ __device__ int ldmatrix_offset(int lane_offset, int row_base, int col_base) {
     const int in_segment = col_base % kSegmentElems;
     return (lane_offset ^ in_segment) + row_base * kCols + (col_base - in_segment);
   }
 };
+
+// Compile-time checks of a layout over a 64-row tile: the split ldmatrix form gives the same element as offset(),
+// and every 8x8 ldmatrix matrix (8 consecutive rows from a multiple of 8, one 16-byte chunk each) touches 8
+// different 16-byte bank groups.
+constexpr int kLayoutCheckRows = 64;
+template <typename Layout, int kCols>
+constexpr bool split_form_matches() {
+  for (int row_lane = 0; row_lane < 2 * kChunkElems; ++row_lane) {
+    for (int col_lane = 0; col_lane <= kChunkElems; col_lane += kChunkElems) {
+      const int lane = Layout::lane_offset(row_lane, col_lane);
+      for (int row_base = 0; row_base < kLayoutCheckRows; row_base += kChunkElems) {
+        for (int col_base = 0; col_base < kCols; col_base += 2 * kChunkElems) {
+          if (Layout::ldmatrix_offset(lane, row_base, col_base) !=
+              Layout::offset(row_base + row_lane, col_base + col_lane)) {
+            return false;
+          }
+        }
+      }
+    }
+  }
+  return true;
+}
+template <typename Layout, int kCols>
+constexpr bool ldmatrix_conflict_free() {
+  constexpr int kBankGroups = kSegmentElems / kChunkElems;
+  for (int row0 = 0; row0 < kLayoutCheckRows; row0 += kChunkElems) {
+    for (int col = 0; col < kCols; col += kChunkElems) {
+      unsigned groups = 0;
+      for (int r = 0; r < kChunkElems; ++r) groups |= 1u << (Layout::offset(row0 + r, col) / kChunkElems % kBankGroups);
+      if (groups != (1u << kBankGroups) - 1) return false;
+    }
+  }
+  return true;
+}
+static_assert(split_form_matches<SwizzledRows<64>, 64>() && split_form_matches<SwizzledRows<256>, 256>() &&
+                  split_form_matches<PaddedRows<96, true>, 96>(),
+              "split ldmatrix addressing");
+static_assert(ldmatrix_conflict_free<SwizzledRows<128>, 128>() && ldmatrix_conflict_free<SwizzledRows<192>, 192>() &&
+                  ldmatrix_conflict_free<PaddedRows<96>, 96>(),
+              "ldmatrix phases without bank conflicts");
 // Swizzled rows where asked for and the rows are whole segments, padded rows otherwise. Which tiles ask: forward K/V
 // (fwd_swizzles_kv) and backward Q/dO (bwd_swizzles_queries), chosen per head dim from measurements.
 template <bool kSwizzle, int kCols>
