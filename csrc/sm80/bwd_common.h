@@ -68,11 +68,15 @@ __host__ __device__ constexpr BwdTileConfig bwd_full_tile_config(int head_dim, b
 }
 
 // Whether the Q/dO tiles (loaded every iteration) are laid out as swizzled rows (kernel_common.h SwizzledRows)
-// rather than padded ones. Measured on the H200 (bf16, three interleaved rounds, best TFLOP/s, swizzled / padded,
-// docs/perf_log.md "swizzled shared memory"): head dim 256 2k / 8k 225 / 218 and 242 / 235, causal 194 / 186 and
-// 237 / 228; head dim 64 2k / 8k 253 / 244 and 273 / 267. Head dim 128 lost 2-7 % (causal 8k 269 / 280): its
-// kernel spilled 56 bytes with the XORed addresses (0 padded), 7 local loads per iteration.
-__host__ __device__ constexpr bool bwd_swizzles_queries(int head_dim) { return head_dim != 128; }
+// rather than padded ones. Measured on the H200 (bf16, plain kernels with the full tiles, three interleaved rounds,
+// best TFLOP/s, swizzled / padded, docs/perf_log.md "swizzled shared memory"): head dim 256 2k / 8k 225 / 218 and
+// 242 / 235, causal 194 / 186 and 237 / 228; head dim 64 2k / 8k 253 / 244 and 273 / 267. Head dim 128 lost 2-7 %
+// (causal 8k 269 / 280): its kernel spilled 56 bytes with the XORed addresses (0 padded), 7 local loads per
+// iteration. The feature kernels and the compact tiles were not measured (the feature kernels spill more with it,
+// hd 256: 202 bytes against 54), so they stay padded.
+__host__ __device__ constexpr bool bwd_swizzles_queries(int head_dim, bool features, BwdTiles tiles) {
+  return !features && tiles == BwdTiles::kFull && head_dim != 128;
+}
 
 // Shared memory of the main kernel with tile `cfg`: K, V, q_buffers x (Q, dO) rows of head_dim + pad
 // elements, P^T and dS^T ([key][query], padded), then q_buffers x (lse, delta) in fp32.

@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.thr
   // once per key block and keep padded rows, as do P^T and dS^T, which the threads store from registers. Kernels
   // that swizzle address their padded tiles in the split form too, the others in the direct form: the split form
   // cost the padded hd 128 kernel 110 bytes of spill (ptxas), and each form is the one measured for its kernel.
-  constexpr bool kSwizzleQueries = bwd_swizzles_queries(kHeadDim) && kHeadDim % kSegmentElems == 0;
+  constexpr bool kSwizzleQueries = bwd_swizzles_queries(kHeadDim, kFeatures, kTiles) && kHeadDim % kSegmentElems == 0;
   using QueryLayout = TileLayout<kSwizzleQueries, kHeadDim>;
   using KeyLayout = PaddedRows<kHeadDim, kSwizzleQueries>;
   using ScoreLayout = PaddedRows<kBlockM, kSwizzleQueries>;

@@ -76,15 +76,18 @@ FLASH_HOST_DEVICE constexpr bool fwd_waits_v_before_softmax(int head_dim, bool m
 
 // Whether the K/V tiles are laid out as swizzled rows (kernel_common.h SwizzledRows; head dims that are whole 128-byte
 // segments) rather than padded ones: cp.async then fills aligned segments (padded, the copies took 2.6x the ideal
-// shared-memory wavefronts, ncu). Measured on the H200 (bf16, three interleaved rounds, best TFLOP/s, swizzled /
-// padded, docs/perf_log.md "swizzled shared memory"): head dim 256, wide tile, 8k 328 / 305, causal 8k 301 / 271;
-// 64-row tile causal 512 / 2k 205 / 192 and 272 / 252, but non-causal 512 / 2k 253 / 263 and 289 / 297 (every
-// round), so that one stays padded; decode (hd 128) +5-7 %, e.g. 8 x 32k 4.20 / 3.92 TB/s. The 4-warp tiles at
-// head dims 64 and 128 gain 0-2 % non-causal and lose 2-7 % causal (hd 64 causal 8k 302 / 323): the XORed ldmatrix
-// addresses cost them registers (hd 128: 8 -> 32 bytes of spill), so they stay padded. `masked`: causal or local.
-FLASH_HOST_DEVICE constexpr bool fwd_swizzles_kv(int head_dim, FwdTileKind kind, bool masked) {
-  const bool decode = kind == FwdTileKind::kDecode || kind == FwdTileKind::kDecodeCompact;
-  return decode || (head_dim > 128 && (masked || kind != FwdTileKind::kCompact));
+// shared-memory wavefronts, ncu). Measured on the H200 (bf16, plain kernels, three interleaved rounds, best TFLOP/s,
+// swizzled / padded, docs/perf_log.md "swizzled shared memory"): head dim 256, wide tile, 8k 328 / 305, causal 8k
+// 301 / 271; 64-row tile causal 512 / 2k 205 / 192 and 272 / 252, but non-causal 512 / 2k 253 / 263 and 289 / 297
+// (every round), so that one stays padded; decode (hd 128) +5-7 %, e.g. 8 x 32k 4.20 / 3.92 TB/s. The 4-warp tiles
+// at head dims 64 and 128 gain non-causal in every round (hd 64 512 257-258 / 252, hd 128 8k 357 / 346-352) but
+// lose 2-7 % causal (hd 64 causal 8k 301-302 / 318-323: the XORed ldmatrix addresses cost registers, hd 128 8 -> 32
+// bytes of spill), so causal/local stays padded there. The general kernels (softcap, ALiBi, bias, dropout) were not
+// measured and spill more with it (hd 256: 764 bytes against 4), so they stay padded. `masked`: causal or local.
+FLASH_HOST_DEVICE constexpr bool fwd_swizzles_kv(int head_dim, bool general, FwdTileKind kind, bool masked) {
+  if (general) return false;
+  if (kind == FwdTileKind::kDecode || kind == FwdTileKind::kDecodeCompact) return true;
+  return head_dim > 128 ? masked || kind != FwdTileKind::kCompact : !masked && kind == FwdTileKind::kStandard;
 }
 
 FLASH_HOST_DEVICE constexpr FwdTileConfig fwd_wide_tile_config(bool general, FwdTileKind kind) {
