@@ -70,13 +70,21 @@ __host__ __device__ constexpr BwdTileConfig bwd_full_tile_config(int head_dim, b
 // Whether the Q/dO tiles (loaded every iteration) are laid out as swizzled rows (kernel_common.h SwizzledRows)
 // rather than padded ones. Measured on the H200 (bf16, plain kernels with the full tiles, three interleaved rounds,
 // best TFLOP/s, swizzled / padded, docs/perf_log.md "swizzled shared memory"): head dim 256 2k / 8k 225 / 218 and
-// 242 / 235, causal 194 / 186 and 237 / 228; head dim 64 2k / 8k 253 / 244 and 273 / 267. Head dim 128 lost 2-7 %
-// (causal 8k 269 / 280): its kernel spilled 56 bytes with the XORed addresses (0 padded), 7 local loads per
-// iteration. The feature kernels and the compact tiles were not measured (the feature kernels spill more with it,
-// hd 256: 202 bytes against 54), so they stay padded.
+// 242 / 235, causal 194 / 186 and 237 / 228; head dim 64 2k / 8k 253 / 244 and 273 / 267. Head dim 128 first lost
+// 2-7 % (causal 8k 269 / 280): its kernel spilled 56 bytes with the XORed addresses (0 padded), 7 local loads per
+// iteration; with bwd_hides_query_lane_offsets it won (below). The feature kernels and the compact tiles were not
+// measured (the feature kernels spill more with it, hd 256: 202 bytes against 54), so they stay padded.
 __host__ __device__ constexpr bool bwd_swizzles_queries(int head_dim, bool features, BwdTiles tiles) {
-  return !features && tiles == BwdTiles::kFull && head_dim != 128;
+  return !features && tiles == BwdTiles::kFull;
 }
+
+// Whether a swizzling kernel hides its Q/dO lane offsets from ptxas (kernel_common.h OpaqueLaneOffset) and addresses
+// its padded tiles (K, V, P^T, dS^T) in the direct form. At head dim 128 the direct form cut the spill from 56 / 76
+// to 52 / 72 bytes and the hidden offsets to 28 / 44 (ptxas, plain non-causal); measured on the H200 (bf16, three
+// interleaved rounds, best TFLOP/s, against the padded kernel; docs/perf_log.md "backward: swizzled Q/dO at head
+// dim 128"): 2k / 8k 290 / 319 against 278 / 301, causal 231 / 286 against 228 / 282 (FA2 268 / 306 and 220 / 284
+// in the same call). Head dims 64 and 256 spill no less with it (hd 256 18 -> 28 bytes) and were not measured.
+__host__ __device__ constexpr bool bwd_hides_query_lane_offsets(int head_dim) { return head_dim == 128; }
 
 // Shared memory of the main kernel with tile `cfg`: K, V, q_buffers x (Q, dO) rows of head_dim + pad
 // elements, P^T and dS^T ([key][query], padded), then q_buffers x (lse, delta) in fp32.
@@ -189,7 +197,8 @@ __device__ __forceinline__ void load_b_pair(ptx::MmaB (&b)[2], const T* tile, in
   const int matrix = lane / 8;
   uint32_t reg[4];
   if constexpr (Layout::kSplitAddress) {
-    const int lane_offset = Layout::lane_offset((matrix / 2) * 8 + lane % 8, (matrix % 2) * 8);
+    int lane_offset = Layout::lane_offset((matrix / 2) * 8 + lane % 8, (matrix % 2) * 8);
+    if constexpr (Layout::kOpaqueLaneOffset) hide_from_compiler(lane_offset);
     ptx::ldmatrix_x4(reg, tile + Layout::ldmatrix_offset(lane_offset, n0, k0));
   } else {
     ptx::ldmatrix_x4(reg, tile + (n0 + (matrix / 2) * 8 + lane % 8) * Layout::kStride + k0 + (matrix % 2) * 8);
@@ -206,7 +215,8 @@ __device__ __forceinline__ void load_b_pair_trans(ptx::MmaB (&b)[2], const T* ti
   const int matrix = lane / 8;
   uint32_t reg[4];
   if constexpr (Layout::kSplitAddress) {
-    const int lane_offset = Layout::lane_offset((matrix % 2) * 8 + lane % 8, (matrix / 2) * 8);
+    int lane_offset = Layout::lane_offset((matrix % 2) * 8 + lane % 8, (matrix / 2) * 8);
+    if constexpr (Layout::kOpaqueLaneOffset) hide_from_compiler(lane_offset);
     ptx::ldmatrix_x4_trans(reg, tile + Layout::ldmatrix_offset(lane_offset, k0, n0));
   } else {
     ptx::ldmatrix_x4_trans(reg, tile + (k0 + (matrix % 2) * 8 + lane % 8) * Layout::kStride + n0 + (matrix / 2) * 8);

@@ -105,10 +105,14 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.thr
   // once per key block and keep padded rows, as do P^T and dS^T, which the threads store from registers. Kernels
   // that swizzle address their padded tiles in the split form too, the others in the direct form: the split form
   // cost the padded hd 128 kernel 110 bytes of spill (ptxas), and each form is the one measured for its kernel.
+  // Where the Q/dO lane offsets are hidden from ptxas (bwd_hides_query_lane_offsets) the padded tiles keep the
+  // direct form too, as measured.
   constexpr bool kSwizzleQueries = bwd_swizzles_queries(kHeadDim, kFeatures, kTiles) && kHeadDim % kSegmentElems == 0;
-  using QueryLayout = TileLayout<kSwizzleQueries, kHeadDim>;
-  using KeyLayout = PaddedRows<kHeadDim, kSwizzleQueries>;
-  using ScoreLayout = PaddedRows<kBlockM, kSwizzleQueries>;
+  constexpr bool kHideOffsets = kSwizzleQueries && bwd_hides_query_lane_offsets(kHeadDim);
+  using QueryLayout = std::conditional_t<kHideOffsets, OpaqueLaneOffset<SwizzledRows<kHeadDim>>,
+                                         TileLayout<kSwizzleQueries, kHeadDim>>;
+  using KeyLayout = PaddedRows<kHeadDim, kSwizzleQueries && !kHideOffsets>;
+  using ScoreLayout = PaddedRows<kBlockM, kSwizzleQueries && !kHideOffsets>;
   // S^T / dP^T warp tiles: kSKeys x kSQueries.
   constexpr int kSWarpsN = kCfg.s_warps_n;
   constexpr int kSWarpsM = kWarps / kSWarpsN;

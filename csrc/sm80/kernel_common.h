@@ -75,6 +75,7 @@ template <int kCols, bool kSplit = false>
 struct PaddedRows {
   static constexpr int kStride = kCols + kSmemRowPad;
   static constexpr bool kSplitAddress = kSplit;
+  static constexpr bool kOpaqueLaneOffset = false;
   static constexpr __host__ __device__ int offset(int row, int col) { return row * kStride + col; }
   static constexpr __host__ __device__ int lane_offset(int row_lane, int col_lane) {
     return offset(row_lane, col_lane);
@@ -98,6 +99,7 @@ struct SwizzledRows {
   static_assert(kCols % kSegmentElems == 0, "swizzled rows are whole 128-byte segments");
   static constexpr int kStride = kCols;
   static constexpr bool kSplitAddress = true;
+  static constexpr bool kOpaqueLaneOffset = false;
   static constexpr int kChunksPerSegment = kSegmentElems / kChunkElems;
   static constexpr __host__ __device__ int offset(int row, int col) {
     return row * kCols + (col ^ ((row % kChunksPerSegment) * kChunkElems));
@@ -110,6 +112,19 @@ struct SwizzledRows {
     return (lane_offset ^ in_segment) + row_base * kCols + (col_base - in_segment);
   }
 };
+
+// Layout with the split form whose lane offsets the loaders hide from ptxas (hide_from_compiler): it then keeps one
+// register per lane offset instead of folding each into the address of every fragment. In the hd 128 backward,
+// where the swizzled Q/dO addresses pushed the kernel past 255 registers, this halved the spill (52 -> 28 bytes,
+// ptxas) and made the swizzled tiles win (bwd_common.h bwd_swizzles_queries).
+template <typename Layout>
+struct OpaqueLaneOffset : Layout {
+  static_assert(Layout::kSplitAddress, "only split-form addresses have a lane offset to hide");
+  static constexpr bool kOpaqueLaneOffset = true;
+};
+
+// An empty asm that claims to change v: ptxas can no longer see where v came from or rematerialise it.
+__device__ __forceinline__ void hide_from_compiler(int& v) { asm volatile("" : "+r"(v)); }
 
 // Compile-time checks of a layout over a 64-row tile: the split ldmatrix form gives the same element as offset(),
 // and every 8x8 ldmatrix matrix (8 consecutive rows from a multiple of 8, one 16-byte chunk each) touches 8
