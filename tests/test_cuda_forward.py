@@ -4,6 +4,7 @@
 # GPU and a built forward kernel exist (flash_attn.is_supported(..., backward=False)).
 import pytest
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 import flash_attn
 from flash_attn import flash_attn_func, flash_attn_varlen_func
@@ -61,8 +62,8 @@ def test_seqlens(shape, causal, dtype):
 
 
 # Shapes that reach each K/V pipeline of the kernel (csrc/sm80/fwd_tile_config.h): the wide 8-warp tile
-# (head dim > 128 and at least kWideMinKeys = 4096 keys, V awaited before the softmax), the compact 4-warp tile
-# below that, the one-warp decode tile with its three-stage ring (<= 16 query rows; GQA-packed single-token
+# (head dim > 128, V awaited before the softmax; non-causal at any length, causal/local from kWideMinKeys = 4096
+# keys), the compact 4-warp tile below that, the one-warp decode tile with its three-stage ring (<= 16 query rows; GQA-packed single-token
 # calls; split-KV with ragged splits), and ranges of one or two key tiles where the ring's prologue covers the
 # whole visit.
 PIPELINE_SHAPES = [
@@ -191,3 +192,72 @@ def test_backward_without_kernel_raises_clearly():
     out = flash_attn_func(q, k, v)
     with pytest.raises(RuntimeError, match="no CUDA kernel"):
         out.sum().backward()
+
+
+# ---- tiles of GPUs with less shared memory (csrc/sm80/fwd_tile_config.h fwd_tile_kind) ----
+# FLASH_ATTN_FWD_SMEM_LIMIT makes the forward assume at most this many bytes of shared memory per block (per SM,
+# that plus 1 KB), so a Hopper GPU runs what an sm86/sm89 GPU (99 KB: the compact 4-warp tiles, the two-stage
+# decode tile) or an A100 (163 KB) would; the split-KV planner assumes the same.
+FWD_SMEM_LIMIT_ENV = "FLASH_ATTN_FWD_SMEM_LIMIT"
+SM86_SMEM = 101376
+A100_SMEM = 166912
+COMPACT_FWD_MARKS = ("FwdTileKind)2", "FwdTileKind::kCompact", "FwdTileKindE2")
+DECODE_COMPACT_FWD_MARKS = ("FwdTileKind)3", "FwdTileKind::kDecodeCompact", "FwdTileKindE3")
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("limit", [SM86_SMEM, A100_SMEM])
+@pytest.mark.parametrize("causal", [False, True])
+def test_smaller_gpu_tiles(head_dim, limit, causal, dtype, monkeypatch):
+    _require(dtype, head_dim)
+    monkeypatch.setenv(FWD_SMEM_LIMIT_ENV, str(limit))
+    q, k, v = _qkv(2, 131, 1100, 4, 2, head_dim, dtype)
+    out = flash_attn_func(q, k, v, causal=causal)
+    _check(out, lambda *x, **kw: attention_ref(*x, causal=causal, **kw), (q, k, v))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("shape", [(1, 1, 5000, 8, 2), (3, 16, 777, 2, 2), (2, 1, 40, 4, 4)])
+def test_smaller_gpu_decode_tiles(head_dim, shape, monkeypatch):
+    """Decode-shaped calls (GQA packing, split-KV) under the sm86/sm89 limit: the two-stage decode tile."""
+    _require(torch.bfloat16, head_dim)
+    monkeypatch.setenv(FWD_SMEM_LIMIT_ENV, str(SM86_SMEM))
+    b, sq, sk, h, hk = shape
+    q, k, v = _qkv(b, sq, sk, h, hk, head_dim, torch.bfloat16)
+    out = flash_attn_func(q, k, v)
+    _check(out, lambda *x, **kw: attention_ref(*x, **kw), (q, k, v))
+
+
+def _forward_kernel_names(fn):
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [event.name for event in prof.events() if "fwd_kernel" in event.name]
+
+
+# Head dims up to 128 have no separate compact instantiation (their one-stage tiles fit 99 KB; only fewer CTAs per
+# SM), so the 64-row tile is checked at head dim 256 and the two-stage decode tile at 128.
+@pytest.mark.parametrize("head_dim,seqlen_q,marks", [(256, 256, COMPACT_FWD_MARKS), (128, 1, DECODE_COMPACT_FWD_MARKS)])
+def test_smaller_gpu_tiles_selected(head_dim, seqlen_q, marks, monkeypatch):
+    """The sm86/sm89 limit picks the compact tiles; without it a Hopper GPU takes the others."""
+    _require(torch.bfloat16, head_dim)
+    q, k, v = _qkv(1, seqlen_q, 512, 2, 2, head_dim, torch.bfloat16)
+    monkeypatch.delenv(FWD_SMEM_LIMIT_ENV, raising=False)
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    if getattr(props, "shared_memory_per_block_optin", 0) >= 200 * 1024:
+        names = _forward_kernel_names(lambda: flash_attn_func(q, k, v))
+        assert names and not any(mark in name for name in names for mark in marks), names
+    monkeypatch.setenv(FWD_SMEM_LIMIT_ENV, str(SM86_SMEM))
+    names = _forward_kernel_names(lambda: flash_attn_func(q, k, v))
+    assert names and all(any(mark in name for mark in marks) for name in names), names
+
+
+@pytest.mark.parametrize("value", ["4096", "abc"])
+def test_fwd_smem_limit_errors(value, monkeypatch):
+    """A limit below every tile's need, or not a number, fails with a message naming the variable."""
+    _require(torch.bfloat16, 64)
+    monkeypatch.setenv(FWD_SMEM_LIMIT_ENV, value)
+    q, k, v = _qkv(1, 64, 64, 2, 2, 64, torch.bfloat16)
+    with pytest.raises(RuntimeError, match=FWD_SMEM_LIMIT_ENV):
+        flash_attn_func(q, k, v)

@@ -5,6 +5,8 @@
 
 #if defined(FLASH_WITH_CUDA)
 #include <cuda_runtime_api.h>
+
+#include "sm80/smem_limit_env.h"
 #endif
 
 namespace flash::api {
@@ -24,7 +26,8 @@ void plan_cuda_fwd(FwdParams& p, const at::Tensor& q, std::vector<at::Tensor>& s
   cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
   cudaDeviceGetAttribute(&smem.per_block_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   cudaDeviceGetAttribute(&smem.per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
-  p.num_splits = choose_fwd_num_splits(p, num_sms, smem);
+  // Under FLASH_ATTN_FWD_SMEM_LIMIT the launcher takes a smaller device's tiles; the plan must assume the same.
+  p.num_splits = choose_fwd_num_splits(p, num_sms, sm80::fwd_smem_limits(smem));
   if (p.num_splits > 1) {
     const int64_t rows = p.num_splits * p.shape.batch * p.shape.nheads_q * p.shape.seqlen_q;
     const int64_t bucket = (p.shape.head_dim + kHeadDimGranule - 1) / kHeadDimGranule * kHeadDimGranule;

@@ -46,7 +46,9 @@ int choose_fwd_num_splits(const FwdParams& p, int num_sms, sm80::SmemLimits smem
   const int bucket = static_cast<int>((p.shape.head_dim + kHeadDimGranule - 1) / kHeadDimGranule) * kHeadDimGranule;
   const bool general = p.softcap > 0.0 || p.mask.alibi_slopes != nullptr || p.mask.bias != nullptr ||
                        p.dropout.p > 0.0 || !(p.softmax_scale > 0.0);
-  const sm80::FwdTileKind kind = sm80::fwd_tile_kind(bucket, general, p.shape.seqlen_q, p.shape.seqlen_k, smem);
+  const bool masked = mask_kind(p.mask) != MaskKind::kNone;
+  const sm80::FwdTileKind kind =
+      sm80::fwd_tile_kind(bucket, general, p.shape.seqlen_q, p.shape.seqlen_k, masked, smem);
   const sm80::FwdTileConfig tile = sm80::fwd_tile_config(bucket, general, kind);
   const int64_t ctas = p.shape.batch * p.shape.nheads_q * ((p.shape.seqlen_q + tile.block_m - 1) / tile.block_m);
   const int64_t key_tiles = (p.shape.seqlen_k + tile.block_n - 1) / tile.block_n;

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -14,6 +13,7 @@
 #include "sm80/bwd_convert_kernel.h"
 #include "sm80/bwd_kernel.h"
 #include "sm80/bwd_preprocess_kernel.h"
+#include "sm80/smem_limit_env.h"
 
 namespace flash::sm80 {
 
@@ -38,25 +38,10 @@ inline int device_smem_optin() {
   return bytes;
 }
 
-// Lowers the shared memory per block the launcher assumes (bytes) below the device's, so that a Hopper GPU
-// can run the tiles an A100 (166912) or an sm86/sm89 GPU (101376) would get. Read on every call (~100 ns), so
-// a test can set it just before one.
-constexpr const char* kBwdSmemLimitEnv = "FLASH_ATTN_BWD_SMEM_LIMIT";
-
-// The shared memory per block the backward may use: the device's opt-in limit, or less under kBwdSmemLimitEnv.
+// The shared memory per block the backward may use: the device's opt-in limit, or less under kBwdSmemLimitEnv
+// (smem_limit_env.h), which lets a Hopper GPU run the tiles an A100 or an sm86/sm89 GPU would get.
 inline int bwd_smem_limit() {
-  const int device_bytes = device_smem_optin();
-  const char* text = std::getenv(kBwdSmemLimitEnv);
-  if (text == nullptr || *text == '\0') return device_bytes;
-  char* end = nullptr;
-  errno = 0;
-  const long long bytes = std::strtoll(text, &end, 10);
-  if (end == text || *end != '\0' || errno == ERANGE || bytes <= 0) {
-    throw std::runtime_error(std::string("flash_attn backward: environment variable ") + kBwdSmemLimitEnv +
-                             " must be a positive whole number of bytes (shared memory per block to assume, e.g. "
-                             "101376); got '" + text + "'. Set it to a number or unset it.");
-  }
-  return static_cast<int>(std::min<long long>(bytes, device_bytes));
+  return smem_limit_from_env(kBwdSmemLimitEnv, "flash_attn backward", device_smem_optin());
 }
 
 // Last resort: the compact tiles fit every sm80+ GPU (bwd::kBwdCompactSmemBudget), so this fails only for a

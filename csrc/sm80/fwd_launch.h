@@ -4,9 +4,13 @@
 #pragma once
 
 #include <atomic>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
 
 #include "sm80/fwd_combine_kernel.h"
 #include "sm80/fwd_kernel.h"
+#include "sm80/smem_limit_env.h"
 
 namespace flash::sm80 {
 
@@ -37,10 +41,26 @@ inline SmemLimits current_device_smem_limits() {
   return limits;
 }
 
+// Fails where even the smallest tile does not fit: only under a kFwdSmemLimitEnv below every GPU's (every sm80+
+// GPU has at least the 99 KB the compact and decode-compact tiles need).
+inline void require_fwd_shared_memory(int needed_bytes, int available_bytes, int head_dim_bucket) {
+  if (available_bytes >= needed_bytes) return;
+  const char* limit = std::getenv(kFwdSmemLimitEnv);
+  throw std::runtime_error(
+      "flash_attn forward: the CUDA forward kernel for head dims up to " + std::to_string(head_dim_bucket) +
+      " needs " + std::to_string(needed_bytes) + " bytes of shared memory per block; " +
+      (limit != nullptr && *limit != '\0'
+           ? std::string("the limit is ") + std::to_string(available_bytes) + " (" + kFwdSmemLimitEnv + "=" + limit +
+                 "). Raise or unset " + kFwdSmemLimitEnv + "."
+           : "this GPU allows " + std::to_string(available_bytes) +
+                 ". Run the forward on another GPU (sm80 or newer), or on CPU tensors."));
+}
+
 template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind>
-void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream) {
+void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits limits) {
   constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral, kKind);
   constexpr int kSmemBytes = fwd_smem_bytes(kHeadDim, kGeneral, kKind, sizeof(T));
+  require_fwd_shared_memory(kSmemBytes, limits.per_block_optin, kHeadDim);
   auto* kernel = fwd_kernel<T, kHeadDim, kMask, kGeneral, kKind>;
   // Above 48 KB of dynamic shared memory a kernel must opt in; once per instantiation and process.
   static const cudaError_t opt_in =
@@ -62,27 +82,29 @@ void run_fwd(const FwdParams& params, void* stream_ptr) {
                                fwd_smem_bytes(kHeadDim, false, FwdTileKind::kStandard, sizeof(T));
   constexpr bool kHasDecodeCompact = fwd_smem_bytes(kHeadDim, false, FwdTileKind::kDecodeCompact, sizeof(T)) !=
                                      fwd_smem_bytes(kHeadDim, false, FwdTileKind::kDecode, sizeof(T));
+  const SmemLimits limits = fwd_smem_limits(current_device_smem_limits());
   if (fwd_needs_general_kernel(params)) {
-    launch_fwd_kernel<T, kHeadDim, kMask, true, FwdTileKind::kStandard>(params, stream);
+    launch_fwd_kernel<T, kHeadDim, kMask, true, FwdTileKind::kStandard>(params, stream, limits);
   } else {
-    switch (fwd_tile_kind(kHeadDim, false, params.shape.seqlen_q, params.shape.seqlen_k, current_device_smem_limits())) {
+    constexpr bool kMasked = kMask != MaskKind::kNone;
+    switch (fwd_tile_kind(kHeadDim, false, params.shape.seqlen_q, params.shape.seqlen_k, kMasked, limits)) {
       case FwdTileKind::kDecodeCompact:
         if constexpr (kHasDecodeCompact) {
-          launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecodeCompact>(params, stream);
+          launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecodeCompact>(params, stream, limits);
           break;
         }
         [[fallthrough]];
       case FwdTileKind::kDecode:
-        launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecode>(params, stream);
+        launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecode>(params, stream, limits);
         break;
       case FwdTileKind::kCompact:
         if constexpr (kHasCompact) {
-          launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kCompact>(params, stream);
+          launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kCompact>(params, stream, limits);
           break;
         }
         [[fallthrough]];
       case FwdTileKind::kStandard:
-        launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kStandard>(params, stream);
+        launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kStandard>(params, stream, limits);
         break;
     }
   }

@@ -49,9 +49,13 @@ constexpr int kMaxKeySplits = 128;
 // head dim 128) the 8-warp wide tile. kCompact: the one-stage tiles (the wide hd > 128 tile needs 135 KB of
 // shared memory per block at head dim 256, 198 KB as a ring, and the hd <= 128 rings 92-104 KB: H100/H200 have 227 KB per block and 228 KB per
 // SM, A100 163/164 KB, sm86/sm89 99/100 KB), taken where the standard tile does not fit or would lose a CTA per
-// SM, and above head dim 128 for key ranges below kWideMinKeys (a CTA of the wide tile runs ~30 us at 512 keys
-// and, alone on its SM, exposes its ~2 us Q/K/V prologue and epilogue, which two CTAs per SM overlap; at 2k
-// keys the wide tile tied non-causal and lost 5 % causal, at 8k it won 4 %).
+// SM, and above head dim 128 for causal/local calls with key ranges below kWideMinKeys (a CTA of the wide tile runs
+// ~30 us at 512 keys and, alone on its SM, exposes its ~2 us Q/K/V prologue and epilogue, which two CTAs per SM
+// overlap). With padded tiles the wide tile tied the 64-row one at 2k non-causal and lost 5 % causal. Swizzled
+// (fwd_swizzles_kv), measured on the H200 (bf16, three interleaved rounds, best TFLOP/s, wide / 64-row, FA2 in the
+// same call; docs/perf_log.md "wide forward tile at every length"): non-causal 512 / 2k 267 / 318 against 260 /
+// 298 (FA2 284 / 312), so non-causal calls take it at every length; causal 512 / 2k 186 / 262 against 206 / 271
+// (FA2 208 / 273), so causal/local calls keep the 64-row tile below kWideMinKeys.
 // kDecodeCompact: the decode tile with two stages (38 KB at hd 128, as in v3), where the three-stage one would
 // leave fewer than kDecodeMinCtasPerSm CTAs per SM (A100: 2, sm86/sm89: 1).
 enum class FwdTileKind { kStandard, kDecode, kCompact, kDecodeCompact };
@@ -149,14 +153,15 @@ FLASH_HOST_DEVICE constexpr int fwd_ctas_per_sm(int head_dim, bool general, FwdT
 }
 
 // The tile a call takes on a device with the given shared memory (the host split-KV planner and the launcher
-// both ask this, so they agree). seqlen_k: the call's (maximum) key length.
+// both ask this, so they agree).
+// seqlen_k: the call's (maximum) key length; masked: causal or local.
 FLASH_HOST_DEVICE constexpr FwdTileKind fwd_tile_kind(int head_dim, bool general, long long seqlen_q,
-                                                     long long seqlen_k, SmemLimits limits) {
+                                                     long long seqlen_k, bool masked, SmemLimits limits) {
   const FwdTileKind standard = FwdTileKind::kStandard;
   const bool standard_fits = fwd_smem_bytes(head_dim, general, standard) <= limits.per_block_optin &&
                              fwd_ctas_per_sm(head_dim, general, standard, limits) ==
                                  fwd_ctas_per_sm_by_registers(head_dim, general, standard);
-  const bool short_wide = head_dim > 128 && seqlen_k < kWideMinKeys;
+  const bool short_wide = head_dim > 128 && masked && seqlen_k < kWideMinKeys;
   const bool decode_fits = fwd_ctas_per_sm(head_dim, general, FwdTileKind::kDecode, limits) >= kDecodeMinCtasPerSm;
   return fwd_uses_decode_tile(seqlen_q, general) ? (decode_fits ? FwdTileKind::kDecode : FwdTileKind::kDecodeCompact)
          : standard_fits && !short_wide          ? standard
