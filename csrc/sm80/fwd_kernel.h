@@ -309,6 +309,37 @@ __device__ __forceinline__ void compute_scores(ptx::MmaC (&sc)[kStrips][kNTiles]
   constexpr int kKSteps = kHeadDim / kMmaK;
   const int k_lane = KLayout::lane_offset(lane % 8 + 8 * (lane / 16), 8 * ((lane / 8) % 2));
   const T zero = from_float<T>(0.f);
+  if constexpr (fwd_prefetches_score_fragments(kHeadDim, kStrips)) {
+    // Fragments of step kk + 1 load while the MMAs of step kk issue (two register sets, named by kk % 2).
+    uint32_t kb[2][kNTiles / 2][4];
+    ptx::MmaA qa[2];
+    const T* q_row = s_q + (warp * kMmaM + lane % 16) * kStride + (lane / 16) * 8;
+    auto load_step = [&](int kk, int buf) {
+      ptx::ldmatrix_x4(qa[buf].reg, q_row + kk * kMmaK);
+#pragma unroll
+      for (int np = 0; np < kNTiles / 2; ++np) {
+        if constexpr (KLayout::kSplitAddress) {
+          ptx::ldmatrix_x4(kb[buf][np], s_k + KLayout::ldmatrix_offset(k_lane, np * 16, kk * kMmaK));
+        } else {
+          ptx::ldmatrix_x4(kb[buf][np], s_k + (np * 16 + lane % 8 + 8 * (lane / 16)) * kStride + kk * kMmaK +
+                                            8 * ((lane / 8) % 2));
+        }
+      }
+    };
+    load_step(0, 0);
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      if (kk + 1 < kKSteps) load_step(kk + 1, (kk + 1) % 2);
+#pragma unroll
+      for (int np = 0; np < kNTiles / 2; ++np) {
+        const ptx::MmaB b0{{kb[kk % 2][np][0], kb[kk % 2][np][1]}};
+        const ptx::MmaB b1{{kb[kk % 2][np][2], kb[kk % 2][np][3]}};
+        ptx::mma_m16n8k16(sc[0][2 * np], qa[kk % 2], b0, zero);
+        ptx::mma_m16n8k16(sc[0][2 * np + 1], qa[kk % 2], b1, zero);
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int kk = 0; kk < kKSteps; ++kk) {
 #pragma unroll

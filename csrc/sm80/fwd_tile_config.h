@@ -78,6 +78,17 @@ FLASH_HOST_DEVICE constexpr bool fwd_waits_v_before_softmax(int head_dim, bool m
   return head_dim > 128 || (head_dim <= 64 && masked);
 }
 
+// Whether S = Q K^T loads the Q and K fragments of k16 step kk + 1 before issuing the MMAs of step kk (two register
+// sets) rather than leaving the order to ptxas. At head dim 256 (one 16-row strip per warp, two warps per scheduler)
+// ptxas reloaded each K fragment into the register its previous MMA had just read, so every MMA waited on an
+// ldmatrix issued a few instructions earlier: ncu put 35 % of the wide tile's warp samples on short-scoreboard
+// stalls at 512 tokens, mostly on those MMAs (FA2: 26 %). The explicit order keeps eight MMAs between a fragment's
+// load and its use at the same register count (251 against 255, no spill). At head dim 192 it spilled more (wide
+// tile 20 -> 44 bytes), so it is limited to 256. `strips`: 16-row strips per warp.
+FLASH_HOST_DEVICE constexpr bool fwd_prefetches_score_fragments(int head_dim, int strips) {
+  return head_dim == 256 && strips == 1;
+}
+
 // Whether the K/V tiles are laid out as swizzled rows (kernel_common.h SwizzledRows; head dims that are whole 128-byte
 // segments) rather than padded ones: cp.async then fills aligned segments (padded, the copies took 2.6x the ideal
 // shared-memory wavefronts, ncu). Measured on the H200 (bf16, plain kernels, three interleaved rounds, best TFLOP/s,
