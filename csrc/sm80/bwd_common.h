@@ -83,8 +83,13 @@ __host__ __device__ constexpr bool bwd_swizzles_queries(int head_dim, bool featu
 // to 52 / 72 bytes and the hidden offsets to 28 / 44 (ptxas, plain non-causal); measured on the H200 (bf16, three
 // interleaved rounds, best TFLOP/s, against the padded kernel; docs/perf_log.md "backward: swizzled Q/dO at head
 // dim 128"): 2k / 8k 290 / 319 against 278 / 301, causal 231 / 286 against 228 / 282 (FA2 268 / 306 and 220 / 284
-// in the same call). Head dims 64 and 256 spill no less with it (hd 256 18 -> 28 bytes) and were not measured.
-__host__ __device__ constexpr bool bwd_hides_query_lane_offsets(int head_dim) { return head_dim == 128; }
+// in the same call). At head dim 256 it spills more (18 / 16 -> 28 / 48 bytes) yet measured faster at all six
+// shapes (against the split form: 2k / 8k 227 / 247 against 225 / 241, causal 196 / 240 against 192 / 236; FA2
+// 230 / 258 and 190 / 241). At head dim 64 it was within +-1 % (causal 8k 259 against 262), so 64 keeps the split
+// form.
+__host__ __device__ constexpr bool bwd_hides_query_lane_offsets(int head_dim) {
+  return head_dim == 128 || head_dim == 256;
+}
 
 // Shared memory of the main kernel with tile `cfg`: K, V, q_buffers x (Q, dO) rows of head_dim + pad
 // elements, P^T and dS^T ([key][query], padded), then q_buffers x (lse, delta) in fp32.
