@@ -60,8 +60,8 @@ def test_odd_seqlens_and_padded_head_dim(shape, direction):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_wide_forward_tile(causal):
-    """The 8-warp 128-row forward tile (head dims above 128, at least 4096 keys), whose V wait sits before the
-    softmax; ragged last key tile and GQA."""
+    """The 8-warp 128-row forward tile (head dims above 128; non-causal at any length, causal from 4096 keys), whose
+    V wait sits before the softmax; ragged last key tile and GQA."""
     _run_dense((1, 130, 4100, 2, 1, 256), False, causal=causal)
 
 
