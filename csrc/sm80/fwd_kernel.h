@@ -309,6 +309,14 @@ __device__ __forceinline__ void compute_scores(ptx::MmaC (&sc)[kStrips][kNTiles]
   constexpr int kKSteps = kHeadDim / kMmaK;
   const int k_lane = KLayout::lane_offset(lane % 8 + 8 * (lane / 16), 8 * ((lane / 8) % 2));
   const T zero = from_float<T>(0.f);
+  // B fragments of key n8 tiles 2 np and 2 np + 1 at k16 step kk.
+  auto load_k_pair = [&](uint32_t(&kb)[4], int np, int kk) {
+    if constexpr (KLayout::kSplitAddress) {
+      ptx::ldmatrix_x4(kb, s_k + KLayout::ldmatrix_offset(k_lane, np * 16, kk * kMmaK));
+    } else {
+      ptx::ldmatrix_x4(kb, s_k + (np * 16 + lane % 8 + 8 * (lane / 16)) * kStride + kk * kMmaK + 8 * ((lane / 8) % 2));
+    }
+  };
   if constexpr (fwd_prefetches_score_fragments(kHeadDim, kStrips)) {
     // Fragments of step kk + 1 load while the MMAs of step kk issue (two register sets, named by kk % 2).
     uint32_t kb[2][kNTiles / 2][4];
@@ -317,14 +325,7 @@ __device__ __forceinline__ void compute_scores(ptx::MmaC (&sc)[kStrips][kNTiles]
     auto load_step = [&](int kk, int buf) {
       ptx::ldmatrix_x4(qa[buf].reg, q_row + kk * kMmaK);
 #pragma unroll
-      for (int np = 0; np < kNTiles / 2; ++np) {
-        if constexpr (KLayout::kSplitAddress) {
-          ptx::ldmatrix_x4(kb[buf][np], s_k + KLayout::ldmatrix_offset(k_lane, np * 16, kk * kMmaK));
-        } else {
-          ptx::ldmatrix_x4(kb[buf][np], s_k + (np * 16 + lane % 8 + 8 * (lane / 16)) * kStride + kk * kMmaK +
-                                            8 * ((lane / 8) % 2));
-        }
-      }
+      for (int np = 0; np < kNTiles / 2; ++np) load_k_pair(kb[buf][np], np, kk);
     };
     load_step(0, 0);
 #pragma unroll
@@ -350,12 +351,7 @@ __device__ __forceinline__ void compute_scores(ptx::MmaC (&sc)[kStrips][kNTiles]
 #pragma unroll
     for (int np = 0; np < kNTiles / 2; ++np) {
       uint32_t kb[4];
-      if constexpr (KLayout::kSplitAddress) {
-        ptx::ldmatrix_x4(kb, s_k + KLayout::ldmatrix_offset(k_lane, np * 16, kk * kMmaK));
-      } else {
-        ptx::ldmatrix_x4(kb, s_k + (np * 16 + lane % 8 + 8 * (lane / 16)) * kStride + kk * kMmaK +
-                                 8 * ((lane / 8) % 2));
-      }
+      load_k_pair(kb, np, kk);
       const ptx::MmaB b0{{kb[0], kb[1]}};
       const ptx::MmaB b1{{kb[2], kb[3]}};
 #pragma unroll
