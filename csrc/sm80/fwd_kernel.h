@@ -307,7 +307,8 @@ __device__ __forceinline__ void compute_scores(ptx::MmaC (&sc)[kStrips][kNTiles]
                                                const T* s_q, const T* s_k, int warp, int lane) {
   constexpr int kStride = kHeadDim + kSmemRowPad;
   constexpr int kKSteps = kHeadDim / kMmaK;
-  const int k_lane = KLayout::lane_offset(lane % 8 + 8 * (lane / 16), 8 * ((lane / 8) % 2));
+  int k_lane = KLayout::lane_offset(lane % 8 + 8 * (lane / 16), 8 * ((lane / 8) % 2));
+  if constexpr (KLayout::kSplitAddress && fwd_hides_key_lane_offset(kHeadDim, kStrips)) hide_from_compiler(k_lane);
   const T zero = from_float<T>(0.f);
   // B fragments of key n8 tiles 2 np and 2 np + 1 at k16 step kk.
   auto load_k_pair = [&](uint32_t(&kb)[4], int np, int kk) {

@@ -89,6 +89,15 @@ FLASH_HOST_DEVICE constexpr bool fwd_prefetches_score_fragments(int head_dim, in
   return head_dim == 256 && strips == 1;
 }
 
+// Whether S = Q K^T hides its K lane offset from ptxas (kernel_common.h hide_from_compiler) in the swizzled 4-warp
+// tiles (two strips per warp, head dims <= 128): otherwise ptxas folds it into every fragment address, and those
+// kernels spill (ptxas, non-causal standard tile: hd 64 100 / 136 -> 40 / 88 bytes, hd 128 32 / 32 -> 16 / 16).
+// H200 bf16 non-causal, hidden / not (FA2): hd 128 512 / 1k / 2k / 8k 301 / 336 / 354 / 368 against 296 / 326 / 341 /
+// 357 (304 / 332 / 348 / 352); hd 64 263 / 297 / 318 / 334 against 259 / 293 / 310 / 322; causal within +-1 %.
+FLASH_HOST_DEVICE constexpr bool fwd_hides_key_lane_offset(int head_dim, int strips) {
+  return head_dim <= 128 && strips == 2;
+}
+
 // Whether the K/V tiles are laid out as swizzled rows (kernel_common.h SwizzledRows; head dims that are whole 128-byte
 // segments) rather than padded ones: cp.async then fills aligned segments (padded, the copies took 2.6x the ideal
 // shared-memory wavefronts, ncu). Measured on the H200 (bf16, plain kernels, three interleaved rounds, best TFLOP/s,
