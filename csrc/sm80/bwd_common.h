@@ -95,11 +95,12 @@ __host__ __device__ constexpr bool bwd_hides_query_lane_offsets(int head_dim) {
 // count, wrapping). The CTAs that run at once are mostly the key blocks of one head; walking in the same order, they
 // all add to the same dQ rows at the same time. Measured on the H200 (bf16, two interleaved rounds, best TFLOP/s,
 // staggered / same order, FA2 in brackets; docs/perf_log.md "sixth session"): non-causal hd 256 2k / 8k / 16k
-// 232 / 250 / 253 against 227 / 245 / 249 (228 / 256 / 261), hd 64 253 / 278 / 281 against 253 / 275 / 279, but
-// hd 128 8k / 16k 313 / 317 against 317 / 322. Causal walks already start at different rows per key block;
-// staggering them too was within +-1 %.
+// 232 / 250 / 253 against 227 / 245 / 249 (228 / 256 / 261), and 8k 251 against 245 in a second call; hd 64 +1 %
+// in one call (8k / 16k 278 / 281 against 275 / 279), -0.5 % in the other; hd 128 8k / 16k 313 / 317 against
+// 317 / 322. Causal walks already start at different rows per key block; staggering them too was within +-1 %.
+// Where it is off, the walk's code is the one measured before (the general form cost hd 128 3 %, 8k 309 vs 318).
 __host__ __device__ constexpr bool bwd_staggers_query_blocks(int head_dim, MaskKind mask) {
-  return mask == MaskKind::kNone && (head_dim <= 64 || head_dim > 128);
+  return mask == MaskKind::kNone && head_dim > 128;
 }
 
 // Shared memory of the main kernel with tile `cfg`: K, V, q_buffers x (Q, dO) rows of head_dim + pad
