@@ -62,13 +62,14 @@ def test_seqlens(shape, causal, dtype):
 
 
 # Shapes that reach each K/V pipeline of the kernel (csrc/sm80/fwd_tile_config.h): the wide 8-warp tile
-# (head dim > 128, V awaited before the softmax; non-causal at any length, causal/local from kWideMinKeys = 4096
-# keys), the compact 4-warp tile below that, the one-warp decode tile with its three-stage ring (<= 16 query rows; GQA-packed single-token
+# (head dim > 128, V awaited before the softmax; non-causal at any length, causal/local from kWideMinKeys = 16384
+# keys), the compact 4-warp tile below that (V of the first key tile in its prologue), the one-warp decode tile with its three-stage ring (<= 16 query rows; GQA-packed single-token
 # calls; split-KV with ragged splits), and ranges of one or two key tiles where the ring's prologue covers the
 # whole visit.
 PIPELINE_SHAPES = [
     # (batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim)
     (1, 300, 4100, 4, 2, 256),
+    (1, 150, 16400, 2, 1, 256),
     (2, 130, 4096, 2, 1, 192),
     (1, 200, 4150, 2, 2, 160),
     (1, 300, 1100, 4, 2, 256),

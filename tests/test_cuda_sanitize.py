@@ -1,8 +1,9 @@
 # The representative CUDA subset that tools/sanitize.sh runs under compute-sanitizer (memcheck, racecheck):
 # every head-dim bucket (backward also with the compact tiles of GPUs below Hopper), odd sequence lengths, GQA,
 # causal and not, varlen with empty sequences and rows past cu_seqlens[-1], a padded head dim, dropout, the wide
-# forward tile and the stmatrix backward stores; forward, and backward where it is built. Small sizes keep the sanitizers' slowdown bearable; each case is also checked
-# against the fp64 reference, so the subset is an ordinary part of the CUDA suite as well (marker: sanitize).
+# forward tile, the staggered backward walk and the stmatrix backward stores; forward, and backward where it is
+# built. Small sizes keep the sanitizers' slowdown bearable; each case is also checked against the fp64 reference,
+# so the subset is an ordinary part of the CUDA suite as well (marker: sanitize).
 import functools
 
 import pytest
@@ -60,9 +61,16 @@ def test_odd_seqlens_and_padded_head_dim(shape, direction):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_wide_forward_tile(causal):
-    """The 8-warp 128-row forward tile (head dims above 128; non-causal at any length, causal from 4096 keys), whose
-    V wait sits before the softmax; ragged last key tile and GQA."""
-    _run_dense((1, 130, 4100, 2, 1, 256), False, causal=causal)
+    """The 8-warp 128-row forward tile (head dims above 128; non-causal at any length, causal from 16384 keys),
+    whose V wait sits before the softmax; ragged last key tile and GQA."""
+    _run_dense((1, 130, 16400 if causal else 4100, 2, 1, 256), False, causal=causal)
+
+
+@pytest.mark.parametrize("head_dim", [160, 256])
+def test_staggered_backward_walk(head_dim):
+    """Non-causal backward above head dim 128, where key block n walks the query blocks from the n-th and wraps:
+    several key blocks, a ragged last query block and GQA (two heads per walk)."""
+    _run_dense((1, 200, 150, 4, 2, head_dim), True)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])

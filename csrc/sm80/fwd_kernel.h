@@ -211,11 +211,17 @@ __device__ __forceinline__ void load_kv(T* ring, const T* base, int64_t row_stri
 // per CTA, as at 512 tokens or in split decode, that latency was exposed). The order keeps both waits at
 // kYoungerGroups on every tile, so the loop body has no first-tile branch (one cost up to 15 extra STL/LDL
 // per tile in the 4-warp kernels, which sit at 255 registers).
-template <typename KvLayout, int kHeadDim, int kBlockM, int kBlockN, int kThreads, int kStages, typename T>
+// kFirstV: one stage, and V(n_last) follows as a group of its own (fwd_prefetches_first_v).
+template <typename KvLayout, int kHeadDim, int kBlockM, int kBlockN, int kThreads, int kStages, bool kFirstV,
+          typename T>
 __device__ __forceinline__ void load_prologue(const FwdParams& p, const FwdCta& cta, const FwdTiles<T>& tiles) {
   load_tile_async<kBlockM, kHeadDim, kThreads>(tiles.s_q, tiles.q, p.q_strides.row, cta.seqlen_q - cta.m0,
                                                cta.head_dim, cta.tid);
   load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(tiles.s_k_ring, tiles.k, p.k_strides.row, cta.n_last, cta);
+  if constexpr (kFirstV) {
+    load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(tiles.s_v_ring, tiles.v, p.v_strides.row, cta.n_last,
+                                                            cta);
+  }
 #pragma unroll
   for (int ahead = 1; ahead < kStages; ++ahead) {
     load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(tiles.s_v_ring, tiles.v, p.v_strides.row,
@@ -281,9 +287,16 @@ __device__ __forceinline__ void init_softmax(float (&row_max)[kStrips][2], float
 // await_k and await_v take the tile index by reference, as the lambda they replace captured it: the loop counter
 // then stays in memory until inlining. Passed by value, it changed how the 1-warp decode kernels (three K/V
 // stages) compute their load addresses: the hd32 decode main loop grew from 289 to 307 instructions (SASS).
-template <typename KvLayout, int kHeadDim, int kBlockN, int kThreads, int kStages, typename T>
+// kFirstV (fwd_prefetches_first_v): the prologue issued V(n_last) after Q and K(n_last); the first tile waits for
+// Q and K only and issues nothing.
+template <typename KvLayout, int kHeadDim, int kBlockN, int kThreads, int kStages, bool kFirstV, typename T>
 __device__ __forceinline__ void await_k(const FwdParams& p, const FwdCta& cta, const FwdTiles<T>& tiles,
                                         const int& n) {
+  if (kFirstV && n == cta.n_last) {
+    ptx::cp_async_wait<kYoungerGroups<kStages> + 1>();
+    __syncthreads();  // Q and K(n_last) landed; V(n_last) may still be loading
+    return;
+  }
   ptx::cp_async_wait<kYoungerGroups<kStages>>();
   __syncthreads();  // K(n) (and Q) landed; every warp is done with V(n+1), whose slot takes V(n + 1 - kStages)
   load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(tiles.s_v_ring, tiles.v, p.v_strides.row, n + 1 - kStages,
@@ -586,6 +599,7 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
   constexpr int kDTiles = kHeadDim / kMmaN;
   constexpr int kStages = kTile.kv_stages;
   constexpr bool kEarlyV = fwd_waits_v_before_softmax(kHeadDim, kMask != MaskKind::kNone);
+  constexpr bool kFirstV = fwd_prefetches_first_v(kHeadDim, kWarps, kStages);
   using KvLayout = TileLayout<fwd_swizzles_kv(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone), kHeadDim>;
   static_assert(kHeadDim % (2 * kMmaK) == 0 && kBlockN % (2 * kMmaK) == 0 && kStrips >= 1, "tile shape");
   static_assert(kStages >= 1 && kStages <= kMaxKvStages, "kv_stages");
@@ -596,7 +610,7 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
   if (cta.m0 >= cta.seqlen_q) return;
   plan_key_tiles<kMask, kBlockM, kBlockN>(p, cta);
   const FwdTiles<T> tiles = locate_tiles<kHeadDim, kBlockM, kBlockN, kStages, T>(smem_raw, p, cta);
-  load_prologue<KvLayout, kHeadDim, kBlockM, kBlockN, kThreads, kStages>(p, cta, tiles);
+  load_prologue<KvLayout, kHeadDim, kBlockM, kBlockN, kThreads, kStages, kFirstV>(p, cta, tiles);
   const FwdScoreParams sp = read_score_params<kGeneral>(p, cta);
 
   int rows[kStrips][2];
@@ -607,7 +621,7 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
 
   for (int n = cta.n_last; n >= cta.n_first; --n) {
     const int n0 = n * kBlockN;
-    await_k<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(p, cta, tiles, n);
+    await_k<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kFirstV>(p, cta, tiles, n);
     const T* s_k = tiles.s_k_ring + ring_slot<kStages>(n) * kBlockN * kStride;
     const T* s_v = tiles.s_v_ring + ring_slot<kStages>(n) * kBlockN * kStride;
 
