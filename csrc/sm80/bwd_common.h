@@ -103,6 +103,19 @@ __host__ __device__ constexpr bool bwd_staggers_query_blocks(int head_dim, MaskK
   return mask == MaskKind::kNone && head_dim > 128;
 }
 
+// Whether the main kernel stores P^T and dS^T with stmatrix (sm90 only) rather than 32-bit stores. ncu at hd 64 (8k)
+// put the MIO-throttle stall at 1.02 cycles per issued instruction against FA2's 0.30; these stores were 64 of the
+// loop's shared-memory ops. Measured on the H200 (bf16, interleaved rounds, best TFLOP/s, stmatrix / 32-bit):
+// third session, non-causal hd 64 8k / 16k 268 / 271 against 261 / 265 and hd 128 +1-2 %, hd 256 -1-2 %; then causal
+// hd 64 lost (8k 250 against 257). Sixth session (docs/perf_log.md), after the swizzled Q/dO and the hidden lane
+// offsets: causal now gains at every head dim (2k / 8k / 16k, hd 64 209 / 264 / 282 against 207 / 261 / 280, hd
+// 128 233 / 284 / 314 against 231 / 283 / 309, hd 256 200 / 245 / 253 against 196 / 241 / 250), non-causal hd 256
+// still loses (229 / 248 / 252 against 232 / 251 / 253). Local (windowed) calls share the causal kernel.
+constexpr int kStmatrixMaxNonCausalHeadDim = 128;
+__host__ __device__ constexpr bool bwd_stores_scores_with_stmatrix(int head_dim, MaskKind mask) {
+  return mask != MaskKind::kNone || head_dim <= kStmatrixMaxNonCausalHeadDim;
+}
+
 // Shared memory of the main kernel with tile `cfg`: K, V, q_buffers x (Q, dO) rows of head_dim + pad
 // elements, P^T and dS^T ([key][query], padded), then q_buffers x (lse, delta) in fp32.
 __host__ __device__ constexpr int bwd_smem_bytes(const BwdTileConfig& cfg, int head_dim, int element_bytes) {

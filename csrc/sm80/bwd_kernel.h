@@ -29,9 +29,6 @@ __device__ __forceinline__ bool vector_tensor(const void* base, const TensorStri
          reinterpret_cast<uintptr_t>(base) % kVectorBytes == 0;
 }
 
-// Largest head dim whose plain (non-causal) kernel stores P^T and dS^T with stmatrix on sm90 (see the stores).
-constexpr int kStmatrixMaxHeadDim = 128;
-
 // dq reductions. The accumulator interleaves each 16-column group (flash/bwd_workspace.h, dq_slot): lane t's
 // columns 2t, 2t+1 of both n8 MMA tiles of a pair sit in slots 4t..4t+3, so on sm90 a lane adds its four
 // values of a row with one `red.global.add.v4.f32` straight from its accumulators. The first version kept the
@@ -452,13 +449,9 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.thr
           }
         }
       }
-      if constexpr (ptx::kHasStmatrix && kHeadDim <= kStmatrixMaxHeadDim && kMask == MaskKind::kNone) {
+      if constexpr (ptx::kHasStmatrix && bwd_stores_scores_with_stmatrix(kHeadDim, kMask)) {
         // sm90: one stmatrix.x4 per pair of n8 tiles and operand (matrices: rows 0-7 / 8-15 of tile nt, then of
-        // nt + 1), a quarter of the 32-bit stores. ncu at hd 64 (8k) put the MIO-throttle stall at 1.02 cycles
-        // per issued instruction against FA2's 0.30; these stores were 64 of the loop's shared-memory ops.
-        // Measured on the H200 (two interleaved rounds, docs/perf_log.md "backward: stmatrix"): hd 64
-        // non-causal 8k / 16k 268 / 271 TFLOP/s against 261 / 265, hd 128 +1-2 %; but hd 64 causal 250 / 264
-        // against 257 / 275 and hd 256 -1-2 %, which keep the 32-bit stores.
+        // nt + 1), a quarter of the 32-bit stores (where: bwd_common.h).
         const int matrix = lane / 8;
         const int row_in_tile = (matrix % 2) * 8 + lane % 8;
 #pragma unroll
