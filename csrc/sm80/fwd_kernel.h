@@ -353,25 +353,25 @@ __device__ __forceinline__ void compute_scores(ptx::MmaC (&sc)[kStrips][kNTiles]
         ptx::mma_m16n8k16(sc[0][2 * np + 1], qa[kk % 2], b1, zero);
       }
     }
-    return;
-  }
+  } else {
 #pragma unroll
-  for (int kk = 0; kk < kKSteps; ++kk) {
-#pragma unroll
-    for (int s = 0; s < kStrips; ++s) {
-      ptx::ldmatrix_x4(a[s].reg,
-                       s_q + (warp * kMmaM + s * kStripStride + lane % 16) * kStride + kk * kMmaK + (lane / 16) * 8);
-    }
-#pragma unroll
-    for (int np = 0; np < kNTiles / 2; ++np) {
-      uint32_t kb[4];
-      load_k_pair(kb, np, kk);
-      const ptx::MmaB b0{{kb[0], kb[1]}};
-      const ptx::MmaB b1{{kb[2], kb[3]}};
+    for (int kk = 0; kk < kKSteps; ++kk) {
 #pragma unroll
       for (int s = 0; s < kStrips; ++s) {
-        ptx::mma_m16n8k16(sc[s][2 * np], a[s], b0, zero);
-        ptx::mma_m16n8k16(sc[s][2 * np + 1], a[s], b1, zero);
+        ptx::ldmatrix_x4(a[s].reg,
+                         s_q + (warp * kMmaM + s * kStripStride + lane % 16) * kStride + kk * kMmaK + (lane / 16) * 8);
+      }
+#pragma unroll
+      for (int np = 0; np < kNTiles / 2; ++np) {
+        uint32_t kb[4];
+        load_k_pair(kb, np, kk);
+        const ptx::MmaB b0{{kb[0], kb[1]}};
+        const ptx::MmaB b1{{kb[2], kb[3]}};
+#pragma unroll
+        for (int s = 0; s < kStrips; ++s) {
+          ptx::mma_m16n8k16(sc[s][2 * np], a[s], b0, zero);
+          ptx::mma_m16n8k16(sc[s][2 * np + 1], a[s], b1, zero);
+        }
       }
     }
   }
