@@ -27,9 +27,9 @@ struct FwdTileConfig {
 // through every softmax and the 128-row tile lost (2k / 8k 264 / 271 TFLOP/s against the 64-row tile's
 // 284 / 294, docs/perf_log.md "forward v4"). With it, best of three interleaved rounds on the H200 (bf16,
 // docs/perf_log.md "forward: V awaited before the softmax"): 8k / 16k 308 / 307 against 294-296 / 289-296,
-// causal 16k 307 against 284-287, but causal 2k 237 against 248-250, hence kWideMinKeys (now 16384, below). The ring variant
-// (two K/V stages, 198 KB) measured no better (295 / 294). The general kernel (softcap, ALiBi, bias, dropout)
-// always takes the 64-row tile.
+// causal 16k 307 against 284-287, but causal 2k 237 against 248-250, hence kWideMinKeys (now 16384, below). The
+// ring variant (two K/V stages, 198 KB) measured no better (295 / 294). The general kernel (softcap, ALiBi, bias,
+// dropout) always takes the 64-row tile.
 enum class WideTile { k64x64Warps4, k128x64Warps8, k128x64Warps8Ring };
 constexpr WideTile kWideTile = WideTile::k128x64Warps8;
 
@@ -45,19 +45,19 @@ constexpr int kDecodeMaxRows = 16;
 // Most key splits of a split-KV call (the combine kernel keeps one weight per split in shared memory).
 constexpr int kMaxKeySplits = 128;
 
-// Which tile a call takes. kDecode: decode-shaped calls. kStandard: the tiles above, deeper K/V rings and (above
-// head dim 128) the 8-warp wide tile. kCompact: the one-stage tiles (the wide hd > 128 tile needs 135 KB of
-// shared memory per block at head dim 256, 198 KB as a ring, and the hd <= 128 rings 92-104 KB: H100/H200 have 227 KB per block and 228 KB per
-// SM, A100 163/164 KB, sm86/sm89 99/100 KB), taken where the standard tile does not fit or would lose a CTA per
-// SM, and above head dim 128 for causal/local calls with key ranges below kWideMinKeys (a CTA of the wide tile runs
+// Which tile a call takes. kDecode: decode-shaped calls. kStandard: the tiles above, deeper K/V rings and (above head
+// dim 128) the 8-warp wide tile. kCompact: the one-stage tiles (the wide hd > 128 tile needs 135 KB of shared memory
+// per block at head dim 256, 198 KB as a ring, and the hd <= 128 rings 92-104 KB: H100/H200 have 227 KB per block and
+// 228 KB per SM, A100 163/164 KB, sm86/sm89 99/100 KB), taken where the standard tile does not fit or would lose a CTA
+// per SM, and above head dim 128 for causal/local calls with key ranges below kWideMinKeys (a CTA of the wide tile runs
 // ~30 us at 512 keys and, alone on its SM, exposes its ~2 us Q/K/V prologue and epilogue, which two CTAs per SM
 // overlap). With padded tiles the wide tile tied the 64-row one at 2k non-causal and lost 5 % causal. Swizzled
-// (fwd_swizzles_kv), measured on the H200 (bf16, three interleaved rounds, best TFLOP/s, wide / 64-row, FA2 in the
-// same call; docs/perf_log.md "wide forward tile at every length"): non-causal 512 / 2k 267 / 318 against 260 /
-// 298 (FA2 284 / 312), so non-causal calls take it at every length; causal 512 / 2k 186 / 262 against 206 / 271
-// (FA2 208 / 273), so causal/local calls keep the 64-row tile below kWideMinKeys. With V of the first tile in the
-// prologue (fwd_prefetches_first_v) the 64-row tile also won causal 4k / 8k: 304 / 317 against the wide tile's
-// 280 / 297 (FA2 286 / 292); at 16k the wide tile keeps it (334-338, FA2 297; docs/perf_log.md "sixth session").
+// (fwd_swizzles_kv), measured on the H200 (bf16, three interleaved rounds, best TFLOP/s, wide / 64-row, FA2 in the same
+// call; docs/perf_log.md "wide forward tile at every length"): non-causal 512 / 2k 267 / 318 against 260 / 298 (FA2 284
+// / 312), so non-causal calls take it at every length; causal 512 / 2k 186 / 262 against 206 / 271 (FA2 208 / 273), so
+// causal/local calls keep the 64-row tile below kWideMinKeys. With V of the first tile in the prologue
+// (fwd_prefetches_first_v) the 64-row tile also won causal 4k / 8k: 304 / 317 against the wide tile's 280 / 297 (FA2
+// 286 / 292); at 16k the wide tile keeps it (334-338, FA2 297; docs/perf_log.md "sixth session").
 // kDecodeCompact: the decode tile with two stages (38 KB at hd 128, as in v3), where the three-stage one would
 // leave fewer than kDecodeMinCtasPerSm CTAs per SM (A100: 2, sm86/sm89: 1).
 enum class FwdTileKind { kStandard, kDecode, kCompact, kDecodeCompact };
@@ -95,13 +95,14 @@ FLASH_HOST_DEVICE constexpr bool fwd_prefetches_score_fragments(int head_dim, in
 // landed: every later V(n) loads during S = Q K^T of tile n, but the first one's latency is the CTA's alone (512
 // tokens: 8 key tiles per CTA). The first tile then waits for one group fewer (a uniform branch in the loop).
 // Measured on the H200 (bf16, two interleaved rounds, best TFLOP/s, with / without, FA2 in brackets;
-// docs/perf_log.md "sixth session"): the 4-warp 64-row tile above head dim 128 (causal hd 256 below 4096 keys)
-// 512 / 1k / 2k 213 / 259 / 285 against 210 / 253 / 279 (208 / 248 / 271); but the 8-warp wide tile lost
+// docs/perf_log.md "sixth session"): the plain 4-warp 64-row tile above head dim 128 (then causal hd 256 below 4096
+// keys) 512 / 1k / 2k 213 / 259 / 285 against 210 / 253 / 279 (208 / 248 / 271); but the 8-warp wide tile lost
 // (non-causal 512 / 2k / 8k 266 / 308 / 320 against 273 / 321 / 335), and at head dims <= 128 the 4-warp kernels
 // spill more with the branch (ptxas, non-causal: hd 64 40 / 88 -> 76 / 232 bytes, hd 128 16 / 16 -> 40 / 168).
+// The general kernels (softcap, ALiBi, bias, dropout) were not measured with it and keep the old order.
 constexpr int kFirstVWarps = 4;
-FLASH_HOST_DEVICE constexpr bool fwd_prefetches_first_v(int head_dim, int warps, int kv_stages) {
-  return kv_stages == 1 && head_dim > 128 && warps == kFirstVWarps;
+FLASH_HOST_DEVICE constexpr bool fwd_prefetches_first_v(int head_dim, bool general, int warps, int kv_stages) {
+  return !general && kv_stages == 1 && head_dim > 128 && warps == kFirstVWarps;
 }
 
 // Whether S = Q K^T hides its K lane offset from ptxas (kernel_common.h hide_from_compiler) in the swizzled 4-warp
