@@ -7,7 +7,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import flash_attn
-from flash_attn import flash_attn_func, flash_attn_varlen_func
+from flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from flash_attn.reference import (
     attention_ref,
     attention_varlen_ref,
@@ -262,3 +262,76 @@ def test_fwd_smem_limit_errors(value, monkeypatch):
     q, k, v = _qkv(1, 64, 64, 2, 2, 64, torch.bfloat16)
     with pytest.raises(RuntimeError, match=FWD_SMEM_LIMIT_ENV):
         flash_attn_func(q, k, v)
+
+
+# The persistent wide kernel (csrc/sm80/fwd_persistent_kernel.h): non-causal calls at head dims 160 and 256 with
+# more work items (query tiles x heads x batch) than SMs, so CTAs load their next item during their last key tile.
+# Ragged last key and query tiles, GQA; one key tile per item in the last shape (the prefetch follows its first S).
+PERSISTENT_SHAPES = [(4, 1000, 300, 8, 2, 256), (3, 700, 257, 12, 4, 160), (2, 130, 64, 160, 160, 256)]
+WIDE_ROWS = 128  # query rows per work item of the wide tile (fwd_tile_config.h)
+PERSISTENT_MAX_KEYS = 512  # longest key range that takes it (fwd_tile_config.h kPersistentMaxKeys)
+
+
+def _persistent_items(b, sq, h):
+    return b * -(-sq // WIDE_ROWS) * h
+
+
+def _kernel_names(fn, part):
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [event.name for event in prof.events() if part in event.name]
+
+
+def _require_more_items_than_sms(items):
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    if items <= sms:
+        pytest.skip(f"{items} work items do not exceed this GPU's {sms} SMs")
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("shape", PERSISTENT_SHAPES)
+def test_persistent_wide_tile(shape, dtype):
+    b, sq, sk, h, hk, d = shape
+    _require(dtype, d)
+    _require_more_items_than_sms(_persistent_items(b, sq, h))
+    q, k, v = _qkv(b, sq, sk, h, hk, d, dtype)
+    out = flash_attn_func(q, k, v)
+    _check(out, lambda *x, **kw: attention_ref(*x, **kw), (q, k, v))
+
+
+def test_persistent_wide_tile_selected():
+    """Taken for a large non-causal call; not for a causal one or one with fewer items than SMs."""
+    b, sq, sk, h, hk, d = PERSISTENT_SHAPES[0]
+    _require(torch.bfloat16, d)
+    _require_more_items_than_sms(_persistent_items(b, sq, h))
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    if getattr(props, "shared_memory_per_block_optin", 0) < 210 * 1024:
+        pytest.skip("the persistent kernel needs 203 KB of shared memory per block")
+    q, k, v = _qkv(b, sq, sk, h, hk, d, torch.bfloat16)
+    assert _kernel_names(lambda: flash_attn_func(q, k, v), "fwd_persistent_kernel")
+    assert not _kernel_names(lambda: flash_attn_func(q, k, v, causal=True), "fwd_persistent_kernel")
+    assert not _kernel_names(lambda: flash_attn_func(q[:1, :200], k[:1], v[:1]), "fwd_persistent_kernel")
+    _, k_long, v_long = _qkv(b, sq, PERSISTENT_MAX_KEYS + 1, h, hk, d, torch.bfloat16)
+    assert not _kernel_names(lambda: flash_attn_func(q, k_long, v_long), "fwd_persistent_kernel")
+
+
+def test_persistent_wide_tile_empty_key_ranges():
+    """seqused_k (cache lengths) of 0 leave items without keys between items with keys: those never prefetch the
+    next item, and their rows are 0 with lse inf. Same values as the CPU path."""
+    _require(torch.bfloat16, 256)
+    lengths = [0, 1, 300, 33, 0, 512]
+    batch, seqlen_q, rows, nheads, nheads_k, head_dim = len(lengths), 200, 512, 16, 4, 256
+    _require_more_items_than_sms(_persistent_items(batch, seqlen_q, nheads))
+    q = randn(batch, seqlen_q, nheads, head_dim, dtype=torch.bfloat16)
+    k_cache = randn(batch, rows, nheads_k, head_dim, dtype=torch.bfloat16)
+    v_cache = randn(batch, rows, nheads_k, head_dim, dtype=torch.bfloat16)
+    results = []
+    for device in ("cpu", "cuda"):
+        cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
+        results.append(flash_attn_with_kvcache(q.to(device), k_cache.to(device), v_cache.to(device),
+                                               cache_seqlens=cache_seqlens, return_softmax_lse=True))
+    (out_cpu, lse_cpu), (out_cuda, lse_cuda) = results
+    assert not torch.isnan(out_cuda).any()
+    torch.testing.assert_close(out_cuda.cpu().float(), out_cpu.float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse_cuda.cpu(), lse_cpu, atol=1e-3, rtol=1e-3)

@@ -1,9 +1,9 @@
 # The representative CUDA subset that tools/sanitize.sh runs under compute-sanitizer (memcheck, racecheck):
 # every head-dim bucket (backward also with the compact tiles of GPUs below Hopper), odd sequence lengths, GQA,
 # causal and not, varlen with empty sequences and rows past cu_seqlens[-1], a padded head dim, dropout, the wide
-# forward tile, the staggered backward walk and the stmatrix backward stores; forward, and backward where it is
-# built. Small sizes keep the sanitizers' slowdown bearable; each case is also checked against the fp64 reference,
-# so the subset is an ordinary part of the CUDA suite as well (marker: sanitize).
+# forward tile (and its persistent form), the staggered backward walk and the stmatrix backward stores; forward,
+# and backward where it is built. Small sizes keep the sanitizers' slowdown bearable; each case is also checked
+# against the fp64 reference, so the subset is an ordinary part of the CUDA suite as well (marker: sanitize).
 import functools
 
 import pytest
@@ -64,6 +64,14 @@ def test_wide_forward_tile(causal):
     """The 8-warp 128-row forward tile (head dims above 128; non-causal at any length, causal from 16384 keys),
     whose V wait sits before the softmax; ragged last key tile and GQA."""
     _run_dense((1, 130, 16400 if causal else 4100, 2, 1, 256), False, causal=causal)
+
+
+def test_persistent_forward_tile():
+    """The persistent wide forward kernel (non-causal, head dim above 128, more work items than SMs): each CTA loads its
+    next item's Q and first K during its last key tile (one key tile per item here)."""
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    heads = sms  # two query tiles per head: 2 x sms items
+    _run_dense((1, 200, 70, heads, heads, 256), False)
 
 
 @pytest.mark.parametrize("head_dim", [160, 256])

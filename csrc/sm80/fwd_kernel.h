@@ -101,14 +101,16 @@ struct FwdScoreParams {
 template <int kStages>
 constexpr int kYoungerGroups = 2 * (kStages - 1);
 
-// Finds this CTA's head, batch entry, split, sequence bounds and first query row (none left: m0 >= seqlen_q).
+// Finds the head, batch entry, split, sequence bounds and first query row of the work item at grid coordinate
+// `item` (x: query tile, y: head, z: batch entry x splits; none left: m0 >= seqlen_q). query_tiles: the grid's x
+// extent.
 template <MaskKind kMask, int kBlockM>
-__device__ __forceinline__ FwdCta locate_cta(const FwdParams& p) {
+__device__ __forceinline__ FwdCta locate_cta(const FwdParams& p, uint3 item, unsigned query_tiles) {
   const AttentionShape& shape = p.shape;
   FwdCta cta;
-  cta.h = blockIdx.y;
-  cta.b = blockIdx.z / p.num_splits;
-  cta.split = blockIdx.z % p.num_splits;
+  cta.h = item.y;
+  cta.b = item.z / p.num_splits;
+  cta.split = item.z % p.num_splits;
   cta.q_row0 = 0;
   cta.k_row0 = 0;
   cta.seqlen_q = static_cast<int>(shape.seqlen_q);
@@ -124,8 +126,8 @@ __device__ __forceinline__ FwdCta locate_cta(const FwdParams& p) {
   // upwards, so ascending tiles left the CTAs with the most key tiles (the last rows) for the end of each head's
   // run and of the grid, and the final wave waited on them (8k tokens: 7.75 waves of CTAs with 1 to 64 key
   // tiles at 128 rows). Longest first leaves the one-tile CTAs for the tail.
-  const int m_block = kMask == MaskKind::kCausal ? static_cast<int>(gridDim.x - 1 - blockIdx.x)
-                                                 : static_cast<int>(blockIdx.x);
+  const int m_block = kMask == MaskKind::kCausal ? static_cast<int>(query_tiles - 1 - item.x)
+                                                 : static_cast<int>(item.x);
   cta.m0 = m_block * kBlockM;
   return cta;
 }
@@ -166,13 +168,16 @@ __device__ __forceinline__ void plan_key_tiles(const FwdParams& p, FwdCta& cta) 
 }
 
 // Locates the CTA's tiles: Q, then the K ring, then the V ring in shared memory, and its rows in global memory.
+// q_buffer: which of the persistent kernel's two Q tiles (after the K and V rings); 0 otherwise.
 template <int kHeadDim, int kBlockM, int kBlockN, int kStages, typename T>
-__device__ __forceinline__ FwdTiles<T> locate_tiles(unsigned char* smem_raw, const FwdParams& p, const FwdCta& cta) {
+__device__ __forceinline__ FwdTiles<T> locate_tiles(unsigned char* smem_raw, const FwdParams& p, const FwdCta& cta,
+                                                    int q_buffer = 0) {
   constexpr int kStride = kHeadDim + kSmemRowPad;
   FwdTiles<T> tiles;
-  tiles.s_q = reinterpret_cast<T*>(smem_raw);
-  tiles.s_k_ring = tiles.s_q + kBlockM * kStride;
+  T* const base = reinterpret_cast<T*>(smem_raw);
+  tiles.s_k_ring = base + kBlockM * kStride;
   tiles.s_v_ring = tiles.s_k_ring + kStages * kBlockN * kStride;
+  tiles.s_q = q_buffer == 0 ? base : tiles.s_v_ring + kStages * kBlockN * kStride;
   tiles.q = static_cast<const T*>(p.q) + cta.b * p.q_strides.batch + (cta.q_row0 + cta.m0) * p.q_strides.row +
             cta.h * p.q_strides.head;
   tiles.k = static_cast<const T*>(p.k) + cta.b * p.k_strides.batch + cta.k_row0 * p.k_strides.row +
@@ -606,7 +611,7 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
 
   extern __shared__ __align__(kSmemAlign) unsigned char smem_raw[];
 
-  FwdCta cta = locate_cta<kMask, kBlockM>(p);
+  FwdCta cta = locate_cta<kMask, kBlockM>(p, blockIdx, gridDim.x);
   if (cta.m0 >= cta.seqlen_q) return;
   plan_key_tiles<kMask, kBlockM, kBlockN>(p, cta);
   const FwdTiles<T> tiles = locate_tiles<kHeadDim, kBlockM, kBlockN, kStages, T>(smem_raw, p, cta);

@@ -3,6 +3,7 @@
 // (tools/gen_kernels.py), one instantiation per TU.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <stdexcept>
@@ -10,6 +11,7 @@
 
 #include "sm80/fwd_combine_kernel.h"
 #include "sm80/fwd_kernel.h"
+#include "sm80/fwd_persistent_kernel.h"
 #include "sm80/smem_limit_env.h"
 
 namespace flash::sm80 {
@@ -56,11 +58,57 @@ inline void require_fwd_shared_memory(int needed_bytes, int available_bytes, int
                  ". Run the forward on another GPU (sm80 or newer), or on CPU tensors."));
 }
 
+// SMs of the current device (cached per device: one attribute query).
+inline int current_device_sm_count() {
+  constexpr int kMaxCachedDevices = 64;
+  static std::atomic<int> cached[kMaxCachedDevices] = {};
+  int device = 0;
+  cudaGetDevice(&device);
+  const bool cacheable = device >= 0 && device < kMaxCachedDevices;
+  int sms = cacheable ? cached[device].load(std::memory_order_relaxed) : 0;
+  if (sms == 0) {
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (cacheable) cached[device].store(sms, std::memory_order_relaxed);
+  }
+  return sms;
+}
+
+// Launches the persistent kernel (fwd_runs_persistent) where it applies: one key split, no varlen, at most
+// kPersistentMaxKeys keys, more work items than the SMs hold CTAs (otherwise every CTA has one item and nothing to
+// prefetch), its shared memory within the limit, and item indices within the kernel's 32-bit arithmetic. Returns
+// whether it launched.
+template <typename T, int kHeadDim>
+bool launch_fwd_persistent(const FwdParams& params, cudaStream_t stream, SmemLimits limits) {
+  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, false, FwdTileKind::kStandard);
+  constexpr int kSmemBytes = fwd_persistent_smem_bytes(kHeadDim, sizeof(T));
+  if (params.num_splits != 1 || params.shape.cu_seqlens_q != nullptr || kSmemBytes > limits.per_block_optin ||
+      params.shape.seqlen_k > kPersistentMaxKeys) {
+    return false;
+  }
+  const int64_t query_tiles = (params.shape.seqlen_q + kTile.block_m - 1) / kTile.block_m;
+  const int64_t items = query_tiles * params.shape.nheads_q * params.shape.batch;
+  // As many CTAs as the SMs hold at once (registers: kSmRegisterWarps warps per SM; shared memory).
+  const int64_t by_smem = limits.per_sm / (kSmemBytes + kSmemReservedPerCta);
+  const int64_t per_sm = std::min<int64_t>(kSmRegisterWarps / kTile.warps, by_smem);
+  const int64_t ctas = current_device_sm_count() * per_sm;
+  constexpr int64_t kMaxItems = int64_t{1} << 31;  // item + gridDim.x stays below 2^32
+  if (ctas <= 0 || items <= ctas || items >= kMaxItems) return false;
+  auto* kernel = fwd_persistent_kernel<T, kHeadDim>;
+  static const cudaError_t opt_in =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  (void)opt_in;
+  kernel<<<static_cast<unsigned>(ctas), kTile.warps * kWarpSize, kSmemBytes, stream>>>(params);
+  return true;
+}
+
 template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind>
 void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits limits) {
   constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral, kKind);
   constexpr int kSmemBytes = fwd_smem_bytes(kHeadDim, kGeneral, kKind, sizeof(T));
   require_fwd_shared_memory(kSmemBytes, limits.per_block_optin, kHeadDim);
+  if constexpr (fwd_runs_persistent(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone)) {
+    if (launch_fwd_persistent<T, kHeadDim>(params, stream, limits)) return;
+  }
   auto* kernel = fwd_kernel<T, kHeadDim, kMask, kGeneral, kKind>;
   // Above 48 KB of dynamic shared memory a kernel must opt in; once per instantiation and process.
   static const cudaError_t opt_in =

@@ -114,6 +114,20 @@ FLASH_HOST_DEVICE constexpr bool fwd_hides_key_lane_offset(int head_dim, int str
   return head_dim <= 128 && strips == 2;
 }
 
+// Whether non-causal calls on the standard tile run it persistent (fwd_persistent_kernel.h: the CTAs an SM holds walk
+// the work items and load the next item's Q and first K during their own last key tile), for calls of at most
+// kPersistentMaxKeys keys. It needs a second Q tile (fwd_persistent_smem_bytes). Head dims where the persistent kernel
+// does not spill (ptxas): 160 and 256 (the wide tile); 192 / 224 spill 40 / 72 bytes, and the 4-warp tiles (which
+// already hold 2 CTAs per SM) 142 / 174 bytes at hd 64 and 92 / 96 at 128 against the one-item kernels' 40 / 88 and
+// 16 / 16. Measured on the H200 (hd 256 bf16, two calls of three interleaved rounds, best TFLOP/s, persistent / one
+// item, FA2 in brackets; docs/perf_log.md "seventh session"): 512 keys 278 / 271 and 278 / 270 (286), 1k 302 / 303
+// and 302 / 304 (308), 2k 318 / 318 and 321 / 321, 8k 329 / 333; hence only up to 512 keys (8 key tiles per item).
+constexpr long long kPersistentMaxKeys = 512;
+FLASH_HOST_DEVICE constexpr bool fwd_runs_persistent(int head_dim, bool general, FwdTileKind kind, bool masked) {
+  return (head_dim == 160 || head_dim == 256) && !general && kind == FwdTileKind::kStandard && !masked &&
+         kWideTile == WideTile::k128x64Warps8;
+}
+
 // Whether the K/V tiles are laid out as swizzled rows (kernel_common.h SwizzledRows; head dims that are whole 128-byte
 // segments) rather than padded ones: cp.async then fills aligned segments (padded, the copies took 2.6x the ideal
 // shared-memory wavefronts, ncu). Measured on the H200 (bf16, plain kernels, three interleaved rounds, best TFLOP/s,
@@ -165,6 +179,13 @@ FLASH_HOST_DEVICE constexpr int fwd_smem_bytes(int head_dim, bool general, FwdTi
                                                int element_bytes = kFwdElementBytes) {
   const FwdTileConfig tile = fwd_tile_config(head_dim, general, kind);
   return (tile.block_m + 2 * tile.kv_stages * tile.block_n) * (head_dim + kFwdSmemRowPad) * element_bytes;
+}
+
+// The persistent wide kernel's shared memory: the standard tile's and a second Q tile (203 KB at head dim 256).
+FLASH_HOST_DEVICE constexpr int fwd_persistent_smem_bytes(int head_dim, int element_bytes = kFwdElementBytes) {
+  const FwdTileConfig tile = fwd_tile_config(head_dim, false, FwdTileKind::kStandard);
+  return fwd_smem_bytes(head_dim, false, FwdTileKind::kStandard, element_bytes) +
+         tile.block_m * (head_dim + kFwdSmemRowPad) * element_bytes;
 }
 
 // Shared memory of the device: what one block may opt into and what one SM holds
