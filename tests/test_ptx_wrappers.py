@@ -166,3 +166,20 @@ def test_stmatrix_x4_inverts_the_fragment_layout():
 def test_unknown_selftest_name_is_rejected():
     with pytest.raises(RuntimeError, match="unknown self test"):
         selftest("ldmatrix_x8", torch.zeros(1))
+
+
+BULK_ROWS, BULK_COLS, BULK_BOX = 40, 48, 16  # csrc/sm80/ptx_selftest.h kBulkRows, kBulkCols, kBulkBox{Rows,Cols}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+                    reason="the bulk tensor reduction needs sm90+")
+@pytest.mark.parametrize("col, row", [(16, 8), (32, 32), (0, 0)])
+def test_bulk_reduce_add_2d(col, row):
+    """One 16 x 16 box added at (col, row) of a 40 x 48 fp32 matrix through a tensor map; rows past the matrix (the
+    (32, 32) box reaches row 47) are skipped, and nothing outside the box changes."""
+    base, box = torch.randn(BULK_ROWS, BULK_COLS), torch.randn(BULK_BOX, BULK_BOX)
+    (dst,) = selftest("bulk_reduce_add_2d", base, box, torch.tensor([col, row], dtype=torch.int32))
+    expected = base.clone()
+    rows = min(BULK_BOX, BULK_ROWS - row)
+    expected[row:row + rows, col:col + BULK_BOX] += box[:rows]
+    torch.testing.assert_close(dst.cpu(), expected, rtol=0, atol=0)

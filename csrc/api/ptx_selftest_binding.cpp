@@ -24,7 +24,7 @@ namespace {
 
 constexpr const char* kSelftestOp = "flash_attn._ptx_selftest";
 constexpr const char* kSelftestNames = "mma_m16n8k16, pack2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans, cp_async_16, cp_async_4, "
-    "red_add_v4_f32, stmatrix_x4";
+    "red_add_v4_f32, stmatrix_x4, bulk_reduce_add_2d";
 
 #if defined(FLASH_WITH_CUDA)
 
@@ -110,6 +110,16 @@ std::vector<at::Tensor> run_selftest(const std::string& name, const std::vector<
     const bool launched = st::red_add_v4_f32(dst.data_ptr<float>(), added.data_ptr<float>(), extra.data_ptr<float>(),
                                              valid.data_ptr<int32_t>(), stream);
     FLASH_CHECK(launched, kSelftestOp, "('", name, "'): red.global.add.v4.f32 needs an sm90+ GPU; this one is older");
+    outputs.push_back(dst);
+  } else if (name == "bulk_reduce_add_2d") {
+    const at::Tensor base = checked_input(name, inputs, 0, "base", {st::kBulkRows, st::kBulkCols}, {at::kFloat});
+    const at::Tensor box = checked_input(name, inputs, 1, "box", {st::kBulkBoxRows, st::kBulkBoxCols}, {at::kFloat});
+    const at::Tensor where = checked_input(name, inputs, 2, "where (col, row)", {2}, {at::kInt}).cpu();
+    at::Tensor dst = base.clone();
+    const bool launched = st::bulk_reduce_add_2d(dst.data_ptr<float>(), box.data_ptr<float>(),
+                                                 where[0].item<int32_t>(), where[1].item<int32_t>(), stream);
+    FLASH_CHECK(launched, kSelftestOp, "('", name, "'): the bulk tensor reduction needs an sm90+ GPU and a driver "
+                "with cuTensorMapEncodeTiled; this one has neither");
     outputs.push_back(dst);
   } else if (name == "stmatrix_x4") {
     const at::Tensor regs = checked_input(name, inputs, 0, "regs", {st::kWarpLanes, 4}, {at::kInt});

@@ -12,9 +12,11 @@
 #include "flash_attn/bwd_workspace.h"
 #include "flash_attn/common/math.h"
 #include "flash_attn/common/philox.h"
+#include "flash_attn/ptx/bulk_reduce_sm90.h"
 #include "flash_attn/ptx/red_sm90.h"
 #include "flash_attn/ptx/stmatrix_sm90.h"
 #include "sm80/bwd_common.h"
+#include "sm80/tensor_map_sm90.h"
 
 namespace flash::sm80::bwd {
 
@@ -70,6 +72,10 @@ __device__ __forceinline__ void add_dq_pair(float* dst, int64_t row_stride, cons
   }
 }
 
+// Columns of one dQ bulk-reduction box (bwd_stages_dq): one slot group of the accumulator, 64 bytes per row, so the
+// two rows that one 8-lane phase of a 16-byte shared store covers fill all 32 banks.
+constexpr int kDqBoxColumns = kDqSlotGroup;
+
 template <int kHeadDim, bool kFeatures, BwdTiles kTiles>
 struct BwdSmem {
   static constexpr BwdTileConfig kCfg = bwd_tile_config(kHeadDim, kFeatures, kTiles);
@@ -78,18 +84,30 @@ struct BwdSmem {
   static constexpr int kKeyTile = kCfg.block_n * kStrideD;
   static constexpr int kQueryTile = kCfg.block_m * kStrideD;
   static constexpr int kScoreTile = kCfg.block_n * kStrideM;
+  // The dQ staging tile (bwd_stages_dq): kBlockM x kHeadDim fp32 after the other tiles, at a kSmemAlign boundary (the
+  // TMA unit reads unswizzled boxes from 128-byte-aligned addresses).
+  static constexpr bool kStagesDq = bwd_stages_dq(kHeadDim, kFeatures, kTiles);
+  static constexpr int kDqStageFloats = kStagesDq ? kCfg.block_m * kHeadDim : 0;
+  template <typename T>
+  static constexpr int dq_stage_offset() {
+    return (bwd_smem_bytes(kCfg, kHeadDim, static_cast<int>(sizeof(T))) + kSmemAlign - 1) / kSmemAlign * kSmemAlign;
+  }
   template <typename T>
   static constexpr int bytes() {
-    return bwd_smem_bytes(kCfg, kHeadDim, static_cast<int>(sizeof(T)));
+    return kStagesDq ? dq_stage_offset<T>() + kDqStageFloats * static_cast<int>(sizeof(float))
+                     : bwd_smem_bytes(kCfg, kHeadDim, static_cast<int>(sizeof(T)));
   }
 };
 
 // kFeatures: softcap, ALiBi, bias, dropout or dbias may be on. The plain instantiation drops their code:
 // measured with ptxas on hd128 causal, the general code path spills 292 bytes, the plain one 74.
 // kTiles: the tile set (bwd_common.h); the launcher picks the one the device's shared memory allows.
+// dq_map: the dq accumulator's tensor map, for kernels that stage dQ (bwd_stages_dq) in calls that are not
+// deterministic. Compiled for sm90 those kernels add dQ only through it (the launcher runs the feature kernel where
+// it has no map); every other kernel, and every kernel below sm90, reduces from registers.
 template <typename T, int kHeadDim, MaskKind kMask, bool kFeatures, BwdTiles kTiles>
 __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.threads(), 1)
-    bwd_kernel(const BwdParams bp) {
+    bwd_kernel(const BwdParams bp, const __grid_constant__ TensorMapArg dq_map) {
   using Smem = BwdSmem<kHeadDim, kFeatures, kTiles>;
   constexpr BwdTileConfig kCfg = Smem::kCfg;
   constexpr int kWarps = kCfg.warps;
@@ -147,6 +165,8 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.thr
   // every chunk's must start a group.
   static_assert(kQDims % kDqSlotGroup == 0 && (kQChunk * kMmaN) % kDqSlotGroup == 0, "dq columns on slot groups");
   static_assert(kCfg.q_buffers == 1 || kCfg.q_buffers == 2, "one or two Q/dO stages");
+  static_assert(!Smem::kStagesDq || (Smem::kDqStageFloats == kWarps * kQRows * kQDims && kQDims % kDqBoxColumns == 0),
+                "the dQ staging holds every warp's boxes");
   static_assert(2 * kBlockM <= kThreads && kBlockM % kWarpSize == 0,
                 "stage() fetches lse and delta with one thread per row each, whole warps each");
 
@@ -175,6 +195,13 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.thr
   const int lane = tid % kWarpSize;
   const int g = lane / 4;
   const int t = lane % 4;
+  // This warp's dQ staging (bwd_stages_dq): kQDims / kDqBoxColumns boxes of kQRows x kDqBoxColumns fp32, dense.
+  constexpr bool kBulkDq = Smem::kStagesDq && kVectorDqReduction && ptx::kHasBulkReduce;
+  constexpr int kDqBoxes = kQDims / kDqBoxColumns;
+  constexpr int kDqBoxFloats = kQRows * kDqBoxColumns;
+  float* s_dq =
+      reinterpret_cast<float*>(smem_raw + Smem::template dq_stage_offset<T>()) + warp * kDqBoxes * kDqBoxFloats;
+  const bool bulk_dq = kBulkDq && !bp.deterministic;  // the launcher passes a map whenever this holds
   const int group = static_cast<int>(shape.nheads_q / shape.nheads_k);
   const int64_t head_dim = shape.head_dim;
   const int offset = p.mask.bottom_right ? seqlen_k - seqlen_q : 0;
@@ -216,6 +243,17 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.thr
   const int kv_dim0 = (warp / kKVWarpsN) * kKVDims;
   const int q_row0 = (warp % kQWarpsM) * kQRows;
   const int q_dim0 = (warp / kQWarpsM) * kQDims;
+  // Lane 0 adds this warp's staged boxes at accumulator row `row` (of the 2D map: q head x total_q rows; the launcher
+  // keeps them within int). Every lane's stores were fenced for the TMA unit and the warp synchronised before.
+  auto issue_dq_boxes = [&](int row) {
+    if (lane == 0) {
+#pragma unroll
+      for (int box = 0; box < kDqBoxes; ++box) {
+        ptx::bulk_reduce_add_2d(&dq_map.map, s_dq + box * kDqBoxFloats, q_dim0 + box * kDqBoxColumns, row);
+      }
+      ptx::bulk_commit_group();
+    }
+  };
 
   for (int n_block = blockIdx.x; n_block < n_blocks; n_block += gridDim.x) {
     const int n0 = n_block * kBlockN;
@@ -524,6 +562,11 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.thr
       // ---- dQ_i += dS K (queries x head dim), into the fp32 accumulator of this split ----
       float* dq_acc = ws.dq_accum + split * ws.dq_split_stride + h * ws.dq_head_stride +
                       (si.global_q_row0 + m0 + q_row0) * ws.dq_row_stride;
+      if (kBulkDq && bulk_dq) {
+        // The previous block's boxes have left the staging (issued a whole block ago, so this rarely waits).
+        if (lane == 0) ptx::bulk_wait_group_read<0>();
+        __syncwarp();
+      }
 #pragma unroll
       for (int c0 = 0; c0 < kQNT; c0 += kQChunk) {
         ptx::MmaC acc_q[kQMT][kQChunk];
@@ -570,6 +613,22 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.thr
               }
             }
           }
+        } else if constexpr (kBulkDq) {
+          // Into this warp's staging boxes in the accumulator's slot order: pair c0 / 2 + np is box c0 / 2 + np,
+          // lane t's four values of a row at slot 4t. Rows past seqlen_q hold exact zeros (P, hence dS, is zero
+          // there) and add nothing where they land.
+#pragma unroll
+          for (int mt = 0; mt < kQMT; ++mt) {
+#pragma unroll
+            for (int np = 0; np < kQChunk / 2; ++np) {
+              const ptx::MmaC& lo = acc_q[mt][2 * np];
+              const ptx::MmaC& hi = acc_q[mt][2 * np + 1];
+              float* box = s_dq + (c0 / 2 + np) * kDqBoxFloats + (mt * kMmaM + g) * kDqBoxColumns + 4 * t;
+              *reinterpret_cast<float4*>(box) = make_float4(lo.reg[0], lo.reg[1], hi.reg[0], hi.reg[1]);
+              *reinterpret_cast<float4*>(box + 8 * kDqBoxColumns) =
+                  make_float4(lo.reg[2], lo.reg[3], hi.reg[2], hi.reg[3]);
+            }
+          }
         } else {
           auto reduce = [&](auto all_rows) {
 #pragma unroll
@@ -590,9 +649,17 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.thr
           }
         }
       }
+      if (kBulkDq && bulk_dq) {
+        // Every lane's stores visible to the TMA unit, then lane 0 adds the warp's boxes.
+        ptx::fence_proxy_async_shared();
+        __syncwarp();
+        issue_dq_boxes(static_cast<int>(h * bp.total_q + si.global_q_row0 + m0 + q_row0));
+      }
     }
 
     ptx::cp_async_wait<0>();  // nothing may still be writing s_k / s_v when the next key block reloads them
+    // The TMA unit must have read the last boxes before the CTA's shared memory goes away.
+    if (kBulkDq && bulk_dq && lane == 0) ptx::bulk_wait_group_read<0>();
 
     // ---- dK = scale * dS^T Q, dV: this key block's rows of the kv head ----
     T* dk = static_cast<T*>(bp.dk) + b * bp.dk_strides.batch + (si.k_row0 + n0) * bp.dk_strides.row +

@@ -17,8 +17,27 @@
 
 namespace flash::sm80 {
 
+// The dq accumulator as a 2D map (q head x total_q rows, dq_row_stride columns) in boxes of one warp's dQ rows by
+// bwd::kDqBoxColumns, for kernels that stage dQ (bwd::bwd_stages_dq) in calls that are not deterministic; disabled
+// elsewhere, and where a row index would not fit the kernel's int (the bulk reduction takes 32-bit coordinates).
+template <int kHeadDim, bool kFeatures, bwd::BwdTiles kTiles>
+TensorMapArg dq_accumulator_map(const BwdParams& params) {
+  using Smem = bwd::BwdSmem<kHeadDim, kFeatures, kTiles>;
+  TensorMapArg arg{};
+  if constexpr (Smem::kStagesDq) {
+    constexpr int64_t kMaxRows = int64_t{1} << 31;
+    const BwdWorkspace ws = bwd_workspace(params);
+    const int64_t rows = params.fwd.shape.nheads_q * params.total_q;
+    if (params.deterministic || rows <= 0 || rows >= kMaxRows) return arg;
+    constexpr int kBoxRows = Smem::kCfg.block_m / Smem::kCfg.q_warps_m;
+    encode_fp32_map_2d(arg, ws.dq_accum, static_cast<uint64_t>(ws.dq_row_stride), static_cast<uint64_t>(rows),
+                       static_cast<uint64_t>(ws.dq_row_stride) * sizeof(float), bwd::kDqBoxColumns, kBoxRows);
+  }
+  return arg;
+}
+
 template <typename T, int kHeadDim, MaskKind kMask, bool kFeatures, bwd::BwdTiles kTiles>
-void launch_main(const dim3& grid, const BwdParams& params, cudaStream_t stream) {
+void launch_main(const dim3& grid, const BwdParams& params, const TensorMapArg& dq_map, cudaStream_t stream) {
   using Smem = bwd::BwdSmem<kHeadDim, kFeatures, kTiles>;
   constexpr auto kKernel = bwd::bwd_kernel<T, kHeadDim, kMask, kFeatures, kTiles>;
   constexpr int kSmemBytes = Smem::template bytes<T>();
@@ -26,7 +45,7 @@ void launch_main(const dim3& grid, const BwdParams& params, cudaStream_t stream)
   static const cudaError_t attribute_set =
       cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   (void)attribute_set;
-  kKernel<<<grid, Smem::kCfg.threads(), kSmemBytes, stream>>>(params);
+  kKernel<<<grid, Smem::kCfg.threads(), kSmemBytes, stream>>>(params, dq_map);
 }
 
 // Opt-in shared memory per block of the current device (0 if it cannot be queried). Not a stream operation.
@@ -82,10 +101,18 @@ void launch_main_tiles(const BwdParams& params, int smem_limit, cudaStream_t str
   constexpr int kPlainSmem = bwd::BwdSmem<kHeadDim, false, kTiles>::template bytes<T>();
   constexpr int kFeatureSmem = bwd::BwdSmem<kHeadDim, true, kTiles>::template bytes<T>();
   const bool plain_fits = kPlainSmem <= kFeatureSmem || kPlainSmem <= smem_limit;
-  if (features || !plain_fits) {
-    launch_main<T, kHeadDim, kMask, true, kTiles>(grid, params, stream);
+  // A plain kernel that stages dQ needs the accumulator's map in calls that are not deterministic; without one (a
+  // driver without the encoder, a row count past int) the feature kernel runs the call.
+  bool run_plain = !features && plain_fits;
+  TensorMapArg plain_map{};
+  if (run_plain && bwd::BwdSmem<kHeadDim, false, kTiles>::kStagesDq && !params.deterministic) {
+    plain_map = dq_accumulator_map<kHeadDim, false, kTiles>(params);
+    run_plain = plain_map.enabled;
+  }
+  if (run_plain) {
+    launch_main<T, kHeadDim, kMask, false, kTiles>(grid, params, plain_map, stream);
   } else {
-    launch_main<T, kHeadDim, kMask, false, kTiles>(grid, params, stream);
+    launch_main<T, kHeadDim, kMask, true, kTiles>(grid, params, TensorMapArg{}, stream);
   }
 }
 

@@ -8,11 +8,13 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "flash_attn/ptx/bulk_reduce_sm90.h"
 #include "flash_attn/ptx/cp_async_sm80.h"
 #include "flash_attn/ptx/ldmatrix_sm80.h"
 #include "flash_attn/ptx/mma_sm80.h"
 #include "flash_attn/ptx/red_sm90.h"
 #include "flash_attn/ptx/stmatrix_sm90.h"
+#include "sm80/tensor_map_sm90.h"
 
 namespace flash::sm80::selftest {
 namespace {
@@ -141,6 +143,24 @@ __global__ void red_add_v4_kernel(float* dst, const float* added, const float* e
   ptx::red_add_v4_f32(row, e[0], e[1], e[2], e[3], valid[lane] != 0);
 }
 
+// The box goes through shared memory (128-byte aligned, as the TMA unit needs) and one lane issues the reduction;
+// the full wait makes its global writes done before the kernel ends.
+__global__ void bulk_reduce_kernel(const __grid_constant__ TensorMapArg map, const float* box, int col, int row) {
+  __shared__ __align__(128) float tile[kBulkBoxRows * kBulkBoxCols];
+  const int lane = threadIdx.x;
+  for (int i = lane; i < kBulkBoxRows * kBulkBoxCols; i += kWarpLanes) tile[i] = box[i];
+  ptx::fence_proxy_async_shared();
+  __syncwarp();
+  // Code compiled below sm90 has no bulk reduction: dst then stays as it was and the test fails on its values.
+  if constexpr (ptx::kHasBulkReduce) {
+    if (lane == 0) {
+      ptx::bulk_reduce_add_2d(&map.map, tile, col, row);
+      ptx::bulk_commit_group();
+      ptx::bulk_wait_group<0>();
+    }
+  }
+}
+
 // The same addressing as ldmatrix_x4_kernel, storing instead: the tile read back must hold each lane's
 // registers where the fragment layout puts them, and the pre-filled pattern nowhere.
 __global__ void stmatrix_x4_kernel(const uint32_t* regs, uint16_t* tile) {
@@ -223,6 +243,16 @@ void cp_async_4(const int32_t* words, const int32_t* valid, int32_t* dst, void* 
 bool red_add_v4_f32(float* dst, const float* added, const float* extra, const int32_t* valid, void* stream) {
   if (device_major() < kHopperMajor) return false;
   red_add_v4_kernel<<<1, kWarpLanes, 0, as_stream(stream)>>>(dst, added, extra, valid);
+  return true;
+}
+
+bool bulk_reduce_add_2d(float* dst, const float* box, int col, int row, void* stream) {
+  if (device_major() < kHopperMajor) return false;
+  TensorMapArg map{};
+  if (!encode_fp32_map_2d(map, dst, kBulkCols, kBulkRows, kBulkCols * sizeof(float), kBulkBoxCols, kBulkBoxRows)) {
+    return false;
+  }
+  bulk_reduce_kernel<<<1, kWarpLanes, 0, as_stream(stream)>>>(map, box, col, row);
   return true;
 }
 

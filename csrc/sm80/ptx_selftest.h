@@ -18,6 +18,10 @@ constexpr int kPackedPairs = kWarpLanes;     // pack2: one pair per lane
 constexpr int kCpAsyncChunks = 2 * kWarpLanes;  // two commit groups of one 16-byte chunk per lane
 constexpr int kCpAsyncChunkWords = 4;        // 16 bytes as int32 words
 constexpr int kRedFloats = 4;                // red.global.add.v4.f32: four floats per lane
+constexpr int kBulkBoxRows = 16;             // bulk_reduce_add_2d: the box added
+constexpr int kBulkBoxCols = 16;
+constexpr int kBulkRows = 40;                // ... into this fp32 matrix (rows past 40 are clipped by the map)
+constexpr int kBulkCols = 48;
 
 // d (16x8 fp32) = a (16x16) * b_nk(8x16)^T + c (16x8 fp32); a, b_nk in `dtype` (kFloat16 or kBFloat16),
 // loaded into fragments by the layout documented in ptx/mma_sm80.h. Returns false for another dtype.
@@ -48,6 +52,11 @@ void cp_async_4(const int32_t* words, const int32_t* valid, int32_t* dst, void* 
 // red_add_v4_f32, then extra[l] with the predicated one under valid[l] != 0. Returns false below sm90 (no
 // vector reduction there), launching nothing.
 bool red_add_v4_f32(float* dst, const float* added, const float* extra, const int32_t* valid, void* stream);
+
+// dst: kBulkRows x kBulkCols fp32, updated in place: one warp copies box (kBulkBoxRows x kBulkBoxCols fp32) into
+// shared memory and adds it at (col, row) of dst with one bulk_reduce_add_2d through a tensor map of dst, then
+// waits for it. Returns false below sm90 or where no tensor map could be made, launching nothing.
+bool bulk_reduce_add_2d(float* dst, const float* box, int col, int row, void* stream);
 
 // regs: kWarpLanes x 4 words; lane l stores regs[l][0..3] with stmatrix_x4, passing the address of row l % 16,
 // column 8 * (l / 16) of a 16x16 16-bit shared tile pre-filled with a non-zero pattern; tile receives that
