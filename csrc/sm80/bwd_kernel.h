@@ -85,7 +85,7 @@ struct BwdSmem {
   static constexpr int kQueryTile = kCfg.block_m * kStrideD;
   static constexpr int kScoreTile = kCfg.block_n * kStrideM;
   // The dQ staging tile (bwd_stages_dq): kBlockM x kHeadDim fp32 after the other tiles, at a kSmemAlign boundary (the
-  // TMA unit reads unswizzled boxes from 128-byte-aligned addresses).
+  // TMA unit reads unswizzled boxes from 128-byte-aligned addresses), then one staged row index per warp.
   static constexpr bool kStagesDq = bwd_stages_dq(kHeadDim, kFeatures, kTiles);
   static constexpr int kDqStageFloats = kStagesDq ? kCfg.block_m * kHeadDim : 0;
   template <typename T>
@@ -94,7 +94,8 @@ struct BwdSmem {
   }
   template <typename T>
   static constexpr int bytes() {
-    return kStagesDq ? dq_stage_offset<T>() + kDqStageFloats * static_cast<int>(sizeof(float))
+    return kStagesDq ? dq_stage_offset<T>() + kDqStageFloats * static_cast<int>(sizeof(float)) +
+                           kCfg.warps * static_cast<int>(sizeof(int))
                      : bwd_smem_bytes(kCfg, kHeadDim, static_cast<int>(sizeof(T)));
   }
 };
@@ -167,6 +168,7 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.thr
   static_assert(kCfg.q_buffers == 1 || kCfg.q_buffers == 2, "one or two Q/dO stages");
   static_assert(!Smem::kStagesDq || (Smem::kDqStageFloats == kWarps * kQRows * kQDims && kQDims % kDqBoxColumns == 0),
                 "the dQ staging holds every warp's boxes");
+  static_assert(!Smem::kStagesDq || kCfg.q_buffers == 2, "the dQ boxes are issued after the next block's prefetch");
   static_assert(2 * kBlockM <= kThreads && kBlockM % kWarpSize == 0,
                 "stage() fetches lse and delta with one thread per row each, whole warps each");
 
@@ -199,8 +201,9 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.thr
   constexpr bool kBulkDq = Smem::kStagesDq && kVectorDqReduction && ptx::kHasBulkReduce;
   constexpr int kDqBoxes = kQDims / kDqBoxColumns;
   constexpr int kDqBoxFloats = kQRows * kDqBoxColumns;
-  float* s_dq =
-      reinterpret_cast<float*>(smem_raw + Smem::template dq_stage_offset<T>()) + warp * kDqBoxes * kDqBoxFloats;
+  float* const s_dq_all = reinterpret_cast<float*>(smem_raw + Smem::template dq_stage_offset<T>());
+  float* s_dq = s_dq_all + warp * kDqBoxes * kDqBoxFloats;
+  int* s_dq_rows = reinterpret_cast<int*>(s_dq_all + Smem::kDqStageFloats);  // [kWarps], lane 0 of each warp only
   const bool bulk_dq = kBulkDq && !bp.deterministic;  // the launcher passes a map whenever this holds
   const int group = static_cast<int>(shape.nheads_q / shape.nheads_k);
   const int64_t head_dim = shape.head_dim;
@@ -243,15 +246,21 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.thr
   const int kv_dim0 = (warp / kKVWarpsN) * kKVDims;
   const int q_row0 = (warp % kQWarpsM) * kQRows;
   const int q_dim0 = (warp / kQWarpsM) * kQDims;
-  // Lane 0 adds this warp's staged boxes at accumulator row `row` (of the 2D map: q head x total_q rows; the launcher
-  // keeps them within int). Every lane's stores were fenced for the TMA unit and the warp synchronised before.
-  auto issue_dq_boxes = [&](int row) {
+  // Lane 0 adds this warp's staged boxes, if any, at the accumulator row it noted in s_dq_rows (of the 2D map: q head x
+  // total_q rows; the launcher keeps them within int). Every lane fenced its stores for the TMA unit, and a barrier
+  // or __syncwarp followed. The row waits in shared memory rather than in a register: kept live across a block, it
+  // raised the spill from 10 / 8 to 44 / 60 bytes (hd 64, ptxas).
+  auto issue_staged_dq = [&] {
     if (lane == 0) {
+      const int row = s_dq_rows[warp];
+      if (row >= 0) {
 #pragma unroll
-      for (int box = 0; box < kDqBoxes; ++box) {
-        ptx::bulk_reduce_add_2d(&dq_map.map, s_dq + box * kDqBoxFloats, q_dim0 + box * kDqBoxColumns, row);
+        for (int box = 0; box < kDqBoxes; ++box) {
+          ptx::bulk_reduce_add_2d(&dq_map.map, s_dq + box * kDqBoxFloats, q_dim0 + box * kDqBoxColumns, row);
+        }
+        ptx::bulk_commit_group();
+        s_dq_rows[warp] = -1;
       }
-      ptx::bulk_commit_group();
     }
   };
 
@@ -329,6 +338,7 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.thr
     ptx::cp_async_commit();
 
     ptx::MmaC acc_dk[kKVMT][kKVNT];
+    if (kBulkDq && bulk_dq && lane == 0) s_dq_rows[warp] = -1;  // nothing staged yet
     ptx::MmaC acc_dv[kKVMT][kKVNT];
 
     for (int it = 0; it < iterations; ++it) {
@@ -384,6 +394,11 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.thr
         if (it + 1 < iterations) stage(next_src, next_m_block * kBlockM, buf ^ 1);
         ptx::cp_async_commit();
       }
+      // The previous block's dQ boxes go to the TMA unit here, after this block's prefetch: ptxas tracks bulk groups
+      // on the scoreboard of the cp.async groups (SB0: UTMACMDFLUSH's read barrier, LDGDEPBAR's write barrier in
+      // the SASS control bits), so issued at the end of the previous block they would hold up the cp.async wait
+      // before this block's first barrier until the unit had read them.
+      if (kBulkDq && bulk_dq) issue_staged_dq();
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / kMmaK; ++kk) {
         ptx::MmaA a[kSMT];
@@ -563,7 +578,8 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.thr
       float* dq_acc = ws.dq_accum + split * ws.dq_split_stride + h * ws.dq_head_stride +
                       (si.global_q_row0 + m0 + q_row0) * ws.dq_row_stride;
       if (kBulkDq && bulk_dq) {
-        // The previous block's boxes have left the staging (issued a whole block ago, so this rarely waits).
+        // The previous block's boxes have left the staging (issued after this block's S^T GEMM; the wait also covers
+        // this block's prefetch, on the same scoreboard, which has had the dP^T and dK / dV GEMMs to land).
         if (lane == 0) ptx::bulk_wait_group_read<0>();
         __syncwarp();
       }
@@ -650,11 +666,14 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.thr
         }
       }
       if (kBulkDq && bulk_dq) {
-        // Every lane's stores visible to the TMA unit, then lane 0 adds the warp's boxes.
+        // Every lane's stores visible to the TMA unit; the next block issues them (above), the last block below.
         ptx::fence_proxy_async_shared();
-        __syncwarp();
-        issue_dq_boxes(static_cast<int>(h * bp.total_q + si.global_q_row0 + m0 + q_row0));
+        if (lane == 0) s_dq_rows[warp] = static_cast<int>(h * bp.total_q + si.global_q_row0 + m0 + q_row0);
       }
+    }
+    if (kBulkDq && bulk_dq) {
+      __syncwarp();
+      issue_staged_dq();
     }
 
     ptx::cp_async_wait<0>();  // nothing may still be writing s_k / s_v when the next key block reloads them
