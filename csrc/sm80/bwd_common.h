@@ -118,14 +118,19 @@ __host__ __device__ constexpr bool bwd_stores_scores_with_stmatrix(int head_dim,
 
 // Whether the main kernel stages each warp's dQ tile in shared memory and adds it to the fp32 accumulator with bulk
 // tensor reductions (sm90: one TMA operation per 16-column box, ptx/bulk_reduce_sm90.h) rather than with one
-// red.global.add.v4.f32 per lane, row and column pair from registers. At hd 64 the reductions are a large share of
-// the backward: scalar atomics in their place cost a third of its speed (8k / 16k 184 / 186 TFLOP/s against 275 /
-// 279, docs/perf_log.md "seventh session"). Needs kBlockM x kHeadDim fp32 of shared memory (32 KB at hd 64 and 128),
-// which only the plain full tiles up to hd 128 have spare (hd 64: 214 KB with it). Deterministic calls keep their
-// read-add-write. Unmeasured (branch next-bulk-dq).
-__host__ __device__ constexpr bool bwd_stages_dq(int head_dim, bool features, BwdTiles tiles) {
-  return !features && tiles == BwdTiles::kFull && head_dim <= 128;
+// red.global.add.v4.f32 per lane, row and column pair from registers. Needs kBlockM x kHeadDim fp32 of shared memory
+// (32 KB at hd 64 and 128), which only the plain full tiles up to hd 128 have spare. Measured on the H200 (bf16, best
+// TFLOP/s, staged / registers, docs/perf_log.md "eighth session"): hd 64 non-causal 2k / 8k / 16k 267 / 295 / 300
+// against 250 / 273 / 280, causal 215 / 278 / 301 against 210 / 263 / 282; hd 128 causal 8k / 16k 292 / 323 against
+// 284 / 309, but non-causal 287 / 314 / 320 against 289 / 319 / 324, so hd 128 stages only masked calls.
+// Deterministic calls keep their read-add-write.
+constexpr int kStagedDqMaxHeadDim = 128;
+constexpr int kStagedDqMaxNonCausalHeadDim = 64;
+__host__ __device__ constexpr bool bwd_stages_dq(int head_dim, MaskKind mask, bool features, BwdTiles tiles) {
+  return !features && tiles == BwdTiles::kFull && head_dim <= kStagedDqMaxHeadDim &&
+         (mask != MaskKind::kNone || head_dim <= kStagedDqMaxNonCausalHeadDim);
 }
+
 // Shared memory of the main kernel with tile `cfg`: K, V, q_buffers x (Q, dO) rows of head_dim + pad
 // elements, P^T and dS^T ([key][query], padded), then q_buffers x (lse, delta) in fp32.
 __host__ __device__ constexpr int bwd_smem_bytes(const BwdTileConfig& cfg, int head_dim, int element_bytes) {

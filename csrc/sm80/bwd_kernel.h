@@ -76,7 +76,7 @@ __device__ __forceinline__ void add_dq_pair(float* dst, int64_t row_stride, cons
 // two rows that one 8-lane phase of a 16-byte shared store covers fill all 32 banks.
 constexpr int kDqBoxColumns = kDqSlotGroup;
 
-template <int kHeadDim, bool kFeatures, BwdTiles kTiles>
+template <int kHeadDim, MaskKind kMask, bool kFeatures, BwdTiles kTiles>
 struct BwdSmem {
   static constexpr BwdTileConfig kCfg = bwd_tile_config(kHeadDim, kFeatures, kTiles);
   static constexpr int kStrideD = kHeadDim + kSmemRowPad;      // rows of Q, dO, K, V tiles
@@ -86,7 +86,7 @@ struct BwdSmem {
   static constexpr int kScoreTile = kCfg.block_n * kStrideM;
   // The dQ staging tile (bwd_stages_dq): kBlockM x kHeadDim fp32 after the other tiles, at a kSmemAlign boundary (the
   // TMA unit reads unswizzled boxes from 128-byte-aligned addresses), then one staged row index per warp.
-  static constexpr bool kStagesDq = bwd_stages_dq(kHeadDim, kFeatures, kTiles);
+  static constexpr bool kStagesDq = bwd_stages_dq(kHeadDim, kMask, kFeatures, kTiles);
   static constexpr int kDqStageFloats = kStagesDq ? kCfg.block_m * kHeadDim : 0;
   template <typename T>
   static constexpr int dq_stage_offset() {
@@ -107,9 +107,9 @@ struct BwdSmem {
 // deterministic. Compiled for sm90 those kernels add dQ only through it (the launcher runs the feature kernel where
 // it has no map); every other kernel, and every kernel below sm90, reduces from registers.
 template <typename T, int kHeadDim, MaskKind kMask, bool kFeatures, BwdTiles kTiles>
-__global__ void __launch_bounds__(BwdSmem<kHeadDim, kFeatures, kTiles>::kCfg.threads(), 1)
+__global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles>::kCfg.threads(), 1)
     bwd_kernel(const BwdParams bp, const __grid_constant__ TensorMapArg dq_map) {
-  using Smem = BwdSmem<kHeadDim, kFeatures, kTiles>;
+  using Smem = BwdSmem<kHeadDim, kMask, kFeatures, kTiles>;
   constexpr BwdTileConfig kCfg = Smem::kCfg;
   constexpr int kWarps = kCfg.warps;
   constexpr int kThreads = kCfg.threads();

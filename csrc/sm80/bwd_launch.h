@@ -20,9 +20,9 @@ namespace flash::sm80 {
 // The dq accumulator as a 2D map (q head x total_q rows, dq_row_stride columns) in boxes of one warp's dQ rows by
 // bwd::kDqBoxColumns, for kernels that stage dQ (bwd::bwd_stages_dq) in calls that are not deterministic; disabled
 // elsewhere, and where a row index would not fit the kernel's int (the bulk reduction takes 32-bit coordinates).
-template <int kHeadDim, bool kFeatures, bwd::BwdTiles kTiles>
+template <int kHeadDim, MaskKind kMask, bool kFeatures, bwd::BwdTiles kTiles>
 TensorMapArg dq_accumulator_map(const BwdParams& params) {
-  using Smem = bwd::BwdSmem<kHeadDim, kFeatures, kTiles>;
+  using Smem = bwd::BwdSmem<kHeadDim, kMask, kFeatures, kTiles>;
   TensorMapArg arg{};
   if constexpr (Smem::kStagesDq) {
     constexpr int64_t kMaxRows = int64_t{1} << 31;
@@ -38,7 +38,7 @@ TensorMapArg dq_accumulator_map(const BwdParams& params) {
 
 template <typename T, int kHeadDim, MaskKind kMask, bool kFeatures, bwd::BwdTiles kTiles>
 void launch_main(const dim3& grid, const BwdParams& params, const TensorMapArg& dq_map, cudaStream_t stream) {
-  using Smem = bwd::BwdSmem<kHeadDim, kFeatures, kTiles>;
+  using Smem = bwd::BwdSmem<kHeadDim, kMask, kFeatures, kTiles>;
   constexpr auto kKernel = bwd::bwd_kernel<T, kHeadDim, kMask, kFeatures, kTiles>;
   constexpr int kSmemBytes = Smem::template bytes<T>();
   // Raising the dynamic shared-memory cap is a function attribute, not a stream operation (graph-safe).
@@ -98,15 +98,15 @@ void launch_main_tiles(const BwdParams& params, int smem_limit, cudaStream_t str
   // Where the plain kernel needs more shared memory than the feature kernel (full tiles, 128-row blocks at
   // head dim <= 64: 178 KB, above the 163 KB of an A100), devices without it run the feature kernel, which is
   // also correct for plain calls.
-  constexpr int kPlainSmem = bwd::BwdSmem<kHeadDim, false, kTiles>::template bytes<T>();
-  constexpr int kFeatureSmem = bwd::BwdSmem<kHeadDim, true, kTiles>::template bytes<T>();
+  constexpr int kPlainSmem = bwd::BwdSmem<kHeadDim, kMask, false, kTiles>::template bytes<T>();
+  constexpr int kFeatureSmem = bwd::BwdSmem<kHeadDim, kMask, true, kTiles>::template bytes<T>();
   const bool plain_fits = kPlainSmem <= kFeatureSmem || kPlainSmem <= smem_limit;
   // A plain kernel that stages dQ needs the accumulator's map in calls that are not deterministic; without one (a
   // driver without the encoder, a row count past int) the feature kernel runs the call.
   bool run_plain = !features && plain_fits;
   TensorMapArg plain_map{};
-  if (run_plain && bwd::BwdSmem<kHeadDim, false, kTiles>::kStagesDq && !params.deterministic) {
-    plain_map = dq_accumulator_map<kHeadDim, false, kTiles>(params);
+  if (run_plain && bwd::BwdSmem<kHeadDim, kMask, false, kTiles>::kStagesDq && !params.deterministic) {
+    plain_map = dq_accumulator_map<kHeadDim, kMask, false, kTiles>(params);
     run_plain = plain_map.enabled;
   }
   if (run_plain) {
@@ -123,10 +123,10 @@ void run_bwd(const BwdParams& params, void* stream) {
   const AttentionShape& shape = params.fwd.shape;
   if (shape.batch == 0 || shape.nheads_q == 0) return;
   // The full tiles run where their smaller kernel (plain or feature) fits, the compact ones elsewhere.
-  constexpr int kFullSmem = std::min(bwd::BwdSmem<kHeadDim, false, BwdTiles::kFull>::template bytes<T>(),
-                                     bwd::BwdSmem<kHeadDim, true, BwdTiles::kFull>::template bytes<T>());
-  constexpr int kCompactSmem = std::max(bwd::BwdSmem<kHeadDim, false, BwdTiles::kCompact>::template bytes<T>(),
-                                        bwd::BwdSmem<kHeadDim, true, BwdTiles::kCompact>::template bytes<T>());
+  constexpr int kFullSmem = std::min(bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kFull>::template bytes<T>(),
+                                     bwd::BwdSmem<kHeadDim, kMask, true, BwdTiles::kFull>::template bytes<T>());
+  constexpr int kCompactSmem = std::max(bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kCompact>::template bytes<T>(),
+                                        bwd::BwdSmem<kHeadDim, kMask, true, BwdTiles::kCompact>::template bytes<T>());
   static_assert(kCompactSmem <= bwd::kBwdCompactSmemBudget, "compact tiles fit every sm80+ GPU");
   const int smem_limit = bwd_smem_limit();
   require_bwd_shared_memory(kCompactSmem, smem_limit, kHeadDim);
