@@ -58,10 +58,11 @@ def test_head_dims(head_dim, causal, dtype):
                                    (1, 257, 257, 8, 2), (3, 255, 128, 4, 4), (1, 128, 1000, 2, 2),
                                    (2, 1000, 1000, 2, 1)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_seqlens(shape, causal, dtype):
+@pytest.mark.parametrize("head_dim", [64, 128, 256])  # every dQ path: staged apart, in the Q/dO tiles, registers
+def test_seqlens(head_dim, shape, causal, dtype):
     b, sq, sk, h, hk = shape
-    _require(dtype, 64)
-    q, k, v = _qkv(b, sq, sk, h, hk, 64, dtype)
+    _require(dtype, head_dim)
+    q, k, v = _qkv(b, sq, sk, h, hk, head_dim, dtype)
     _run_and_check(q, k, v, dict(causal=causal), causal=causal)
 
 
@@ -150,7 +151,7 @@ def _check_dropout_grads(head_dim, causal, p, dtype):
 
 @pytest.mark.parametrize("dtype", LOW)
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_varlen(head_dim, causal, dtype):
     _require(dtype, head_dim)
     _check_varlen_grads(head_dim, causal, dtype)
