@@ -58,7 +58,7 @@ def test_head_dims(head_dim, causal, dtype):
                                    (1, 257, 257, 8, 2), (3, 255, 128, 4, 4), (1, 128, 1000, 2, 2),
                                    (2, 1000, 1000, 2, 1)])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])  # every dQ path: staged apart, in the Q/dO tiles, registers
+@pytest.mark.parametrize("head_dim", [64, 128, 256])  # dQ staged (hd 64, causal 128) and from registers
 def test_seqlens(head_dim, shape, causal, dtype):
     b, sq, sk, h, hk = shape
     _require(dtype, head_dim)
