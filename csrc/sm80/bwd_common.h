@@ -123,7 +123,8 @@ __host__ __device__ constexpr bool bwd_stores_scores_with_stmatrix(int head_dim,
 // TFLOP/s, staged / registers, docs/perf_log.md "eighth session"): hd 64 non-causal 2k / 8k / 16k 267 / 295 / 300
 // against 250 / 273 / 280, causal 215 / 278 / 301 against 210 / 263 / 282; hd 128 causal 8k / 16k 292 / 323 against
 // 284 / 309, but non-causal 287 / 314 / 320 against 289 / 319 / 324, so hd 128 stages only masked calls.
-// Deterministic calls keep their read-add-write.
+// hd 32: the same speed either way (non-causal 2k / 8k 181 / 200 against 181 / 199). Deterministic calls keep their
+// read-add-write.
 constexpr int kStagedDqMaxHeadDim = 128;
 constexpr int kStagedDqMaxNonCausalHeadDim = 64;
 __host__ __device__ constexpr bool bwd_stages_dq(int head_dim, MaskKind mask, bool features, BwdTiles tiles) {
