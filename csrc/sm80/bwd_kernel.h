@@ -92,11 +92,21 @@ struct BwdSmem {
   static constexpr int dq_stage_offset() {
     return (bwd_smem_bytes(kCfg, kHeadDim, static_cast<int>(sizeof(T))) + kSmemAlign - 1) / kSmemAlign * kSmemAlign;
   }
+  // With the staging: what the kernel needs where it runs its sm90 code.
   template <typename T>
   static constexpr int bytes() {
     return kStagesDq ? dq_stage_offset<T>() + kDqStageFloats * static_cast<int>(sizeof(float)) +
                            kCfg.warps * static_cast<int>(sizeof(int))
-                     : bwd_smem_bytes(kCfg, kHeadDim, static_cast<int>(sizeof(T)));
+                     : unstaged_bytes<T>();
+  }
+  // Without it: enough below sm90, where the kernel reduces dQ from registers and never touches the staging.
+  template <typename T>
+  static constexpr int unstaged_bytes() {
+    return bwd_smem_bytes(kCfg, kHeadDim, static_cast<int>(sizeof(T)));
+  }
+  template <typename T>
+  static int bytes_on_device(bool bulk_device) {
+    return bulk_device ? bytes<T>() : unstaged_bytes<T>();
   }
 };
 

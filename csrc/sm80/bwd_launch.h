@@ -36,18 +36,6 @@ TensorMapArg dq_accumulator_map(const BwdParams& params) {
   return arg;
 }
 
-template <typename T, int kHeadDim, MaskKind kMask, bool kFeatures, bwd::BwdTiles kTiles>
-void launch_main(const dim3& grid, const BwdParams& params, const TensorMapArg& dq_map, cudaStream_t stream) {
-  using Smem = bwd::BwdSmem<kHeadDim, kMask, kFeatures, kTiles>;
-  constexpr auto kKernel = bwd::bwd_kernel<T, kHeadDim, kMask, kFeatures, kTiles>;
-  constexpr int kSmemBytes = Smem::template bytes<T>();
-  // Raising the dynamic shared-memory cap is a function attribute, not a stream operation (graph-safe).
-  static const cudaError_t attribute_set =
-      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  (void)attribute_set;
-  kKernel<<<grid, Smem::kCfg.threads(), kSmemBytes, stream>>>(params, dq_map);
-}
-
 // Opt-in shared memory per block of the current device (0 if it cannot be queried). Not a stream operation.
 inline int device_smem_optin() {
   int device = 0;
@@ -55,6 +43,30 @@ inline int device_smem_optin() {
   if (cudaGetDevice(&device) != cudaSuccess) return 0;
   if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return 0;
   return bytes;
+}
+
+// Whether the current device may run the kernels' sm90 code, which stages dQ for bulk reductions (bwd::bwd_stages_dq).
+// Below sm90 the staging kernels reduce from registers, so they get no staging memory and need no tensor map (at hd
+// 65-96, masked, the A100 thus keeps the plain full tile: 141 KB of its 163, not 165). Not a stream operation.
+constexpr int kBulkReduceMinMajor = 9;
+inline bool device_reduces_in_bulk() {
+  int device = 0;
+  int major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
+  return major >= kBulkReduceMinMajor;
+}
+
+template <typename T, int kHeadDim, MaskKind kMask, bool kFeatures, bwd::BwdTiles kTiles>
+void launch_main(const dim3& grid, const BwdParams& params, const TensorMapArg& dq_map, int smem_bytes,
+                 cudaStream_t stream) {
+  using Smem = bwd::BwdSmem<kHeadDim, kMask, kFeatures, kTiles>;
+  constexpr auto kKernel = bwd::bwd_kernel<T, kHeadDim, kMask, kFeatures, kTiles>;
+  // Raising the dynamic shared-memory cap is a function attribute, not a stream operation (graph-safe).
+  static const cudaError_t attribute_set =
+      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  (void)attribute_set;
+  kKernel<<<grid, Smem::kCfg.threads(), smem_bytes, stream>>>(params, dq_map);
 }
 
 // The shared memory per block the backward may use: the device's opt-in limit, or less under kBwdSmemLimitEnv
@@ -98,21 +110,24 @@ void launch_main_tiles(const BwdParams& params, int smem_limit, cudaStream_t str
   // Where the plain kernel needs more shared memory than the feature kernel (full tiles, 128-row blocks at
   // head dim <= 64: 178 KB, above the 163 KB of an A100), devices without it run the feature kernel, which is
   // also correct for plain calls.
-  constexpr int kPlainSmem = bwd::BwdSmem<kHeadDim, kMask, false, kTiles>::template bytes<T>();
-  constexpr int kFeatureSmem = bwd::BwdSmem<kHeadDim, kMask, true, kTiles>::template bytes<T>();
-  const bool plain_fits = kPlainSmem <= kFeatureSmem || kPlainSmem <= smem_limit;
-  // A plain kernel that stages dQ needs the accumulator's map in calls that are not deterministic; without one (a
-  // driver without the encoder, a row count past int) the feature kernel runs the call.
+  using PlainSmem = bwd::BwdSmem<kHeadDim, kMask, false, kTiles>;
+  using FeatureSmem = bwd::BwdSmem<kHeadDim, kMask, true, kTiles>;
+  const bool bulk_device = device_reduces_in_bulk();
+  const int plain_smem = PlainSmem::template bytes_on_device<T>(bulk_device);
+  const int feature_smem = FeatureSmem::template bytes_on_device<T>(bulk_device);
+  const bool plain_fits = plain_smem <= feature_smem || plain_smem <= smem_limit;
+  // A plain kernel that stages dQ on an sm90 device needs the accumulator's map in calls that are not
+  // deterministic; without one (a driver without the encoder, a row count past int) the feature kernel runs the call.
   bool run_plain = !features && plain_fits;
   TensorMapArg plain_map{};
-  if (run_plain && bwd::BwdSmem<kHeadDim, kMask, false, kTiles>::kStagesDq && !params.deterministic) {
+  if (run_plain && PlainSmem::kStagesDq && bulk_device && !params.deterministic) {
     plain_map = dq_accumulator_map<kHeadDim, kMask, false, kTiles>(params);
     run_plain = plain_map.enabled;
   }
   if (run_plain) {
-    launch_main<T, kHeadDim, kMask, false, kTiles>(grid, params, plain_map, stream);
+    launch_main<T, kHeadDim, kMask, false, kTiles>(grid, params, plain_map, plain_smem, stream);
   } else {
-    launch_main<T, kHeadDim, kMask, true, kTiles>(grid, params, TensorMapArg{}, stream);
+    launch_main<T, kHeadDim, kMask, true, kTiles>(grid, params, TensorMapArg{}, feature_smem, stream);
   }
 }
 
