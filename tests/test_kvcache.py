@@ -8,7 +8,7 @@ import torch
 import flash_attn
 from flash_attn import flash_attn_with_kvcache
 from flash_attn.reference import attention_ref
-from helpers import assert_close_fa, randn
+from helpers import assert_close_fa, check_kvcache_cuda_matches_cpu, randn
 
 # A forward-only API (no autograd in Dao's either), so CUDA runs wherever a forward kernel is built. Inputs
 # that need no grad take the native path (cache lengths as the op's seqused_k); q requiring grad the bias path.
@@ -167,20 +167,8 @@ def test_kvcache_native_cuda_matches_cpu_split_decode(seqlen_q):
     """A long cache and a small grid: the CUDA call splits the keys (split-KV) and the short / empty sequences
     leave whole splits without a key. Same values as the CPU path."""
     require_supported("cuda", torch.bfloat16, 128)
-    lengths = [0, 1, 700, 4096]
-    batch, rows, nheads, nheads_k, head_dim = len(lengths), 4096, 8, 2, 128
-    q = randn(batch, seqlen_q, nheads, head_dim, dtype=torch.bfloat16)
-    k_cache = randn(batch, rows, nheads_k, head_dim, dtype=torch.bfloat16)
-    v_cache = randn(batch, rows, nheads_k, head_dim, dtype=torch.bfloat16)
-    results = []
-    for device in ("cpu", "cuda"):
-        cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
-        results.append(flash_attn_with_kvcache(q.to(device), k_cache.to(device), v_cache.to(device),
-                                               cache_seqlens=cache_seqlens, causal=True, return_softmax_lse=True))
-    (out_cpu, lse_cpu), (out_cuda, lse_cuda) = results
-    assert not torch.isnan(out_cuda).any() and not torch.isnan(lse_cuda).any()
-    torch.testing.assert_close(out_cuda.cpu().float(), out_cpu.float(), atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(lse_cuda.cpu(), lse_cpu, atol=1e-3, rtol=1e-3)
+    check_kvcache_cuda_matches_cpu([0, 1, 700, 4096], seqlen_q, rows=4096, nheads=8, nheads_k=2, head_dim=128,
+                                   causal=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)
