@@ -6,7 +6,8 @@
 # first), and tools/ab_summary.py prints each variant's best and median TFLOP/s per shape over the rounds.
 # Usage: OUT=dir AB_VARIANTS=". .ab/base" [AB_DIRECTION=fwd AB_HEADDIMS=64,128,256 AB_SEQLENS=... AB_ROUNDS=3
 #        AB_TESTS="tests/x.py" (run on every variant; AB_TEST_FIRST=1: the first only) AB_WORK=dir (where the variant trees go)
-#        AB_DECODE=1 (also the decode shapes of BENCHMARKS.md, TB/s)]
+#        AB_DECODE=1 (also the decode shapes of BENCHMARKS.md, TB/s) AB_HIDDEN=n (nheads = n / head dim; 2048 by
+#        default, so head dims that do not divide it, e.g. 96, need one: AB_HIDDEN=3072)]
 #        tools/ab_bench.sh   (build knobs FLASH_ATTN_* and REP_MS from the environment)
 set -uo pipefail
 # flash_attn.is_supported (which the benchmark and the tests ask) wants every mask kind: a build narrowed with
@@ -53,7 +54,8 @@ for r in $(seq "$ROUNDS"); do
     # An overlay may narrow its head dims with a file AB_HEADDIMS (e.g. a tile change that only hd 256 takes).
     hds="$HEADDIMS"; [ -f "$WORK/$name/AB_HEADDIMS" ] && hds=$(cat "$WORK/$name/AB_HEADDIMS")
     (cd "$WORK/$name" && python3 benchmarks/bench_attention.py --impls "$impls" --direction "$DIRECTION" \
-      --headdim "$hds" --seqlen "$SEQLENS" --causal both --rep-ms "$REP_MS" --out "$OUT/r${r}_$name.json" \
+      --headdim "$hds" --seqlen "$SEQLENS" --causal both --rep-ms "$REP_MS" ${AB_HIDDEN:+--hidden "$AB_HIDDEN"} \
+      --out "$OUT/r${r}_$name.json" \
       > "$OUT/r${r}_$name.log" 2>&1) || echo "bench $name round $r failed"
     if [ "${AB_DECODE:-0}" = 1 ]; then
       (cd "$WORK/$name" && python3 benchmarks/bench_attention.py --impls "$impls" --decode --rep-ms "$REP_MS" \
