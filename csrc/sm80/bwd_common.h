@@ -132,6 +132,18 @@ __host__ __device__ constexpr bool bwd_stages_dq(int head_dim, MaskKind mask, bo
          (mask != MaskKind::kNone || head_dim <= kStagedDqMaxNonCausalHeadDim);
 }
 
+// Whether the main kernel's Q/dO and K/V loads branch on whole tiles (kernel_common.h WholeTileLoads): per query block
+// the prefetch then issues 3 instructions per 16-byte copy instead of 6-9 (SASS, hd 256: ~85 of ~1,110 per warp and
+// block), but ptxas allocates the rest of the loop differently. Measured on the H200 (bf16, two interleaved rounds,
+// best TFLOP/s, with / without, FA2 in brackets; docs/perf_log.md "ninth session"): hd 64 non-causal 512 / 2k / 16k
+// 191 / 270 / 302 against 193 / 266 / 301 (171 / 248 / 287), causal 122 / 221 / 305 against 115 / 216 / 302; hd 128
+// non-causal 201 / 273 / 306 against 214 / 290 / 324; hd 256 non-causal 175 / 227 / 247 against 178 / 232 / 254.
+// Hence head dim 64 only (hd 32 not measured), plain full tiles.
+constexpr int kWholeTilesHeadDim = 64;
+__host__ __device__ constexpr bool bwd_branches_whole_tiles(int head_dim, bool features, BwdTiles tiles) {
+  return head_dim == kWholeTilesHeadDim && !features && tiles == BwdTiles::kFull;
+}
+
 // Shared memory of the main kernel with tile `cfg`: K, V, q_buffers x (Q, dO) rows of head_dim + pad
 // elements, P^T and dS^T ([key][query], padded), then q_buffers x (lse, delta) in fp32.
 __host__ __device__ constexpr int bwd_smem_bytes(const BwdTileConfig& cfg, int head_dim, int element_bytes) {
@@ -329,7 +341,31 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t src_stri
     }
     return;
   }
-  if constexpr (kThreads % kChunksPerRow == 0 && kRows % (kThreads / kChunksPerRow) == 0) {
+  if constexpr (Layout::kWholeTileBranch && kThreads % kChunksPerRow == 0 && kRows % (kThreads / kChunksPerRow) == 0 &&
+                (kThreads / kChunksPerRow) % Layout::kRowPeriod == 0) {
+    // kernel_common.h WholeTileLoads: one shared-memory base with immediate offsets, and no bounds for whole tiles.
+    constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+    const int row = tid / kChunksPerRow;
+    const int col = (tid % kChunksPerRow) * kWidth;
+    T* d = dst + Layout::offset(row, col);
+    const T* s = src + row * src_stride + col;
+    const int64_t src_step = kRowsPerPass * src_stride;
+    if (valid_rows >= kRows && head_dim >= kHeadDim) {
+#pragma unroll
+      for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+        ptx::cp_async_16(d + pass * kRowsPerPass * Layout::kStride, s, true);
+        s += src_step;
+      }
+      return;
+    }
+    const bool col_valid = col < head_dim;
+#pragma unroll
+    for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+      const bool valid = col_valid && row + pass * kRowsPerPass < valid_rows;
+      ptx::cp_async_16(d + pass * kRowsPerPass * Layout::kStride, valid ? s : src, valid);
+      s += src_step;
+    }
+  } else if constexpr (kThreads % kChunksPerRow == 0 && kRows % (kThreads / kChunksPerRow) == 0) {
     // Every pass covers kRowsPerPass whole rows, so a thread keeps its column and steps down the rows.
     constexpr int kRowsPerPass = kThreads / kChunksPerRow;
     const int row = tid / kChunksPerRow;

@@ -135,9 +135,13 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles>::k
   // direct form too, as measured.
   constexpr bool kSwizzleQueries = bwd_swizzles_queries(kHeadDim, kFeatures, kTiles) && kHeadDim % kSegmentElems == 0;
   constexpr bool kHideOffsets = kSwizzleQueries && bwd_hides_query_lane_offsets(kHeadDim);
-  using QueryLayout = std::conditional_t<kHideOffsets, OpaqueLaneOffset<SwizzledRows<kHeadDim>>,
-                                         TileLayout<kSwizzleQueries, kHeadDim>>;
-  using KeyLayout = PaddedRows<kHeadDim, kSwizzleQueries && !kHideOffsets>;
+  // Their loads branch on whole tiles where that measured faster (bwd_branches_whole_tiles).
+  using QueryTiles = std::conditional_t<kHideOffsets, OpaqueLaneOffset<SwizzledRows<kHeadDim>>,
+                                        TileLayout<kSwizzleQueries, kHeadDim>>;
+  using KeyTiles = PaddedRows<kHeadDim, kSwizzleQueries && !kHideOffsets>;
+  constexpr bool kWholeTiles = bwd_branches_whole_tiles(kHeadDim, kFeatures, kTiles);
+  using QueryLayout = std::conditional_t<kWholeTiles, WholeTileLoads<QueryTiles>, QueryTiles>;
+  using KeyLayout = std::conditional_t<kWholeTiles, WholeTileLoads<KeyTiles>, KeyTiles>;
   using ScoreLayout = PaddedRows<kBlockM, kSwizzleQueries && !kHideOffsets>;
   // S^T / dP^T warp tiles: kSKeys x kSQueries.
   constexpr int kSWarpsN = kCfg.s_warps_n;
