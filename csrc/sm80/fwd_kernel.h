@@ -605,9 +605,7 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
   constexpr int kStages = kTile.kv_stages;
   constexpr bool kEarlyV = fwd_waits_v_before_softmax(kHeadDim, kMask != MaskKind::kNone);
   constexpr bool kFirstV = fwd_prefetches_first_v(kHeadDim, kGeneral, kWarps, kStages);
-  using KvTiles = TileLayout<fwd_swizzles_kv(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone), kHeadDim>;
-  using KvLayout = std::conditional_t<fwd_branches_whole_kv_tiles(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone),
-                                      WholeTileLoads<KvTiles>, KvTiles>;
+  using KvLayout = TileLayout<fwd_swizzles_kv(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone), kHeadDim>;
   static_assert(kHeadDim % (2 * kMmaK) == 0 && kBlockN % (2 * kMmaK) == 0 && kStrips >= 1, "tile shape");
   static_assert(kStages >= 1 && kStages <= kMaxKvStages, "kv_stages");
 

@@ -144,18 +144,6 @@ FLASH_HOST_DEVICE constexpr bool fwd_swizzles_kv(int head_dim, bool general, Fwd
   return head_dim > 128 ? masked || kind != FwdTileKind::kCompact : !masked && kind == FwdTileKind::kStandard;
 }
 
-// Whether the K/V loads branch on whole tiles (kernel_common.h WholeTileLoads): 3 instructions per 16-byte copy
-// instead of 6 in the SASS, and ptxas allocates the rest of the loop differently. Measured on the H200 (bf16, two
-// interleaved rounds, best TFLOP/s, with / without, FA2 in brackets; docs/perf_log.md "ninth session"): head dim
-// 128 non-causal 512 / 2k / 16k 303 / 363 / 385 against 300 / 353 / 369 (305 / 338 / 346), causal 198 / 289 / 340
-// against 202 / 289 / 329; head dim 64 non-causal 264 / 313 / 328 against 262 / 317 / 335 and causal 3-5 % slower;
-// head dim 256 causal 203 / 275 / 327 against 214 / 287 / 333. Hence the hd 128 standard tile, non-causal only.
-constexpr int kWholeKvTilesHeadDim = 128;
-FLASH_HOST_DEVICE constexpr bool fwd_branches_whole_kv_tiles(int head_dim, bool general, FwdTileKind kind,
-                                                             bool masked) {
-  return head_dim == kWholeKvTilesHeadDim && !general && kind == FwdTileKind::kStandard && !masked;
-}
-
 FLASH_HOST_DEVICE constexpr FwdTileConfig fwd_wide_tile_config(bool general, FwdTileKind kind) {
   return general || kind == FwdTileKind::kCompact || kWideTile == WideTile::k64x64Warps4 ? FwdTileConfig{64, 64, 4, 1}
          : kWideTile == WideTile::k128x64Warps8 ? FwdTileConfig{128, 64, 8, 1}
