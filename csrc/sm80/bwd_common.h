@@ -139,9 +139,9 @@ __host__ __device__ constexpr bool bwd_stages_dq(int head_dim, MaskKind mask, bo
 // 191 / 270 / 302 against 193 / 266 / 301 (171 / 248 / 287), causal 122 / 221 / 305 against 115 / 216 / 302; hd 128
 // non-causal 201 / 273 / 306 against 214 / 290 / 324; hd 256 non-causal 175 / 227 / 247 against 178 / 232 / 254.
 // Hence head dim 64 only (hd 32 not measured), plain full tiles.
-constexpr int kWholeTilesHeadDim = 64;
+constexpr int kBwdWholeTilesHeadDim = 64;
 __host__ __device__ constexpr bool bwd_branches_whole_tiles(int head_dim, bool features, BwdTiles tiles) {
-  return head_dim == kWholeTilesHeadDim && !features && tiles == BwdTiles::kFull;
+  return head_dim == kBwdWholeTilesHeadDim && !features && tiles == BwdTiles::kFull;
 }
 
 // Shared memory of the main kernel with tile `cfg`: K, V, q_buffers x (Q, dO) rows of head_dim + pad

@@ -220,8 +220,11 @@ __device__ __forceinline__ void load_kv(T* ring, const T* base, int64_t row_stri
 template <typename KvLayout, int kHeadDim, int kBlockM, int kBlockN, int kThreads, int kStages, bool kFirstV,
           typename T>
 __device__ __forceinline__ void load_prologue(const FwdParams& p, const FwdCta& cta, const FwdTiles<T>& tiles) {
-  load_tile_async<kBlockM, kHeadDim, kThreads>(tiles.s_q, tiles.q, p.q_strides.row, cta.seqlen_q - cta.m0,
-                                               cta.head_dim, cta.tid);
+  // Q's loads branch on whole tiles where K's and V's do (fwd_branches_whole_tiles).
+  using QLayout = std::conditional_t<KvLayout::kWholeTileBranch, WholeTileLoads<PaddedRows<kHeadDim>>,
+                                     PaddedRows<kHeadDim>>;
+  load_tile_async<kBlockM, kHeadDim, kThreads, QLayout>(tiles.s_q, tiles.q, p.q_strides.row, cta.seqlen_q - cta.m0,
+                                                        cta.head_dim, cta.tid);
   load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(tiles.s_k_ring, tiles.k, p.k_strides.row, cta.n_last, cta);
   if constexpr (kFirstV) {
     load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(tiles.s_v_ring, tiles.v, p.v_strides.row, cta.n_last,
@@ -605,7 +608,9 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
   constexpr int kStages = kTile.kv_stages;
   constexpr bool kEarlyV = fwd_waits_v_before_softmax(kHeadDim, kMask != MaskKind::kNone);
   constexpr bool kFirstV = fwd_prefetches_first_v(kHeadDim, kGeneral, kWarps, kStages);
-  using KvLayout = TileLayout<fwd_swizzles_kv(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone), kHeadDim>;
+  using KvTiles = TileLayout<fwd_swizzles_kv(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone), kHeadDim>;
+  using KvLayout = std::conditional_t<fwd_branches_whole_tiles(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone),
+                                      WholeTileLoads<KvTiles>, KvTiles>;
   static_assert(kHeadDim % (2 * kMmaK) == 0 && kBlockN % (2 * kMmaK) == 0 && kStrips >= 1, "tile shape");
   static_assert(kStages >= 1 && kStages <= kMaxKvStages, "kv_stages");
 

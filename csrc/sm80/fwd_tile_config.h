@@ -144,6 +144,18 @@ FLASH_HOST_DEVICE constexpr bool fwd_swizzles_kv(int head_dim, bool general, Fwd
   return head_dim > 128 ? masked || kind != FwdTileKind::kCompact : !masked && kind == FwdTileKind::kStandard;
 }
 
+// Whether the Q, K and V loads branch on whole tiles (kernel_common.h WholeTileLoads): 3 instructions per 16-byte
+// copy instead of 6 in the SASS, and ptxas allocates the rest of the loop differently. Measured on the H200 (bf16,
+// interleaved rounds, best TFLOP/s, with / without, FA2 in brackets; docs/perf_log.md "ninth session"): head dim 128
+// non-causal 512 / 1k / 2k / 8k / 16k 303 / 343 / 368 / 383 / 383 against 301 / 337 / 354 / 369 / 370 (302 / 334 /
+// 342 / 359 / 358), the same gain in an earlier call; causal 1-2 % slower (2k 287 against 290). With K and V only
+// (Q's loads as before) hd 128 non-causal was 1.5-3 % slower. Head dims 64 and 256 lost or tied (hd 256 causal 2k
+// 275 against 287, hd 64 causal 16k 314 against 323) in one call of two rounds.
+constexpr int kFwdWholeTilesHeadDim = 128;
+FLASH_HOST_DEVICE constexpr bool fwd_branches_whole_tiles(int head_dim, bool general, FwdTileKind kind, bool masked) {
+  return head_dim == kFwdWholeTilesHeadDim && !general && kind == FwdTileKind::kStandard && !masked;
+}
+
 FLASH_HOST_DEVICE constexpr FwdTileConfig fwd_wide_tile_config(bool general, FwdTileKind kind) {
   return general || kind == FwdTileKind::kCompact || kWideTile == WideTile::k64x64Warps4 ? FwdTileConfig{64, 64, 4, 1}
          : kWideTile == WideTile::k128x64Warps8 ? FwdTileConfig{128, 64, 8, 1}

@@ -127,11 +127,12 @@ struct OpaqueLaneOffset : Layout {
   static constexpr bool kOpaqueLaneOffset = true;
 };
 
-// Layout whose cp.async tile loads (bwd_common.h load_tile) branch on whole tiles: when every
+// Layout whose cp.async tile loads (load_tile_async here, bwd_common.h load_tile) branch on whole tiles: when every
 // row and column of the tile is in range, the copies go without bounds checks, address selects or predicates, from
 // one shared-memory base with immediate offsets (rows per step a multiple of kRowPeriod). Per 16-byte copy that is 3
 // instructions instead of 6-9 (SASS), but the branch moves ptxas's register allocation around the whole loop, so the
-// kernels take it only where it measured faster (bwd_common.h bwd_branches_whole_tiles).
+// kernels take it only where it measured faster (fwd_tile_config.h fwd_branches_whole_tiles, bwd_common.h
+// bwd_branches_whole_tiles).
 template <typename Layout>
 struct WholeTileLoads : Layout {
   static constexpr bool kWholeTileBranch = true;
@@ -201,7 +202,30 @@ template <int kRows, int kHeadDim, int kThreads, typename Layout = PaddedRows<kH
 __device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, int64_t row_stride, int rows_valid,
                                                 int head_dim, int tid) {
   constexpr int kChunksPerRow = kHeadDim / kChunkElems;
-  if constexpr (kThreads % kChunksPerRow == 0) {
+  if constexpr (Layout::kWholeTileBranch && kThreads % kChunksPerRow == 0 &&
+                (kThreads / kChunksPerRow) % Layout::kRowPeriod == 0) {
+    constexpr int kRowsPerIter = kThreads / kChunksPerRow;
+    const int col = (tid % kChunksPerRow) * kChunkElems;
+    const int row0 = tid / kChunksPerRow;
+    T* dst = smem + Layout::offset(row0, col);
+    const T* src = gmem + row0 * row_stride + col;
+    const int64_t step = kRowsPerIter * row_stride;
+    if (rows_valid >= kRows && head_dim >= kHeadDim) {
+#pragma unroll
+      for (int i = 0; i < kRows / kRowsPerIter; ++i) {
+        ptx::cp_async_16(dst + i * kRowsPerIter * Layout::kStride, src, true);
+        src += step;
+      }
+      return;
+    }
+    const bool col_valid = col < head_dim;
+#pragma unroll
+    for (int i = 0; i < kRows / kRowsPerIter; ++i) {
+      const bool valid = col_valid && row0 + i * kRowsPerIter < rows_valid;
+      ptx::cp_async_16(dst + i * kRowsPerIter * Layout::kStride, valid ? src : gmem, valid);
+      src += step;
+    }
+  } else if constexpr (kThreads % kChunksPerRow == 0) {
     // Each thread keeps one column chunk and walks rows with a fixed pointer step: two live 64-bit values
     // instead of one per iteration (the hoisted per-iteration offsets cost ~30 registers and spilled).
     constexpr int kRowsPerIter = kThreads / kChunksPerRow;
