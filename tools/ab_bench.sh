@@ -16,6 +16,12 @@ if [ -n "${FLASH_ATTN_MASKS:-}" ]; then
   echo "ab_bench.sh: unset FLASH_ATTN_MASKS (got '$FLASH_ATTN_MASKS'): without every mask kind no call is supported" >&2
   exit 2
 fi
+# Every call needs a forward kernel (a backward call runs one first), so a build without the fwd direction supports
+# nothing: the hd 96 A/B of the ninth session benchmarked and tested nothing with FLASH_ATTN_DIRECTIONS=bwd.
+if [ -n "${FLASH_ATTN_DIRECTIONS:-}" ] && ! [[ "$FLASH_ATTN_DIRECTIONS" == *fwd* ]]; then
+  echo "ab_bench.sh: FLASH_ATTN_DIRECTIONS='$FLASH_ATTN_DIRECTIONS' builds no forward, so no call is supported; add fwd" >&2
+  exit 2
+fi
 OUT="${OUT:-/tmp/ab}"; mkdir -p "$OUT"
 ROOT="$PWD"; WORK="${AB_WORK:-$(mktemp -d)}"
 VARIANTS=(${AB_VARIANTS:-.}); NV=${#VARIANTS[@]}
