@@ -341,30 +341,8 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t src_stri
     }
     return;
   }
-  if constexpr (Layout::kWholeTileBranch && kThreads % kChunksPerRow == 0 && kRows % (kThreads / kChunksPerRow) == 0 &&
-                (kThreads / kChunksPerRow) % Layout::kRowPeriod == 0) {
-    // kernel_common.h WholeTileLoads: one shared-memory base with immediate offsets, and no bounds for whole tiles.
-    constexpr int kRowsPerPass = kThreads / kChunksPerRow;
-    const int row = tid / kChunksPerRow;
-    const int col = (tid % kChunksPerRow) * kWidth;
-    T* d = dst + Layout::offset(row, col);
-    const T* s = src + row * src_stride + col;
-    const int64_t src_step = kRowsPerPass * src_stride;
-    if (valid_rows >= kRows && head_dim >= kHeadDim) {
-#pragma unroll
-      for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
-        ptx::cp_async_16(d + pass * kRowsPerPass * Layout::kStride, s, true);
-        s += src_step;
-      }
-      return;
-    }
-    const bool col_valid = col < head_dim;
-#pragma unroll
-    for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
-      const bool valid = col_valid && row + pass * kRowsPerPass < valid_rows;
-      ptx::cp_async_16(d + pass * kRowsPerPass * Layout::kStride, valid ? s : src, valid);
-      s += src_step;
-    }
+  if constexpr (loads_whole_tiles<kRows, kHeadDim, kThreads, Layout>()) {
+    load_tile_whole_first<kRows, kHeadDim, kThreads, Layout>(dst, src, src_stride, valid_rows, head_dim, tid);
   } else if constexpr (kThreads % kChunksPerRow == 0 && kRows % (kThreads / kChunksPerRow) == 0) {
     // Every pass covers kRowsPerPass whole rows, so a thread keeps its column and steps down the rows.
     constexpr int kRowsPerPass = kThreads / kChunksPerRow;

@@ -195,6 +195,46 @@ __device__ __forceinline__ float read_bias(const void* base, DType dtype, int64_
   return 0.f;
 }
 
+// Whether a kRows x kHeadDim tile of Layout loads in the WholeTileLoads form with kThreads threads: the layout asks
+// for it and every step of the threads covers whole rows, a multiple of the layout's row period.
+template <int kRows, int kHeadDim, int kThreads, typename Layout>
+constexpr bool loads_whole_tiles() {
+  constexpr int kChunksPerRow = kHeadDim / kChunkElems;
+  return Layout::kWholeTileBranch && kThreads % kChunksPerRow == 0 && kRows % (kThreads / kChunksPerRow) == 0 &&
+         (kThreads / kChunksPerRow) % Layout::kRowPeriod == 0;
+}
+
+// The WholeTileLoads form of the cp.async tile loads (load_tile_async below, bwd_common.h load_tile): each thread keeps
+// one column chunk and one shared-memory base and steps down the rows; a whole tile goes without bounds.
+template <int kRows, int kHeadDim, int kThreads, typename Layout, typename T>
+__device__ __forceinline__ void load_tile_whole_first(T* smem, const T* gmem, int64_t row_stride, int rows_valid,
+                                                      int head_dim, int tid) {
+  static_assert(loads_whole_tiles<kRows, kHeadDim, kThreads, Layout>(), "whole rows per step, on the row period");
+  static_assert(sizeof(T) * kChunkElems == ptx::kCpAsyncBytes, "one 16-byte copy per chunk");
+  constexpr int kChunksPerRow = kHeadDim / kChunkElems;
+  constexpr int kRowsPerIter = kThreads / kChunksPerRow;
+  const int col = (tid % kChunksPerRow) * kChunkElems;
+  const int row0 = tid / kChunksPerRow;
+  T* dst = smem + Layout::offset(row0, col);
+  const T* src = gmem + row0 * row_stride + col;
+  const int64_t step = kRowsPerIter * row_stride;
+  if (rows_valid >= kRows && head_dim >= kHeadDim) {
+#pragma unroll
+    for (int i = 0; i < kRows / kRowsPerIter; ++i) {
+      ptx::cp_async_16(dst + i * kRowsPerIter * Layout::kStride, src, true);
+      src += step;
+    }
+    return;
+  }
+  const bool col_valid = col < head_dim;
+#pragma unroll
+  for (int i = 0; i < kRows / kRowsPerIter; ++i) {
+    const bool valid = col_valid && row0 + i * kRowsPerIter < rows_valid;
+    ptx::cp_async_16(dst + i * kRowsPerIter * Layout::kStride, valid ? src : gmem, valid);
+    src += step;
+  }
+}
+
 // Issues cp.async for a kRows x kHeadDim tile (laid out as Layout in shared memory). Rows at or beyond rows_valid
 // and columns at or beyond head_dim are zero-filled. Requires head_dim % 8 == 0, a row stride that is a multiple
 // of 8 and a 16-byte-aligned gmem (the API guarantees all three for CUDA calls).
@@ -202,29 +242,8 @@ template <int kRows, int kHeadDim, int kThreads, typename Layout = PaddedRows<kH
 __device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, int64_t row_stride, int rows_valid,
                                                 int head_dim, int tid) {
   constexpr int kChunksPerRow = kHeadDim / kChunkElems;
-  if constexpr (Layout::kWholeTileBranch && kThreads % kChunksPerRow == 0 &&
-                (kThreads / kChunksPerRow) % Layout::kRowPeriod == 0) {
-    constexpr int kRowsPerIter = kThreads / kChunksPerRow;
-    const int col = (tid % kChunksPerRow) * kChunkElems;
-    const int row0 = tid / kChunksPerRow;
-    T* dst = smem + Layout::offset(row0, col);
-    const T* src = gmem + row0 * row_stride + col;
-    const int64_t step = kRowsPerIter * row_stride;
-    if (rows_valid >= kRows && head_dim >= kHeadDim) {
-#pragma unroll
-      for (int i = 0; i < kRows / kRowsPerIter; ++i) {
-        ptx::cp_async_16(dst + i * kRowsPerIter * Layout::kStride, src, true);
-        src += step;
-      }
-      return;
-    }
-    const bool col_valid = col < head_dim;
-#pragma unroll
-    for (int i = 0; i < kRows / kRowsPerIter; ++i) {
-      const bool valid = col_valid && row0 + i * kRowsPerIter < rows_valid;
-      ptx::cp_async_16(dst + i * kRowsPerIter * Layout::kStride, valid ? src : gmem, valid);
-      src += step;
-    }
+  if constexpr (loads_whole_tiles<kRows, kHeadDim, kThreads, Layout>()) {
+    load_tile_whole_first<kRows, kHeadDim, kThreads, Layout>(smem, gmem, row_stride, rows_valid, head_dim, tid);
   } else if constexpr (kThreads % kChunksPerRow == 0) {
     // Each thread keeps one column chunk and walks rows with a fixed pointer step: two live 64-bit values
     // instead of one per iteration (the hoisted per-iteration offsets cost ~30 registers and spilled).
