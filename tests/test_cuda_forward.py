@@ -80,6 +80,10 @@ PIPELINE_SHAPES = [
     (2, 5, 40, 4, 4, 128),
     (1, 1, 33, 4, 1, 256),
     (2, 64, 64, 2, 2, 64),
+    # Split-KV with more splits than the combine kernel loads before its weights (fwd_combine_kernel.h: 94 splits at
+    # hd 128, 53 at hd 256, against 64 and 32 prefetched).
+    (1, 1, 9000, 4, 1, 128),
+    (1, 1, 5000, 2, 1, 256),
 ]
 
 

@@ -163,6 +163,19 @@ def test_stmatrix_x4_inverts_the_fragment_layout():
     torch.testing.assert_close(tile.cpu(), expected, rtol=0, atol=0)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+                    reason="griddepcontrol needs sm90+")
+def test_griddep_dependent_starts_early_and_waits_for_the_primary():
+    words = torch.randint(1, 2 ** 31 - 1, (LANES,), dtype=torch.int32)
+    (dst,) = selftest("griddep", words)
+    dst = dst.cpu()
+    # After wait_for_primary_grid() the primary's writes are visible ...
+    torch.testing.assert_close(dst[:LANES], words, rtol=0, atol=0)
+    # ... and the dependent started while the primary ran (the primary saw it before writing them): the launch
+    # attribute and allow_dependent_launch() took effect, so the wait above was needed.
+    assert dst[LANES].item() == 1
+
+
 def test_unknown_selftest_name_is_rejected():
     with pytest.raises(RuntimeError, match="unknown self test"):
         selftest("ldmatrix_x8", torch.zeros(1))

@@ -5,11 +5,13 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <limits>
 
 #include "../cpu/attention_cpu.h"
 #include "../dispatch/registry.h"
 #include "flash_attn/bwd_workspace.h"
+#include "device_attributes.h"
 #include "error_message.h"
 #include "fwd_cuda_plan.h"
 #include "input_checks.h"
@@ -30,17 +32,7 @@ namespace {
 constexpr const char* kFwdOp = "flash_attn.fwd";
 constexpr const char* kBwdOp = "flash_attn.bwd";
 
-int device_sm(const at::Device& device) {
-#if defined(FLASH_WITH_CUDA)
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index());
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device.index());
-  return major * 10 + minor;
-#else
-  (void)device;
-  return 0;
-#endif
-}
+int device_sm(const at::Device& device) { return device_attributes(device.index()).sm; }
 
 // softmax_lse is float32, float64 for float64 inputs (so float64 gradients keep float64 accuracy).
 at::ScalarType lse_dtype(const at::Tensor& q) {
@@ -208,10 +200,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
   } else {
     // Kernel scratch (flash_attn/bwd_workspace.h) from the caching allocator on the current stream: no
     // cudaMalloc, no host sync, so the call stays capturable in a CUDA graph.
-    int num_sms = 1;
-#if defined(FLASH_WITH_CUDA)
-    cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, q.device().index());
-#endif
+    const int num_sms = std::max(device_attributes(q.device().index()).num_sms, 1);
     bp.total_q = call.total_q;
     bp.dq_splits = bwd_dq_splits(bp, num_sms);
     const at::Tensor workspace = at::empty({bwd_workspace_bytes(bp)}, q.options().dtype(at::kByte));

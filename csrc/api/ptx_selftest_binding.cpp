@@ -24,7 +24,7 @@ namespace {
 
 constexpr const char* kSelftestOp = "flash_attn._ptx_selftest";
 constexpr const char* kSelftestNames = "mma_m16n8k16, pack2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans, cp_async_16, cp_async_4, "
-    "red_add_v4_f32, stmatrix_x4, bulk_reduce_add_2d";
+    "red_add_v4_f32, stmatrix_x4, bulk_reduce_add_2d, griddep";
 
 #if defined(FLASH_WITH_CUDA)
 
@@ -128,6 +128,15 @@ std::vector<at::Tensor> run_selftest(const std::string& name, const std::vector<
                                           reinterpret_cast<uint16_t*>(tile.data_ptr()), stream);
     FLASH_CHECK(launched, kSelftestOp, "('", name, "'): stmatrix needs an sm90+ GPU; this one is older");
     outputs.push_back(tile);
+  } else if (name == "griddep") {
+    const at::Tensor words = checked_input(name, inputs, 0, "words", {st::kWarpLanes}, {at::kInt});
+    at::Tensor scratch = at::zeros({st::kGriddepScratchWords}, words.options());
+    at::Tensor dst = at::zeros({st::kWarpLanes + 1}, words.options());
+    const bool launched =
+        st::griddep(words.data_ptr<int32_t>(), scratch.data_ptr<int32_t>(), dst.data_ptr<int32_t>(), stream);
+    FLASH_CHECK(launched, kSelftestOp, "('", name, "'): programmatic dependent launch needs an sm90+ GPU (or the "
+                "launch failed: see the CUDA error)");
+    outputs.push_back(dst);
   } else {
     FLASH_FAIL(kSelftestOp, ": unknown self test '", name, "'; use one of ", kSelftestNames);
   }

@@ -13,6 +13,7 @@
 #include "flash_attn/common/philox.h"
 #include "flash_attn/params.h"
 #include "flash_attn/ptx/cp_async_sm80.h"
+#include "flash_attn/ptx/griddep_sm90.h"
 #include "flash_attn/ptx/ldmatrix_sm80.h"
 #include "flash_attn/ptx/mma_sm80.h"
 #include "sm80/fwd_tile_config.h"
@@ -616,6 +617,10 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
 
   extern __shared__ __align__(kSmemAlign) unsigned char smem_raw[];
 
+  // A split decode grid fits in one wave (choose_fwd_num_splits), so every CTA is resident when the last one allows
+  // the combine kernel (its programmatic dependent, fwd_launch.h) to start: no combine CTA takes a slot that a split
+  // CTA still waits for. Without a dependent launch this does nothing.
+  if constexpr (kKind == FwdTileKind::kDecode || kKind == FwdTileKind::kDecodeCompact) ptx::allow_dependent_launch();
   FwdCta cta = locate_cta<kMask, kBlockM>(p, blockIdx, gridDim.x);
   if (cta.m0 >= cta.seqlen_q) return;
   plan_key_tiles<kMask, kBlockM, kBlockN>(p, cta);

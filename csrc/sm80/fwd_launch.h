@@ -4,8 +4,8 @@
 #pragma once
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -22,25 +22,29 @@ inline bool fwd_needs_general_kernel(const FwdParams& p) {
          !(p.softmax_scale > 0.0);
 }
 
-// Shared-memory limits of the current device (cached per device: two attribute queries each).
-inline SmemLimits current_device_smem_limits() {
+// What the launchers need to know about the current device, queried once per device (four attribute queries).
+struct DeviceFacts {
+  SmemLimits smem;
+  int sm_count;
+  int major;  // compute capability major: 9 and above take the combine kernel as a programmatic dependent launch
+};
+inline DeviceFacts current_device_facts() {
   constexpr int kMaxCachedDevices = 64;
-  static std::atomic<int> cached_optin[kMaxCachedDevices] = {};
-  static std::atomic<int> cached_per_sm[kMaxCachedDevices] = {};
+  static DeviceFacts cached[kMaxCachedDevices] = {};
+  static std::once_flag queried[kMaxCachedDevices];
   int device = 0;
   cudaGetDevice(&device);
-  const bool cacheable = device >= 0 && device < kMaxCachedDevices;
-  SmemLimits limits{cacheable ? cached_optin[device].load(std::memory_order_relaxed) : 0,
-                    cacheable ? cached_per_sm[device].load(std::memory_order_relaxed) : 0};
-  if (limits.per_block_optin == 0 || limits.per_sm == 0) {
-    cudaDeviceGetAttribute(&limits.per_block_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-    cudaDeviceGetAttribute(&limits.per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
-    if (cacheable) {
-      cached_per_sm[device].store(limits.per_sm, std::memory_order_relaxed);
-      cached_optin[device].store(limits.per_block_optin, std::memory_order_relaxed);
-    }
-  }
-  return limits;
+  auto query = [device] {
+    DeviceFacts facts{};
+    cudaDeviceGetAttribute(&facts.smem.per_block_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    cudaDeviceGetAttribute(&facts.smem.per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+    cudaDeviceGetAttribute(&facts.sm_count, cudaDevAttrMultiProcessorCount, device);
+    cudaDeviceGetAttribute(&facts.major, cudaDevAttrComputeCapabilityMajor, device);
+    return facts;
+  };
+  if (device < 0 || device >= kMaxCachedDevices) return query();
+  std::call_once(queried[device], [&] { cached[device] = query(); });
+  return cached[device];
 }
 
 // Fails where even the smallest tile does not fit: only under a kFwdSmemLimitEnv below every GPU's (every sm80+
@@ -56,21 +60,6 @@ inline void require_fwd_shared_memory(int needed_bytes, int available_bytes, int
                  "). Raise or unset " + kFwdSmemLimitEnv + "."
            : "this GPU allows " + std::to_string(available_bytes) +
                  ". Run the forward on another GPU (sm80 or newer), or on CPU tensors."));
-}
-
-// SMs of the current device (cached per device: one attribute query).
-inline int current_device_sm_count() {
-  constexpr int kMaxCachedDevices = 64;
-  static std::atomic<int> cached[kMaxCachedDevices] = {};
-  int device = 0;
-  cudaGetDevice(&device);
-  const bool cacheable = device >= 0 && device < kMaxCachedDevices;
-  int sms = cacheable ? cached[device].load(std::memory_order_relaxed) : 0;
-  if (sms == 0) {
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (cacheable) cached[device].store(sms, std::memory_order_relaxed);
-  }
-  return sms;
 }
 
 // Launches the persistent kernel (fwd_runs_persistent) where it applies: one key split, no varlen, at most
@@ -90,7 +79,7 @@ bool launch_fwd_persistent(const FwdParams& params, cudaStream_t stream, SmemLim
   // As many CTAs as the SMs hold at once (registers: kSmRegisterWarps warps per SM; shared memory).
   const int64_t by_smem = limits.per_sm / (kSmemBytes + kSmemReservedPerCta);
   const int64_t per_sm = std::min<int64_t>(kSmRegisterWarps / kTile.warps, by_smem);
-  const int64_t ctas = current_device_sm_count() * per_sm;
+  const int64_t ctas = current_device_facts().sm_count * per_sm;
   constexpr int64_t kMaxItems = int64_t{1} << 31;  // item + gridDim.x stays below 2^32
   if (ctas <= 0 || items <= ctas || items >= kMaxItems) return false;
   auto* kernel = fwd_persistent_kernel<T, kHeadDim>;
@@ -120,6 +109,27 @@ void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits 
   kernel<<<grid, kTile.warps * kWarpSize, kSmemBytes, stream>>>(params);
 }
 
+// The combine kernel of a split call. On sm90+ it is a programmatic dependent launch: its CTAs start while the split
+// kernel runs (the decode kernels allow it from their first instruction) and wait in wait_for_primary_grid() for its
+// results, instead of being launched only after the split kernel has drained (fwd_combine_kernel.h).
+constexpr int kPdlMajor = 9;
+template <typename T, int kHeadDim>
+void launch_fwd_combine(const FwdParams& params, cudaStream_t stream, bool dependent_launch) {
+  const int64_t rows = params.shape.batch * params.shape.nheads_q * params.shape.seqlen_q;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(rows));
+  config.blockDim = dim3(kCombineThreads);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = dependent_launch ? 1 : 0;
+  // A failed launch is left for the caller's cudaGetLastError check, as a <<<>>> launch's would be.
+  (void)cudaLaunchKernelEx(&config, fwd_combine_kernel<T, kHeadDim>, params);
+}
+
 template <DType kDType, int kHeadDim, MaskKind kMask>
 void run_fwd(const FwdParams& params, void* stream_ptr) {
   using T = typename Element<kDType>::type;
@@ -130,7 +140,8 @@ void run_fwd(const FwdParams& params, void* stream_ptr) {
                                fwd_smem_bytes(kHeadDim, false, FwdTileKind::kStandard, sizeof(T));
   constexpr bool kHasDecodeCompact = fwd_smem_bytes(kHeadDim, false, FwdTileKind::kDecodeCompact, sizeof(T)) !=
                                      fwd_smem_bytes(kHeadDim, false, FwdTileKind::kDecode, sizeof(T));
-  const SmemLimits limits = fwd_smem_limits(current_device_smem_limits());
+  const DeviceFacts device = current_device_facts();
+  const SmemLimits limits = fwd_smem_limits(device.smem);
   if (fwd_needs_general_kernel(params)) {
     launch_fwd_kernel<T, kHeadDim, kMask, true, FwdTileKind::kStandard>(params, stream, limits);
   } else {
@@ -156,10 +167,7 @@ void run_fwd(const FwdParams& params, void* stream_ptr) {
         break;
     }
   }
-  if (params.num_splits > 1) {
-    const int64_t rows = params.shape.batch * params.shape.nheads_q * params.shape.seqlen_q;
-    fwd_combine_kernel<T, kHeadDim><<<static_cast<unsigned>(rows), kCombineThreads, 0, stream>>>(params);
-  }
+  if (params.num_splits > 1) launch_fwd_combine<T, kHeadDim>(params, stream, device.major >= kPdlMajor);
 }
 
 }  // namespace flash::sm80

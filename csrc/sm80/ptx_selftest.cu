@@ -10,6 +10,7 @@
 
 #include "flash_attn/ptx/bulk_reduce_sm90.h"
 #include "flash_attn/ptx/cp_async_sm80.h"
+#include "flash_attn/ptx/griddep_sm90.h"
 #include "flash_attn/ptx/ldmatrix_sm80.h"
 #include "flash_attn/ptx/mma_sm80.h"
 #include "flash_attn/ptx/red_sm90.h"
@@ -143,6 +144,37 @@ __global__ void red_add_v4_kernel(float* dst, const float* added, const float* e
   ptx::red_add_v4_f32(row, e[0], e[1], e[2], e[3], valid[lane] != 0);
 }
 
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t ns = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(ns));
+  return ns;
+}
+
+// The primary allows its dependent launch at once, then spins until the dependent has started (it sets `started`
+// before it waits) or kGriddepTimeoutNs have passed, records which in `saw_started`, and writes the words. The
+// dependent copies the words and the record after wait_for_primary_grid(). A spin for the dependent rather than a
+// fixed time: with other processes on the GPU (pytest-xdist), a context switch can outlast any fixed spin.
+__global__ void griddep_primary_kernel(const int32_t* words, int32_t* data, const int32_t* started,
+                                       int32_t* saw_started) {
+  const int lane = threadIdx.x;
+  ptx::allow_dependent_launch();
+  const uint64_t start = global_timer_ns();
+  const volatile int32_t* flag = started;
+  while (*flag == 0 && global_timer_ns() - start < kGriddepTimeoutNs) {
+  }
+  if (lane == 0) *saw_started = *flag;
+  data[lane] = words[lane];
+}
+
+__global__ void griddep_dependent_kernel(const int32_t* data, int32_t* started, const int32_t* saw_started,
+                                         int32_t* dst) {
+  const int lane = threadIdx.x;
+  if (lane == 0) atomicExch(started, 1);
+  ptx::wait_for_primary_grid();
+  dst[lane] = data[lane];
+  if (lane == 0) dst[kWarpLanes] = *saw_started;
+}
+
 // The box goes through shared memory (128-byte aligned, as the TMA unit needs) and one lane issues the reduction;
 // the full wait makes its global writes done before the kernel ends.
 __global__ void bulk_reduce_kernel(const __grid_constant__ TensorMapArg map, const float* box, int col, int row) {
@@ -260,6 +292,26 @@ bool stmatrix_x4(const uint32_t* regs, uint16_t* tile, void* stream) {
   if (device_major() < kHopperMajor) return false;
   stmatrix_x4_kernel<<<1, kWarpLanes, 0, as_stream(stream)>>>(regs, tile);
   return true;
+}
+
+bool griddep(const int32_t* words, int32_t* scratch, int32_t* dst, void* stream) {
+  if (device_major() < kHopperMajor) return false;
+  int32_t* data = scratch;
+  int32_t* started = scratch + kWarpLanes;
+  int32_t* saw_started = started + 1;
+  griddep_primary_kernel<<<1, kWarpLanes, 0, as_stream(stream)>>>(words, data, started, saw_started);
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(1);
+  config.blockDim = dim3(kWarpLanes);
+  config.stream = as_stream(stream);
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  const int32_t* const_data = data;
+  const int32_t* const_saw = saw_started;
+  return cudaLaunchKernelEx(&config, griddep_dependent_kernel, const_data, started, const_saw, dst) == cudaSuccess;
 }
 
 }  // namespace flash::sm80::selftest

@@ -22,6 +22,8 @@ constexpr int kBulkBoxRows = 16;             // bulk_reduce_add_2d: the box adde
 constexpr int kBulkBoxCols = 16;
 constexpr int kBulkRows = 40;                // ... into this fp32 matrix (rows past 40 are clipped by the map)
 constexpr int kBulkCols = 48;
+constexpr unsigned long long kGriddepTimeoutNs = 200000000;  // griddep: the primary waits up to 200 ms for its dependent
+constexpr int kGriddepScratchWords = kWarpLanes + 2;         // griddep: data, started, saw_started
 
 // d (16x8 fp32) = a (16x16) * b_nk(8x16)^T + c (16x8 fp32); a, b_nk in `dtype` (kFloat16 or kBFloat16),
 // loaded into fragments by the layout documented in ptx/mma_sm80.h. Returns false for another dtype.
@@ -62,5 +64,12 @@ bool bulk_reduce_add_2d(float* dst, const float* box, int col, int row, void* st
 // column 8 * (l / 16) of a 16x16 16-bit shared tile pre-filled with a non-zero pattern; tile receives that
 // shared tile. Returns false below sm90 (no stmatrix there), launching nothing.
 bool stmatrix_x4(const uint32_t* regs, uint16_t* tile, void* stream);
+
+// words: kWarpLanes int32; scratch: kGriddepScratchWords int32 zeros; dst: kWarpLanes + 1 int32. A primary kernel
+// allows its dependent launch and waits (up to kGriddepTimeoutNs) for the dependent, launched with programmatic stream
+// serialization, to start; it then writes the words. After wait_for_primary_grid() the dependent copies them into
+// dst[0..31] and into dst[kWarpLanes] whether the primary saw it start (1) or timed out (0: no early launch). Returns
+// false below sm90 or when the dependent launch failed.
+bool griddep(const int32_t* words, int32_t* scratch, int32_t* dst, void* stream);
 
 }  // namespace flash::sm80::selftest
