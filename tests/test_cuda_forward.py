@@ -271,8 +271,10 @@ def test_fwd_smem_limit_errors(value, monkeypatch):
 
 # The persistent wide kernel (csrc/sm80/fwd_persistent_kernel.h): non-causal calls at head dims 160 and 256 with
 # more work items (query tiles x heads x batch) than SMs, so CTAs load their next item during their last key tile.
-# Ragged last key and query tiles, GQA; one key tile per item in the last shape (the prefetch follows its first S).
-PERSISTENT_SHAPES = [(4, 1000, 300, 8, 2, 256), (3, 700, 257, 12, 4, 160), (2, 130, 64, 160, 160, 256)]
+# Ragged last key and query tiles, GQA; one key tile per item in the third shape (the prefetch follows its first S).
+# The last shape's head dim is below its bucket (240 -> 256): every tile load has columns to zero-fill.
+PERSISTENT_SHAPES = [(4, 1000, 300, 8, 2, 256), (3, 700, 257, 12, 4, 160), (2, 130, 64, 160, 160, 256),
+                     (4, 600, 200, 8, 4, 240)]
 WIDE_ROWS = 128  # query rows per work item of the wide tile (fwd_tile_config.h)
 PERSISTENT_MAX_KEYS = 512  # longest key range that takes it (fwd_tile_config.h kPersistentMaxKeys)
 
