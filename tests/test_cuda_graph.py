@@ -1,7 +1,7 @@
 # CUDA-graph capture of flash_attn calls: forward, and forward + backward, captured in a torch.cuda.CUDAGraph
-# (dense, causal, GQA, varlen with rows past cu_seqlens[-1], dropout), replayed on new inputs copied into the
-# static tensors, and compared with eager calls: bitwise equal. A call that synchronised with the host (a
-# cu_seqlens or rng_state read) would fail the capture itself. Dropout draws its [seed, offset] with
+# (dense, causal, GQA, split-KV decode, varlen with rows past cu_seqlens[-1], dropout), replayed on new inputs
+# copied into the static tensors, and compared with eager calls: bitwise equal. A call that synchronised with the
+# host (a cu_seqlens or rng_state read) would fail the capture itself. Dropout draws its [seed, offset] with
 # torch.randint on the device; under capture torch's generator makes that draw graph-safe (each replay reads
 # the generator's current seed/offset and advances it), so a replay after torch.cuda.manual_seed(s) equals an
 # eager call after the same seed, and two replays without reseeding draw different masks.
@@ -25,6 +25,8 @@ DENSE = {
     "gqa": ((2, 77, 90, 8, 2, 128), dict(causal=True)),
     "window_softcap": ((1, 100, 140, 4, 2, 64), dict(window_size=(16, 3), softcap=5.0)),
     "dropout": ((2, 96, 80, 4, 2, 64), dict(dropout_p=0.2, causal=True)),
+    # One query token, GQA: split-KV decode (on sm90 the combine kernel is a programmatic dependent launch).
+    "decode": ((2, 1, 3000, 8, 2, 128), dict()),
 }
 
 
