@@ -9,9 +9,9 @@
 #include <limits>
 
 #include "../cpu/attention_cpu.h"
+#include "../dispatch/device_attributes.h"
 #include "../dispatch/registry.h"
 #include "flash_attn/bwd_workspace.h"
-#include "device_attributes.h"
 #include "error_message.h"
 #include "fwd_cuda_plan.h"
 #include "input_checks.h"

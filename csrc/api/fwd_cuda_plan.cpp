@@ -1,8 +1,8 @@
 // plan_cuda_fwd (fwd_cuda_plan.h).
 #include "fwd_cuda_plan.h"
 
+#include "../dispatch/device_attributes.h"
 #include "../dispatch/fwd_plan.h"
-#include "device_attributes.h"
 
 #if defined(FLASH_WITH_CUDA)
 #include "sm80/smem_limit_env.h"

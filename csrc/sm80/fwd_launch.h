@@ -5,10 +5,10 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 
+#include "dispatch/device_attributes.h"
 #include "sm80/fwd_combine_kernel.h"
 #include "sm80/fwd_kernel.h"
 #include "sm80/fwd_persistent_kernel.h"
@@ -20,31 +20,6 @@ namespace flash::sm80 {
 inline bool fwd_needs_general_kernel(const FwdParams& p) {
   return p.softcap > 0.0 || p.mask.alibi_slopes != nullptr || p.mask.bias != nullptr || p.dropout.p > 0.0 ||
          !(p.softmax_scale > 0.0);
-}
-
-// What the launchers need to know about the current device, queried once per device (four attribute queries).
-struct DeviceFacts {
-  SmemLimits smem;
-  int sm_count;
-  int major;  // compute capability major: 9 and above take the combine kernel as a programmatic dependent launch
-};
-inline DeviceFacts current_device_facts() {
-  constexpr int kMaxCachedDevices = 64;
-  static DeviceFacts cached[kMaxCachedDevices] = {};
-  static std::once_flag queried[kMaxCachedDevices];
-  int device = 0;
-  cudaGetDevice(&device);
-  auto query = [device] {
-    DeviceFacts facts{};
-    cudaDeviceGetAttribute(&facts.smem.per_block_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-    cudaDeviceGetAttribute(&facts.smem.per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
-    cudaDeviceGetAttribute(&facts.sm_count, cudaDevAttrMultiProcessorCount, device);
-    cudaDeviceGetAttribute(&facts.major, cudaDevAttrComputeCapabilityMajor, device);
-    return facts;
-  };
-  if (device < 0 || device >= kMaxCachedDevices) return query();
-  std::call_once(queried[device], [&] { cached[device] = query(); });
-  return cached[device];
 }
 
 // Fails where even the smallest tile does not fit: only under a kFwdSmemLimitEnv below every GPU's (every sm80+
@@ -67,7 +42,7 @@ inline void require_fwd_shared_memory(int needed_bytes, int available_bytes, int
 // prefetch), its shared memory within the limit, and item indices within the kernel's 32-bit arithmetic. Returns
 // whether it launched.
 template <typename T, int kHeadDim>
-bool launch_fwd_persistent(const FwdParams& params, cudaStream_t stream, SmemLimits limits) {
+bool launch_fwd_persistent(const FwdParams& params, cudaStream_t stream, SmemLimits limits, int num_sms) {
   constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, false, FwdTileKind::kStandard);
   constexpr int kSmemBytes = fwd_persistent_smem_bytes(kHeadDim, sizeof(T));
   if (params.num_splits != 1 || params.shape.cu_seqlens_q != nullptr || kSmemBytes > limits.per_block_optin ||
@@ -79,7 +54,7 @@ bool launch_fwd_persistent(const FwdParams& params, cudaStream_t stream, SmemLim
   // As many CTAs as the SMs hold at once (registers: kSmRegisterWarps warps per SM; shared memory).
   const int64_t by_smem = limits.per_sm / (kSmemBytes + kSmemReservedPerCta);
   const int64_t per_sm = std::min<int64_t>(kSmRegisterWarps / kTile.warps, by_smem);
-  const int64_t ctas = current_device_facts().sm_count * per_sm;
+  const int64_t ctas = num_sms * per_sm;
   constexpr int64_t kMaxItems = int64_t{1} << 31;  // item + gridDim.x stays below 2^32
   if (ctas <= 0 || items <= ctas || items >= kMaxItems) return false;
   auto* kernel = fwd_persistent_kernel<T, kHeadDim>;
@@ -91,12 +66,12 @@ bool launch_fwd_persistent(const FwdParams& params, cudaStream_t stream, SmemLim
 }
 
 template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind>
-void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits limits) {
+void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits limits, int num_sms) {
   constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral, kKind);
   constexpr int kSmemBytes = fwd_smem_bytes(kHeadDim, kGeneral, kKind, sizeof(T));
   require_fwd_shared_memory(kSmemBytes, limits.per_block_optin, kHeadDim);
   if constexpr (fwd_runs_persistent(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone)) {
-    if (launch_fwd_persistent<T, kHeadDim>(params, stream, limits)) return;
+    if (launch_fwd_persistent<T, kHeadDim>(params, stream, limits, num_sms)) return;
   }
   auto* kernel = fwd_kernel<T, kHeadDim, kMask, kGeneral, kKind>;
   // Above 48 KB of dynamic shared memory a kernel must opt in; once per instantiation and process.
@@ -112,7 +87,7 @@ void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits 
 // The combine kernel of a split call. On sm90+ it is a programmatic dependent launch: its CTAs start while the split
 // kernel runs (the decode kernels allow it from their first instruction) and wait in wait_for_primary_grid() for its
 // results, instead of being launched only after the split kernel has drained (fwd_combine_kernel.h).
-constexpr int kPdlMajor = 9;
+constexpr int kPdlSm = 90;
 template <typename T, int kHeadDim>
 void launch_fwd_combine(const FwdParams& params, cudaStream_t stream, bool dependent_launch) {
   const int64_t rows = params.shape.batch * params.shape.nheads_q * params.shape.seqlen_q;
@@ -140,34 +115,37 @@ void run_fwd(const FwdParams& params, void* stream_ptr) {
                                fwd_smem_bytes(kHeadDim, false, FwdTileKind::kStandard, sizeof(T));
   constexpr bool kHasDecodeCompact = fwd_smem_bytes(kHeadDim, false, FwdTileKind::kDecodeCompact, sizeof(T)) !=
                                      fwd_smem_bytes(kHeadDim, false, FwdTileKind::kDecode, sizeof(T));
-  const DeviceFacts device = current_device_facts();
+  int device_index = 0;
+  cudaGetDevice(&device_index);
+  const DeviceAttributes device = device_attributes(device_index);
   const SmemLimits limits = fwd_smem_limits(device.smem);
+  const int num_sms = device.num_sms;
   if (fwd_needs_general_kernel(params)) {
-    launch_fwd_kernel<T, kHeadDim, kMask, true, FwdTileKind::kStandard>(params, stream, limits);
+    launch_fwd_kernel<T, kHeadDim, kMask, true, FwdTileKind::kStandard>(params, stream, limits, num_sms);
   } else {
     constexpr bool kMasked = kMask != MaskKind::kNone;
     switch (fwd_tile_kind(kHeadDim, false, params.shape.seqlen_q, params.shape.seqlen_k, kMasked, limits)) {
       case FwdTileKind::kDecodeCompact:
         if constexpr (kHasDecodeCompact) {
-          launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecodeCompact>(params, stream, limits);
+          launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecodeCompact>(params, stream, limits, num_sms);
           break;
         }
         [[fallthrough]];
       case FwdTileKind::kDecode:
-        launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecode>(params, stream, limits);
+        launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecode>(params, stream, limits, num_sms);
         break;
       case FwdTileKind::kCompact:
         if constexpr (kHasCompact) {
-          launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kCompact>(params, stream, limits);
+          launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kCompact>(params, stream, limits, num_sms);
           break;
         }
         [[fallthrough]];
       case FwdTileKind::kStandard:
-        launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kStandard>(params, stream, limits);
+        launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kStandard>(params, stream, limits, num_sms);
         break;
     }
   }
-  if (params.num_splits > 1) launch_fwd_combine<T, kHeadDim>(params, stream, device.major >= kPdlMajor);
+  if (params.num_splits > 1) launch_fwd_combine<T, kHeadDim>(params, stream, device.sm >= kPdlSm);
 }
 
 }  // namespace flash::sm80

@@ -7,7 +7,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-namespace flash::api {
+namespace flash {
 namespace {
 
 constexpr int kMaxCachedDevices = 64;  // devices past this index are queried on every call
@@ -39,4 +39,4 @@ DeviceAttributes device_attributes(int device) {
   return cached[device];
 }
 
-}  // namespace flash::api
+}  // namespace flash
