@@ -26,6 +26,14 @@ constexpr int kCombinePrefetch = 8;     // loads per thread issued before the we
 constexpr int kCombineLoadsInFlight = 4;
 constexpr int kCombineLseSlots = (kMaxKeySplits + kWarpSize - 1) / kWarpSize;  // split lses per lane of warp 0
 
+// o += w * x, per component.
+__device__ __forceinline__ void add_weighted(float4& o, float w, const float4& x) {
+  o.x += w * x.x;
+  o.y += w * x.y;
+  o.z += w * x.z;
+  o.w += w * x.w;
+}
+
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(kCombineThreads) fwd_combine_kernel(const FwdParams p) {
   constexpr int kChunks = kHeadDim / kCombineVec;
@@ -96,11 +104,7 @@ __global__ void __launch_bounds__(kCombineThreads) fwd_combine_kernel(const FwdP
 #pragma unroll
   for (int j = 0; j < kCombinePrefetch; ++j) {
     const int s = group + j * kGroups;
-    const float w = s < group_splits ? weight[s] : 0.f;
-    o.x += w * first[j].x;
-    o.y += w * first[j].y;
-    o.z += w * first[j].z;
-    o.w += w * first[j].w;
+    add_weighted(o, s < group_splits ? weight[s] : 0.f, first[j]);
   }
   // Loads of a batch are written to be issued before any is used (a plain unrolled loop, or predicated loads,
   // let the compiler reuse one register quad: one or two in flight; this form gives three to four, sm_90 SASS).
@@ -114,11 +118,7 @@ __global__ void __launch_bounds__(kCombineThreads) fwd_combine_kernel(const FwdP
 #pragma unroll
     for (int j = 0; j < kCombineLoadsInFlight; ++j) {
       const int s = s0 + j * kGroups;
-      const float w = s < group_splits ? weight[s] : 0.f;
-      o.x += w * x[j].x;
-      o.y += w * x[j].y;
-      o.z += w * x[j].z;
-      o.w += w * x[j].w;
+      add_weighted(o, s < group_splits ? weight[s] : 0.f, x[j]);
     }
   }
   if (group < kGroups) partial[group][chunk] = o;
