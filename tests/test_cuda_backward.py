@@ -66,6 +66,20 @@ def test_seqlens(head_dim, shape, causal, dtype):
     _run_and_check(q, k, v, dict(causal=causal), causal=causal)
 
 
+@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_dq_accumulator_on_dirty_memory(head_dim, deterministic):
+    """The dq accumulators come from caching-allocator memory that earlier tensors filled (here with NaN): the
+    preprocess must zero every float the main kernel adds to, in its layout, including the row that rounds an odd
+    total_q up to whole row pairs (csrc/include/flash_attn/bwd_workspace.h DqLayout). 3 x 85 = 255 query rows."""
+    _require(torch.bfloat16, head_dim)
+    b, sq, sk, h, hk = 3, 85, 140, 3, 1
+    for megabytes in (1, 2, 4, 8):
+        torch.full((megabytes << 18,), float("nan"), device="cuda")
+    q, k, v = _qkv(b, sq, sk, h, hk, head_dim, torch.bfloat16)
+    _run_and_check(q, k, v, {}, deterministic=deterministic)
+
+
 FEATURES = {
     "window": dict(window_size=(8, 3)),
     "window_left": dict(window_size=(20, -1)),

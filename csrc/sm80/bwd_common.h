@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "flash_attn/bwd_workspace.h"
 #include "flash_attn/params.h"
 #include "flash_attn/ptx/cp_async_sm80.h"
 #include "flash_attn/ptx/ldmatrix_sm80.h"
@@ -130,6 +131,16 @@ constexpr int kStagedDqMaxNonCausalHeadDim = 64;
 __host__ __device__ constexpr bool bwd_stages_dq(int head_dim, MaskKind mask, bool features, BwdTiles tiles) {
   return !features && tiles == BwdTiles::kFull && head_dim <= kStagedDqMaxHeadDim &&
          (mask != MaskKind::kNone || head_dim <= kStagedDqMaxNonCausalHeadDim);
+}
+
+// Which dq accumulator layout (flash/bwd_workspace.h DqLayout) the main kernel adds to. With row pairs a warp's 16-byte
+// reductions over 8 rows fill four whole 128-byte lines rather than eight halves. On the H200 (microbenchmark, 132
+// CTAs of 8 warps adding 64 KB blocks into an L2-resident buffer, docs/perf_log.md "eleventh session") whole lines
+// sustained 3.98 TB/s against 3.35 for halves (FA2's scalar atomics, a line per instruction: 3.95), and the hd 256
+// backward without its dQ reductions ran 1.25x faster (16k 323 against 253 TFLOP/s). The kernels that stage dQ for
+// bulk tensor reductions keep plain rows, which their 2D tensor map addresses.
+__host__ __device__ constexpr DqLayout bwd_dq_layout(int head_dim, MaskKind mask, bool features, BwdTiles tiles) {
+  return bwd_stages_dq(head_dim, mask, features, tiles) ? DqLayout::kRows : DqLayout::kRowPairs;
 }
 
 // Whether the main kernel's Q/dO and K/V loads branch on whole tiles (kernel_common.h WholeTileLoads): per query block

@@ -1,5 +1,6 @@
 // Last kernel of the sm80+ backward: dq = softmax_scale * (sum of the fp32 dq accumulators, in split order)
-// cast to fp16/bf16. The fixed summation order keeps deterministic mode bitwise reproducible.
+// cast to fp16/bf16, read in the layout the main kernel wrote (DqLayout). The fixed summation order keeps
+// deterministic mode bitwise reproducible.
 #pragma once
 
 #include "flash_attn/bwd_workspace.h"
@@ -9,7 +10,7 @@
 namespace flash::sm80::bwd {
 
 template <typename T>
-__global__ void __launch_bounds__(kRowwiseThreads) bwd_convert_dq_kernel(const BwdParams bp) {
+__global__ void __launch_bounds__(kRowwiseThreads) bwd_convert_dq_kernel(const BwdParams bp, DqLayout layout) {
   const FwdParams& p = bp.fwd;
   const int b = blockIdx.z;
   const int h = blockIdx.y;
@@ -19,8 +20,9 @@ __global__ void __launch_bounds__(kRowwiseThreads) bwd_convert_dq_kernel(const B
   if (row >= si.seqlen_q) return;
   const int64_t head_dim = p.shape.head_dim;
   const float scale = static_cast<float>(p.softmax_scale);
-  const BwdWorkspace w = bwd_workspace(bp);
-  const float* acc = w.dq_accum + h * w.dq_head_stride + (si.global_q_row0 + row) * w.dq_row_stride;
+  const BwdWorkspace w = bwd_workspace(bp, layout);
+  const float* acc = w.dq_accum + h * w.dq_head_stride;
+  const int64_t global_row = si.global_q_row0 + row;
   T* dq = static_cast<T*>(bp.dq) + b * bp.dq_strides.batch + (si.q_row0 + row) * bp.dq_strides.row +
           h * bp.dq_strides.head;
   constexpr int kWidth = kVectorBytes / sizeof(T);
@@ -33,7 +35,8 @@ __global__ void __launch_bounds__(kRowwiseThreads) bwd_convert_dq_kernel(const B
 #pragma unroll
     for (int e = 0; e < kGroup; ++e) slots[e] = 0.f;
     for (int64_t split = 0; split < bp.dq_splits; ++split) {
-      const float4* src = reinterpret_cast<const float4*>(acc + split * w.dq_split_stride + c);
+      const float4* src =
+          reinterpret_cast<const float4*>(acc + split * w.dq_split_stride + dq_offset(layout, global_row, c, w.dq_row_stride));
 #pragma unroll
       for (int v = 0; v < kGroup / 4; ++v) {
         const float4 x = src[v];

@@ -213,6 +213,10 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles>::k
   const int t = lane % 4;
   // This warp's dQ staging (bwd_stages_dq): kQDims / kDqBoxColumns boxes of kQRows x kDqBoxColumns fp32, dense.
   constexpr bool kBulkDq = Smem::kStagesDq && kVectorDqReduction && ptx::kHasBulkReduce;
+  // The dq accumulator's layout (bwd_dq_layout); the launcher passes the same to the dq conversion.
+  constexpr DqLayout kDqLayout = bwd_dq_layout(kHeadDim, kMask, kFeatures, kTiles);
+  constexpr int64_t kDqGroupStep = dq_group_step(kDqLayout);
+  static_assert(!kBulkDq || kDqLayout == DqLayout::kRows, "the bulk reductions address plain rows");
   constexpr int kDqBoxes = kQDims / kDqBoxColumns;
   constexpr int kDqBoxFloats = kQRows * kDqBoxColumns;
   float* const s_dq_all = reinterpret_cast<float*>(smem_raw + Smem::template dq_stage_offset<T>());
@@ -249,7 +253,7 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles>::k
   const bool pair_dk = vector_tensor<T>(bp.dk, bp.dk_strides, head_dim);
   const bool pair_dv = vector_tensor<T>(bp.dv, bp.dv_strides, head_dim);
 
-  const BwdWorkspace ws = bwd_workspace(bp);
+  const BwdWorkspace ws = bwd_workspace(bp, kDqLayout);
   const int64_t split = bp.deterministic ? blockIdx.x : 0;
   const float* lse_base = static_cast<const float*>(p.lse) + b * p.lse_batch_stride + si.q_row0;
 
@@ -589,8 +593,12 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles>::k
       }
 
       // ---- dQ_i += dS K (queries x head dim), into the fp32 accumulator of this split ----
+      // kRows: from the warp's first row; kRowPairs: from the head's first, as a row's place in its pair depends on its
+      // parity. (The kRows form is the one measured before the row pairs; a shared form raised the spill of the causal
+      // hd 128 kernel from 20 / 40 to 48 / 64 bytes, ptxas, and cost it 2-4 %.)
+      const int64_t dq_warp_row = si.global_q_row0 + m0 + q_row0;
       float* dq_acc = ws.dq_accum + split * ws.dq_split_stride + h * ws.dq_head_stride +
-                      (si.global_q_row0 + m0 + q_row0) * ws.dq_row_stride;
+                      (kDqLayout == DqLayout::kRows ? dq_warp_row * ws.dq_row_stride : 0);
       if (kBulkDq && bulk_dq) {
         // The previous block's boxes have left the staging (issued after this block's S^T GEMM; the wait also covers
         // this block's prefetch, on the same scoreboard, which has had the dP^T and dK / dV GEMMs to land).
@@ -619,8 +627,12 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles>::k
           }
         }
         // This lane's slot 4t of row g in the first tile pair of the chunk (address and row checks once
-        // per chunk, after the MMAs so they hold no registers during them).
-        float* dq_lane_acc = dq_acc + g * ws.dq_row_stride + q_dim0 + c0 * kMmaN + 4 * t;
+        // per chunk, after the MMAs so they hold no registers during them). Rows g + 8 and g + 16 lie 8 and 16 rows
+        // on in either layout.
+        float* dq_lane_acc =
+            kDqLayout == DqLayout::kRows
+                ? dq_acc + g * ws.dq_row_stride + q_dim0 + c0 * kMmaN + 4 * t
+                : dq_acc + dq_offset(kDqLayout, dq_warp_row + g, q_dim0 + c0 * kMmaN, ws.dq_row_stride) + 4 * t;
         if (bp.deterministic) {
           // This CTA is the only writer of its accumulator, and each element always has the same thread.
 #pragma unroll
@@ -633,7 +645,7 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles>::k
               for (int r = 0; r < 2; ++r) {
                 if (m0 + q_row0 + mt * kMmaM + g + 8 * r >= seqlen_q) continue;
                 float4* dst = reinterpret_cast<float4*>(dq_lane_acc + (mt * kMmaM + 8 * r) * ws.dq_row_stride +
-                                                        np * 2 * kMmaN);
+                                                        np * kDqGroupStep);
                 float4 sum = *dst;
                 sum.x += lo.reg[2 * r];
                 sum.y += lo.reg[2 * r + 1];
@@ -667,7 +679,7 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles>::k
               float* dst = dq_lane_acc + mt * kMmaM * ws.dq_row_stride;
 #pragma unroll
               for (int np = 0; np < kQChunk / 2; ++np) {
-                add_dq_pair<decltype(all_rows)::value>(dst + np * 2 * kMmaN, ws.dq_row_stride, acc_q[mt][2 * np],
+                add_dq_pair<decltype(all_rows)::value>(dst + np * kDqGroupStep, ws.dq_row_stride, acc_q[mt][2 * np],
                                                        acc_q[mt][2 * np + 1], row < seqlen_q, row + 8 < seqlen_q);
               }
             }

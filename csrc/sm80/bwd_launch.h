@@ -26,7 +26,7 @@ TensorMapArg dq_accumulator_map(const BwdParams& params) {
   TensorMapArg arg{};
   if constexpr (Smem::kStagesDq) {
     constexpr int64_t kMaxRows = int64_t{1} << 31;
-    const BwdWorkspace ws = bwd_workspace(params);
+    const BwdWorkspace ws = bwd_workspace(params, bwd::bwd_dq_layout(kHeadDim, kMask, false, kTiles));
     const int64_t rows = params.fwd.shape.nheads_q * params.total_q;
     if (params.deterministic || rows <= 0 || rows >= kMaxRows) return arg;
     constexpr int kBoxRows = Smem::kCfg.block_m / Smem::kCfg.q_warps_m;
@@ -91,19 +91,18 @@ inline void require_bwd_shared_memory(int needed_bytes, int available_bytes, int
                  ". Run the backward on another GPU (sm80 or newer), or on CPU tensors."));
 }
 
-// The main kernel with one tile set. The grid depends only on the key block, which the set's plain and
-// feature kernels share.
+// Which main kernel a call runs within one tile set: the plain or the feature kernel, the dq accumulator map of a
+// plain kernel that stages dQ, its shared memory, and the dq accumulator layout it adds in (the preprocess zeroes and
+// the dq conversion reads that one).
+struct BwdMainChoice {
+  bool plain;
+  TensorMapArg map;
+  int smem_bytes;
+  DqLayout layout;
+};
+
 template <typename T, int kHeadDim, MaskKind kMask, bwd::BwdTiles kTiles>
-void launch_main_tiles(const BwdParams& params, int smem_limit, cudaStream_t stream) {
-  const AttentionShape& shape = params.fwd.shape;
-  constexpr bwd::BwdTileConfig kTile = bwd::bwd_tile_config(kHeadDim, false, kTiles);
-  static_assert(kTile.block_n == bwd::bwd_tile_config(kHeadDim, true, kTiles).block_n, "one grid for both kernels");
-  const int64_t key_blocks = (shape.seqlen_k + kTile.block_n - 1) / kTile.block_n;
-  if (key_blocks == 0) return;
-  // Deterministic: each CTA owns one dq accumulator and walks key blocks x, x + grid, ...
-  const int64_t ctas_x = params.deterministic ? std::min(params.dq_splits, key_blocks) : key_blocks;
-  const dim3 grid(static_cast<unsigned>(ctas_x), static_cast<unsigned>(shape.nheads_k),
-                  static_cast<unsigned>(shape.batch));
+BwdMainChoice choose_main(const BwdParams& params, int smem_limit) {
   const FwdParams& p = params.fwd;
   const bool features = p.softcap > 0.0 || p.mask.alibi_slopes != nullptr || p.mask.bias != nullptr ||
                         p.dropout.p > 0.0 || params.dbias != nullptr;
@@ -118,16 +117,33 @@ void launch_main_tiles(const BwdParams& params, int smem_limit, cudaStream_t str
   const bool plain_fits = plain_smem <= feature_smem || plain_smem <= smem_limit;
   // A plain kernel that stages dQ on an sm90 device needs the accumulator's map in calls that are not
   // deterministic; without one (a driver without the encoder, a row count past int) the feature kernel runs the call.
-  bool run_plain = !features && plain_fits;
-  TensorMapArg plain_map{};
-  if (run_plain && PlainSmem::kStagesDq && bulk_device && !params.deterministic) {
-    plain_map = dq_accumulator_map<kHeadDim, kMask, false, kTiles>(params);
-    run_plain = plain_map.enabled;
+  BwdMainChoice choice{!features && plain_fits, TensorMapArg{}, 0, DqLayout::kRows};
+  if (choice.plain && PlainSmem::kStagesDq && bulk_device && !params.deterministic) {
+    choice.map = dq_accumulator_map<kHeadDim, kMask, false, kTiles>(params);
+    choice.plain = choice.map.enabled;
   }
-  if (run_plain) {
-    launch_main<T, kHeadDim, kMask, false, kTiles>(grid, params, plain_map, plain_smem, stream);
+  choice.smem_bytes = choice.plain ? plain_smem : feature_smem;
+  choice.layout = bwd::bwd_dq_layout(kHeadDim, kMask, !choice.plain, kTiles);
+  return choice;
+}
+
+// The chosen main kernel of one tile set. The grid depends only on the key block, which the set's plain and feature
+// kernels share.
+template <typename T, int kHeadDim, MaskKind kMask, bwd::BwdTiles kTiles>
+void launch_main_tiles(const BwdParams& params, const BwdMainChoice& choice, cudaStream_t stream) {
+  const AttentionShape& shape = params.fwd.shape;
+  constexpr bwd::BwdTileConfig kTile = bwd::bwd_tile_config(kHeadDim, false, kTiles);
+  static_assert(kTile.block_n == bwd::bwd_tile_config(kHeadDim, true, kTiles).block_n, "one grid for both kernels");
+  const int64_t key_blocks = (shape.seqlen_k + kTile.block_n - 1) / kTile.block_n;
+  if (key_blocks == 0) return;
+  // Deterministic: each CTA owns one dq accumulator and walks key blocks x, x + grid, ...
+  const int64_t ctas_x = params.deterministic ? std::min(params.dq_splits, key_blocks) : key_blocks;
+  const dim3 grid(static_cast<unsigned>(ctas_x), static_cast<unsigned>(shape.nheads_k),
+                  static_cast<unsigned>(shape.batch));
+  if (choice.plain) {
+    launch_main<T, kHeadDim, kMask, false, kTiles>(grid, params, choice.map, choice.smem_bytes, stream);
   } else {
-    launch_main<T, kHeadDim, kMask, true, kTiles>(grid, params, TensorMapArg{}, feature_smem, stream);
+    launch_main<T, kHeadDim, kMask, true, kTiles>(grid, params, TensorMapArg{}, choice.smem_bytes, stream);
   }
 }
 
@@ -150,18 +166,21 @@ void run_bwd(const BwdParams& params, void* stream) {
   const unsigned batch = static_cast<unsigned>(shape.batch);
   const int64_t row_blocks = (shape.seqlen_q + bwd::kRowwiseRows - 1) / bwd::kRowwiseRows;
 
+  const bool full = smem_limit >= kFullSmem;
+  const BwdMainChoice choice = full ? choose_main<T, kHeadDim, kMask, BwdTiles::kFull>(params, smem_limit)
+                                    : choose_main<T, kHeadDim, kMask, BwdTiles::kCompact>(params, smem_limit);
   if (row_blocks > 0) {
     bwd::bwd_preprocess_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch),
-                                    bwd::kRowwiseThreads, 0, cuda_stream>>>(params);
+                                    bwd::kRowwiseThreads, 0, cuda_stream>>>(params, choice.layout);
   }
-  if (smem_limit >= kFullSmem) {
-    launch_main_tiles<T, kHeadDim, kMask, BwdTiles::kFull>(params, smem_limit, cuda_stream);
+  if (full) {
+    launch_main_tiles<T, kHeadDim, kMask, BwdTiles::kFull>(params, choice, cuda_stream);
   } else {
-    launch_main_tiles<T, kHeadDim, kMask, BwdTiles::kCompact>(params, smem_limit, cuda_stream);
+    launch_main_tiles<T, kHeadDim, kMask, BwdTiles::kCompact>(params, choice, cuda_stream);
   }
   if (row_blocks > 0) {
     bwd::bwd_convert_dq_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch),
-                                    bwd::kRowwiseThreads, 0, cuda_stream>>>(params);
+                                    bwd::kRowwiseThreads, 0, cuda_stream>>>(params, choice.layout);
   }
 }
 

@@ -1,5 +1,6 @@
 // First kernel of the sm80+ backward: per (query row, q head) delta = rowsum(dO * O) - dlse (the softmax
-// backward's row term, dlse entering like -D) into the fp32 workspace, and zeroes the row's dq accumulators.
+// backward's row term, dlse entering like -D) into the fp32 workspace, and zeroes the row's dq accumulators (in the
+// main kernel's layout, DqLayout).
 // Memory-bound: 8 threads per row, 16-byte loads when the rows allow them.
 #pragma once
 
@@ -14,7 +15,7 @@ constexpr int kRowThreads = 8;  // threads sharing one row (reduced with 3 shuff
 constexpr int kRowwiseRows = kRowwiseThreads / kRowThreads;
 
 template <typename T>
-__global__ void __launch_bounds__(kRowwiseThreads) bwd_preprocess_kernel(const BwdParams bp) {
+__global__ void __launch_bounds__(kRowwiseThreads) bwd_preprocess_kernel(const BwdParams bp, DqLayout layout) {
   const FwdParams& p = bp.fwd;
   const int b = blockIdx.z;
   const int h = blockIdx.y;
@@ -49,7 +50,7 @@ __global__ void __launch_bounds__(kRowwiseThreads) bwd_preprocess_kernel(const B
   for (int offset = kRowThreads / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
   if (!active) return;
 
-  const BwdWorkspace w = bwd_workspace(bp);
+  const BwdWorkspace w = bwd_workspace(bp, layout);
   const int64_t global_row = si.global_q_row0 + row;
   if (part == 0) {
     if (bp.dlse != nullptr) {
@@ -57,10 +58,15 @@ __global__ void __launch_bounds__(kRowwiseThreads) bwd_preprocess_kernel(const B
     }
     w.delta[h * w.delta_head_stride + global_row] = dot;
   }
+  // Row r's dq_row_stride floats from r * dq_row_stride, whatever the layout (DqLayout): every row pair's floats are
+  // its two rows' ranges. Where the pairs round a head's rows up, its last row zeroes its pair's second range too.
   const float4 zeros = make_float4(0.f, 0.f, 0.f, 0.f);
+  const int64_t zeroed = global_row + 1 == bp.total_q ? w.dq_head_rows - global_row : 1;
   for (int64_t split = 0; split < bp.dq_splits; ++split) {
     float* acc = w.dq_accum + split * w.dq_split_stride + h * w.dq_head_stride + global_row * w.dq_row_stride;
-    for (int64_t c = part * 4; c < w.dq_row_stride; c += kRowThreads * 4) *reinterpret_cast<float4*>(acc + c) = zeros;
+    for (int64_t c = part * 4; c < zeroed * w.dq_row_stride; c += kRowThreads * 4) {
+      *reinterpret_cast<float4*>(acc + c) = zeros;
+    }
   }
 }
 

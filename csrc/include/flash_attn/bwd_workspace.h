@@ -31,6 +31,23 @@ FLASH_HOST_DEVICE constexpr int dq_slot(int column_in_group) {
                              : 2 * (column_in_group - 8) - column_in_group % 2 + 2;
 }
 
+// How the main kernel lays out dq_accum rows (the kernel's choice, sm80/bwd_common.h bwd_dq_layout; the dq conversion
+// follows it). kRows: row r at r * dq_row_stride, a 2D tensor for the bulk tensor reductions of the kernels that stage
+// dQ. kRowPairs: rows 2k and 2k + 1 share 2 * dq_row_stride floats, one slot group after the other, each group as 32
+// floats (row 2k's 16 slots, then row 2k + 1's), so the 16-byte reductions of a warp over 8 consecutive rows of one
+// slot group fill four whole 128-byte lines instead of eight halves. Both layouts step 8 rows by 8 * dq_row_stride.
+enum class DqLayout { kRows, kRowPairs };
+FLASH_HOST_DEVICE constexpr int64_t dq_group_step(DqLayout layout) {
+  return layout == DqLayout::kRows ? kDqSlotGroup : 2 * kDqSlotGroup;
+}
+// Offset of (row, physical column: slot group * kDqSlotGroup + slot) within a head's accumulator rows.
+FLASH_HOST_DEVICE constexpr int64_t dq_offset(DqLayout layout, int64_t row, int64_t column, int64_t row_stride) {
+  return layout == DqLayout::kRows
+             ? row * row_stride + column
+             : (row / 2) * 2 * row_stride + (row % 2) * kDqSlotGroup + (column / kDqSlotGroup) * dq_group_step(layout) +
+                   column % kDqSlotGroup;
+}
+
 FLASH_HOST_DEVICE int64_t bwd_padded_head_dim(int64_t head_dim) {
   return (head_dim + kBwdHeadDimQuantum - 1) / kBwdHeadDimQuantum * kBwdHeadDimQuantum;
 }
@@ -48,21 +65,24 @@ inline int64_t bwd_dq_splits(const BwdParams& params, int num_sms) {
 
 struct BwdWorkspace {
   float* delta;     // [nheads_q][delta_row_stride]
-  float* dq_accum;  // [dq_splits][nheads_q][total_q][dq_row_stride], columns interleaved (dq_slot)
+  // [dq_splits][nheads_q][dq_head_rows][dq_row_stride], columns interleaved (dq_slot), rows as DqLayout says
+  float* dq_accum;
   int64_t delta_head_stride;
   int64_t dq_row_stride;
+  int64_t dq_head_rows;  // total_q; with kRowPairs rounded up to whole pairs
   int64_t dq_head_stride;
   int64_t dq_split_stride;
 };
 
-// The layout for params (total_q, dq_splits, head dim, heads); pointers into params.workspace (may be null
-// when only the size is wanted).
-FLASH_HOST_DEVICE BwdWorkspace bwd_workspace(const BwdParams& params) {
+// The layout for params (total_q, dq_splits, head dim, heads) and the main kernel's dq layout; pointers into
+// params.workspace (may be null when only the size is wanted).
+FLASH_HOST_DEVICE BwdWorkspace bwd_workspace(const BwdParams& params, DqLayout layout) {
   const AttentionShape& s = params.fwd.shape;
   BwdWorkspace w{};
   w.delta_head_stride = (params.total_q + kBwdAlignFloats - 1) / kBwdAlignFloats * kBwdAlignFloats;
   w.dq_row_stride = bwd_padded_head_dim(s.head_dim);
-  w.dq_head_stride = params.total_q * w.dq_row_stride;
+  w.dq_head_rows = layout == DqLayout::kRowPairs ? (params.total_q + 1) / 2 * 2 : params.total_q;
+  w.dq_head_stride = w.dq_head_rows * w.dq_row_stride;
   w.dq_split_stride = s.nheads_q * w.dq_head_stride;
   float* base = static_cast<float*>(params.workspace);
   w.delta = base;
@@ -70,8 +90,9 @@ FLASH_HOST_DEVICE BwdWorkspace bwd_workspace(const BwdParams& params) {
   return w;
 }
 
+// Enough for either dq layout (kRowPairs has the longer heads).
 inline int64_t bwd_workspace_bytes(const BwdParams& params) {
-  const BwdWorkspace w = bwd_workspace(params);
+  const BwdWorkspace w = bwd_workspace(params, DqLayout::kRowPairs);
   const int64_t floats = params.fwd.shape.nheads_q * w.delta_head_stride + params.dq_splits * w.dq_split_stride;
   return floats * static_cast<int64_t>(sizeof(float));
 }
