@@ -67,17 +67,35 @@ def test_seqlens(head_dim, shape, causal, dtype):
 
 
 @pytest.mark.parametrize("head_dim", [128, 256])
-@pytest.mark.parametrize("deterministic", [False, True])
-def test_dq_accumulator_on_dirty_memory(head_dim, deterministic):
+@pytest.mark.parametrize("case", ["dense", "dense_deterministic", "varlen_rows_past_end"])
+def test_dq_accumulator_on_dirty_memory(head_dim, case):
     """The dq accumulators come from caching-allocator memory that earlier tensors filled (here with NaN): the
-    preprocess must zero every float the main kernel adds to, in its layout, including the row that rounds an odd
-    total_q up to whole row pairs (csrc/include/flash_attn/bwd_workspace.h DqLayout). 3 x 85 = 255 query rows."""
+    preprocess must zero every float the main kernel adds to, in its layout (csrc/include/flash_attn/bwd_workspace.h
+    DqLayout), including the second row of a pair whose first row ends the rows: an odd total_q (3 x 85 = 255 dense
+    rows), or rows past cu_seqlens[-1] (varlen: row 100 ends 101 rows of 108)."""
     _require(torch.bfloat16, head_dim)
-    b, sq, sk, h, hk = 3, 85, 140, 3, 1
     for megabytes in (1, 2, 4, 8):
         torch.full((megabytes << 18,), float("nan"), device="cuda")
-    q, k, v = _qkv(b, sq, sk, h, hk, head_dim, torch.bfloat16)
-    _run_and_check(q, k, v, {}, deterministic=deterministic)
+    if case != "varlen_rows_past_end":
+        q, k, v = _qkv(3, 85, 140, 3, 1, head_dim, torch.bfloat16)
+        _run_and_check(q, k, v, {}, deterministic=case == "dense_deterministic")
+        return
+    seqlens_q, seqlens_k, extra_rows = [37, 0, 64], [53, 9, 70], 7
+    rows_q, rows_k = sum(seqlens_q), sum(seqlens_k)
+    q = randn(rows_q + extra_rows, 4, head_dim, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    k = randn(rows_k, 2, head_dim, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    v = randn(rows_k, 2, head_dim, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    cu_q, cu_k = cu_from_seqlens(seqlens_q, "cuda"), cu_from_seqlens(seqlens_k, "cuda")
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k))
+    dout = randn(*out.shape, dtype=torch.bfloat16, device="cuda")
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    assert dq[rows_q:].abs().max() == 0
+
+    def ref(q, k, v, compute_dtype):
+        return attention_varlen_ref(q, k, v, cu_q, cu_k, compute_dtype=compute_dtype)
+
+    truth, naive = reference_pair(ref, (q[:rows_q], k, v), dout[:rows_q])
+    check_output_and_grads(out[:rows_q], [dq[:rows_q], dk, dv], truth, naive)
 
 
 FEATURES = {

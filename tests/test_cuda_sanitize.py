@@ -1,7 +1,7 @@
 # The representative CUDA subset that tools/sanitize.sh runs under compute-sanitizer (memcheck, racecheck):
 # every head-dim bucket (backward also with the compact tiles of GPUs below Hopper), odd sequence lengths, GQA,
 # causal and not, varlen with empty sequences and rows past cu_seqlens[-1], a padded head dim, dropout, the wide
-# forward tile (and its persistent form), the staggered backward walk and the stmatrix backward stores; forward,
+# forward tile (and its persistent form), the row-pair dq accumulator and the stmatrix backward stores; forward,
 # and backward where it is built. Small sizes keep the sanitizers' slowdown bearable; each case is also checked
 # against the fp64 reference, so the subset is an ordinary part of the CUDA suite as well (marker: sanitize).
 import functools
@@ -75,10 +75,10 @@ def test_persistent_forward_tile():
 
 
 @pytest.mark.parametrize("head_dim", [160, 256])
-def test_staggered_backward_walk(head_dim):
-    """Non-causal backward above head dim 128, where key block n walks the query blocks from the n-th and wraps:
-    several key blocks, a ragged last query block and GQA (two heads per walk)."""
-    _run_dense((1, 200, 150, 4, 2, head_dim), True)
+def test_row_pair_dq_backward(head_dim):
+    """Non-causal backward above head dim 128, whose dQ reductions go to a dq accumulator in row pairs: several key
+    blocks, ragged last query blocks, GQA (two heads per walk) and an odd total of query rows (3 x 67)."""
+    _run_dense((3, 67, 150, 4, 2, head_dim), True)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])

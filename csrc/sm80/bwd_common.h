@@ -92,18 +92,6 @@ __host__ __device__ constexpr bool bwd_hides_query_lane_offsets(int head_dim) {
   return head_dim == 128 || head_dim == 256;
 }
 
-// Whether each key block walks the query blocks from a different first block (key block n from the n-th, mod the
-// count, wrapping). The CTAs that run at once are mostly the key blocks of one head; walking in the same order, they
-// all add to the same dQ rows at the same time. Measured on the H200 (bf16, two interleaved rounds, best TFLOP/s,
-// staggered / same order, FA2 in brackets; docs/perf_log.md "sixth session"): non-causal hd 256 2k / 8k / 16k
-// 232 / 250 / 253 against 227 / 245 / 249 (228 / 256 / 261), and 8k 251 against 245 in a second call; hd 64 +1 %
-// in one call (8k / 16k 278 / 281 against 275 / 279), -0.5 % in the other; hd 128 8k / 16k 313 / 317 against
-// 317 / 322. Causal walks already start at different rows per key block; staggering them too was within +-1 %.
-// Where it is off, the walk's code is the one measured before (the general form cost hd 128 3 %, 8k 309 vs 318).
-__host__ __device__ constexpr bool bwd_staggers_query_blocks(int head_dim, MaskKind mask) {
-  return mask == MaskKind::kNone && head_dim > 128;
-}
-
 // Whether the main kernel stores P^T and dS^T with stmatrix (sm90 only) rather than 32-bit stores. ncu at hd 64 (8k)
 // put the MIO-throttle stall at 1.02 cycles per issued instruction against FA2's 0.30; these stores were 64 of the
 // loop's shared-memory ops. Measured on the H200 (bf16, interleaved rounds, best TFLOP/s, stmatrix / 32-bit):

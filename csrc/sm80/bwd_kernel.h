@@ -292,9 +292,6 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles>::k
     const int m_first = row_lo / kBlockM;
     const int m_count = row_hi > row_lo ? (row_hi + kBlockM - 1) / kBlockM - m_first : 0;
     const int iterations = m_count * group;
-    // First query block of each head's walk (bwd_staggers_query_blocks): key block n starts n blocks in and wraps.
-    constexpr bool kStagger = bwd_staggers_query_blocks(kHeadDim, kMask);
-    const int m_start = kStagger && m_count > 0 ? m_first + n_block % m_count : m_first;
 
     const T* k_tile = static_cast<const T*>(p.k) + b * p.k_strides.batch + (si.k_row0 + n0) * p.k_strides.row +
                       hk * p.k_strides.head;
@@ -350,9 +347,9 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles>::k
                                               static_cast<int>(head_dim), vector_v, tid);
     // Head and query block of the current iteration, advanced incrementally (query blocks inner).
     int cur_h = hk * group;
-    int cur_m_block = m_start;
-    StageSource next_src = source_at(cur_h, m_start * kBlockM);
-    if (iterations > 0) stage(next_src, m_start * kBlockM, 0);
+    int cur_m_block = m_first;
+    StageSource next_src = source_at(cur_h, m_first * kBlockM);
+    if (iterations > 0) stage(next_src, m_first * kBlockM, 0);
     ptx::cp_async_commit();
 
     ptx::MmaC acc_dk[kKVMT][kKVNT];
@@ -363,16 +360,16 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles>::k
       const int buf = kDoubleBuffer ? it & 1 : 0;
       const int h = cur_h;
       const int m0 = cur_m_block * kBlockM;
-      // The walk wraps from the last query block to m_first and moves to the next head when it is back at m_start
-      // (without kStagger, m_start is m_first: both at once).
+      // The walk wraps from the last query block to m_first of the next head. (Walking each key block from a different
+      // first block gained 2 % at hd 256 non-causal while dQ's reductions filled half lines, and lost 2-3 % with whole
+      // lines: docs/perf_log.md "sixth session", "eleventh session".)
       const bool wraps = cur_m_block + 1 == m_first + m_count;
       const int next_m_block = wraps ? m_first : cur_m_block + 1;
-      const bool head_done = kStagger ? next_m_block == m_start : wraps;
-      const int next_h = head_done ? cur_h + 1 : cur_h;
+      const int next_h = wraps ? cur_h + 1 : cur_h;
       cur_h = next_h;
       cur_m_block = next_m_block;
-      if (kStagger ? wraps || head_done : wraps) {
-        next_src = source_at(next_h, (kStagger ? next_m_block : m_first) * kBlockM);
+      if (wraps) {
+        next_src = source_at(next_h, m_first * kBlockM);
       } else {
         next_src.q += q_block_step;
         next_src.dout += do_block_step;

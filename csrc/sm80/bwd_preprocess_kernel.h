@@ -59,9 +59,12 @@ __global__ void __launch_bounds__(kRowwiseThreads) bwd_preprocess_kernel(const B
     w.delta[h * w.delta_head_stride + global_row] = dot;
   }
   // Row r's dq_row_stride floats from r * dq_row_stride, whatever the layout (DqLayout): every row pair's floats are
-  // its two rows' ranges. Where the pairs round a head's rows up, its last row zeroes its pair's second range too.
+  // its two rows' ranges. In row pairs, a sequence's last row that starts a pair zeroes the second row's range too:
+  // no row may follow it (the last row of an odd total_q, or of the rows before cu_seqlens_q's end), and where one
+  // does, it zeroes the same range (before the main kernel, so the double write is harmless).
   const float4 zeros = make_float4(0.f, 0.f, 0.f, 0.f);
-  const int64_t zeroed = global_row + 1 == bp.total_q ? w.dq_head_rows - global_row : 1;
+  const bool pair_tail = layout == DqLayout::kRowPairs && global_row % 2 == 0 && row + 1 == si.seqlen_q;
+  const int64_t zeroed = pair_tail ? 2 : 1;
   for (int64_t split = 0; split < bp.dq_splits; ++split) {
     float* acc = w.dq_accum + split * w.dq_split_stride + h * w.dq_head_stride + global_row * w.dq_row_stride;
     for (int64_t c = part * 4; c < zeroed * w.dq_row_stride; c += kRowThreads * 4) {
