@@ -112,12 +112,16 @@ __host__ __device__ constexpr bool bwd_stores_scores_with_stmatrix(int head_dim,
 // TFLOP/s, staged / registers, docs/perf_log.md "eighth session"): hd 64 non-causal 2k / 8k / 16k 267 / 295 / 300
 // against 250 / 273 / 280, causal 215 / 278 / 301 against 210 / 263 / 282; hd 128 causal 8k / 16k 292 / 323 against
 // 284 / 309, but non-causal 287 / 314 / 320 against 289 / 319 / 324, so hd 128 stages only masked calls.
-// hd 32: the same speed either way (non-causal 2k / 8k 181 / 200 against 181 / 199). Deterministic calls keep their
-// read-add-write.
+// Since the register reductions fill whole lines (bwd_dq_layout, eleventh session; three variants, two rounds, FA2 in
+// brackets): hd 32 gains from registers, non-causal 2k / 8k / 16k 188 / 207 / 211 against staged 181 / 199 / 202
+// (196 / 216 / 222), causal 153 / 195 / 207 against 149 / 190 / 200 (156 / 194 / 203), so it no longer stages; hd
+// 64 still loses from registers (non-causal 8k / 16k 285 / 287 against 297 / 303, causal 272 / 292 against 281 /
+// 305). Deterministic calls keep their read-add-write.
+constexpr int kStagedDqMinHeadDim = 33;
 constexpr int kStagedDqMaxHeadDim = 128;
 constexpr int kStagedDqMaxNonCausalHeadDim = 64;
 __host__ __device__ constexpr bool bwd_stages_dq(int head_dim, MaskKind mask, bool features, BwdTiles tiles) {
-  return !features && tiles == BwdTiles::kFull && head_dim <= kStagedDqMaxHeadDim &&
+  return !features && tiles == BwdTiles::kFull && head_dim >= kStagedDqMinHeadDim && head_dim <= kStagedDqMaxHeadDim &&
          (mask != MaskKind::kNone || head_dim <= kStagedDqMaxNonCausalHeadDim);
 }
 

@@ -35,8 +35,8 @@ __global__ void __launch_bounds__(kRowwiseThreads) bwd_convert_dq_kernel(const B
 #pragma unroll
     for (int e = 0; e < kGroup; ++e) slots[e] = 0.f;
     for (int64_t split = 0; split < bp.dq_splits; ++split) {
-      const float4* src =
-          reinterpret_cast<const float4*>(acc + split * w.dq_split_stride + dq_offset(layout, global_row, c, w.dq_row_stride));
+      const int64_t offset = split * w.dq_split_stride + dq_offset(layout, global_row, c, w.dq_row_stride);
+      const float4* src = reinterpret_cast<const float4*>(acc + offset);
 #pragma unroll
       for (int v = 0; v < kGroup / 4; ++v) {
         const float4 x = src[v];
