@@ -50,6 +50,8 @@ if [ -n "$TESTS" ]; then  # correctness of every variant (of the first only with
     (cd "$WORK/$name" && timeout "${AB_TESTS_S:-150}" python3 -m pytest -q -n 8 -p no:cacheprovider $TESTS \
       > "$OUT/tests_$name.log" 2>&1)
     echo "tests $name: $(grep -E "^(FAILED|ERROR)" "$OUT/tests_$name.log" | head -5) $(tail -1 "$OUT/tests_$name.log")"
+    # The failures' first assertion lines here: the device returns only 8 files, and the test logs may not be among them.
+    grep -E "^E  " "$OUT/tests_$name.log" | head -8
   done
 fi
 
