@@ -272,11 +272,13 @@ def test_fwd_smem_limit_errors(value, monkeypatch):
 # The persistent wide kernel (csrc/sm80/fwd_persistent_kernel.h): non-causal calls at head dims 160 and 256 with
 # more work items (query tiles x heads x batch) than SMs, so CTAs load their next item during their last key tile.
 # Ragged last key and query tiles, GQA; one key tile per item in the third shape (the prefetch follows its first S).
-# The last shape's head dim is below its bucket (240 -> 256): every tile load has columns to zero-fill.
+# The fourth shape's head dim is below its bucket (240 -> 256): every tile load has columns to zero-fill. On sm90 the
+# head dim 256 bucket loads K and V by TMA at any key length (the last shape: 24 key tiles, a ragged last one).
 PERSISTENT_SHAPES = [(4, 1000, 300, 8, 2, 256), (3, 700, 257, 12, 4, 160), (2, 130, 64, 160, 160, 256),
-                     (4, 600, 200, 8, 4, 240)]
+                     (4, 600, 200, 8, 4, 240), (4, 520, 1500, 8, 2, 256)]
 WIDE_ROWS = 128  # query rows per work item of the wide tile (fwd_tile_config.h)
-PERSISTENT_MAX_KEYS = 512  # longest key range that takes it (fwd_tile_config.h kPersistentMaxKeys)
+PERSISTENT_MAX_KEYS = 512  # longest key range that takes it with cp.async loads (fwd_tile_config.h kPersistentMaxKeys)
+TMA_HEAD_DIM = 256  # the bucket whose persistent kernel loads K/V by TMA (fwd_persistent_loads_kv_by_tma), sm90+
 
 
 def _persistent_items(b, sq, h):
@@ -307,27 +309,70 @@ def test_persistent_wide_tile(shape, dtype):
     _check(out, lambda *x, **kw: attention_ref(*x, **kw), (q, k, v))
 
 
-def test_persistent_wide_tile_selected():
-    """Taken for a large non-causal call; not for a causal one or one with fewer items than SMs."""
-    b, sq, sk, h, hk, d = PERSISTENT_SHAPES[0]
-    _require(torch.bfloat16, d)
-    _require_more_items_than_sms(_persistent_items(b, sq, h))
+def _require_persistent_smem():
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     if getattr(props, "shared_memory_per_block_optin", 0) < 210 * 1024:
         pytest.skip("the persistent kernel needs 203 KB of shared memory per block")
+
+
+@pytest.mark.parametrize("head_dim", [160, 256])
+def test_persistent_wide_tile_selected(head_dim):
+    """Taken for a large non-causal call; not for a causal one or one with fewer items than SMs. Past
+    PERSISTENT_MAX_KEYS keys only where K/V arrive by TMA (head dim 256 on sm90+)."""
+    b, sq, sk, h, hk, d = (4, 1000, 300, 8, 2, head_dim)
+    _require(torch.bfloat16, d)
+    _require_more_items_than_sms(_persistent_items(b, sq, h))
+    _require_persistent_smem()
     q, k, v = _qkv(b, sq, sk, h, hk, d, torch.bfloat16)
     assert _kernel_names(lambda: flash_attn_func(q, k, v), "fwd_persistent_kernel")
     assert not _kernel_names(lambda: flash_attn_func(q, k, v, causal=True), "fwd_persistent_kernel")
     assert not _kernel_names(lambda: flash_attn_func(q[:1, :200], k[:1], v[:1]), "fwd_persistent_kernel")
     _, k_long, v_long = _qkv(b, sq, PERSISTENT_MAX_KEYS + 1, h, hk, d, torch.bfloat16)
-    assert not _kernel_names(lambda: flash_attn_func(q, k_long, v_long), "fwd_persistent_kernel")
+    tma = head_dim == TMA_HEAD_DIM and torch.cuda.get_device_capability() >= (9, 0)
+    assert bool(_kernel_names(lambda: flash_attn_func(q, k_long, v_long), "fwd_persistent_kernel")) == tma
 
 
-def test_persistent_wide_tile_empty_key_ranges():
+def test_persistent_tma_packed_qkv():
+    """K and V as slices of one packed (batch, seqlen, 3, heads, head dim) tensor: the TMA tensor maps take their
+    strides as they are (no copy), and the result matches the reference."""
+    b, s, h, d = 2, 1030, 16, TMA_HEAD_DIM
+    _require(torch.bfloat16, d)
+    _require_more_items_than_sms(_persistent_items(b, s, h))
+    qkv = randn(b, s, 3, h, d, dtype=torch.bfloat16, device="cuda")
+    q, k, v = qkv.unbind(2)
+    out = flash_attn.flash_attn_qkvpacked_func(qkv)
+    _check(out, lambda *x, **kw: attention_ref(*x, **kw), (q, k, v))
+
+
+@pytest.mark.parametrize("head_dim", [160, TMA_HEAD_DIM])
+def test_persistent_tile_ignores_cache_rows_past_seqused(head_dim):
+    """K/V cache rows past cache_seqlens hold NaN: the persistent kernel (cp.async at hd 160, which zero-fills them)
+    and the one-item kernel that hd 256 calls with seqused_k take instead of the TMA one (whose zero fill stops only at
+    the cache's end) never let them into the output, which equals the calls on each entry's used rows alone."""
+    _require(torch.bfloat16, head_dim)
+    lengths, seqlen_q, rows, nheads, nheads_k = [300, 1, 129, 64], 300, 320, 16, 4
+    _require_more_items_than_sms(_persistent_items(len(lengths), seqlen_q, nheads))
+    q = randn(len(lengths), seqlen_q, nheads, head_dim, dtype=torch.bfloat16, device="cuda")
+    k_cache = randn(len(lengths), rows, nheads_k, head_dim, dtype=torch.bfloat16, device="cuda")
+    v_cache = randn(len(lengths), rows, nheads_k, head_dim, dtype=torch.bfloat16, device="cuda")
+    for i, n in enumerate(lengths):
+        k_cache[i, n:] = float("nan")
+        v_cache[i, n:] = float("nan")
+    cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    out = flash_attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens)
+    assert not torch.isnan(out).any()
+    for i, n in enumerate(lengths):
+        alone = flash_attn_func(q[i:i + 1], k_cache[i:i + 1, :n], v_cache[i:i + 1, :n])
+        torch.testing.assert_close(out[i:i + 1], alone, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("head_dim", [160, TMA_HEAD_DIM])
+def test_persistent_wide_tile_empty_key_ranges(head_dim):
     """seqused_k (cache lengths) of 0 leave items without keys between items with keys: those never prefetch the
-    next item, and their rows are 0 with lse inf. Same values as the CPU path."""
-    _require(torch.bfloat16, 256)
+    next item, and their rows are 0 with lse inf. Same values as the CPU path. (Head dim 256 with seqused_k takes
+    the one-item kernel on sm90, where its persistent kernel loads by TMA.)"""
+    _require(torch.bfloat16, head_dim)
     lengths = [0, 1, 300, 33, 0, 512]
-    batch, seqlen_q, rows, nheads, nheads_k, head_dim = len(lengths), 200, 512, 16, 4, 256
+    batch, seqlen_q, rows, nheads, nheads_k = len(lengths), 200, 512, 16, 4
     _require_more_items_than_sms(_persistent_items(batch, seqlen_q, nheads))
     check_kvcache_cuda_matches_cpu(lengths, seqlen_q, rows, nheads, nheads_k, head_dim)

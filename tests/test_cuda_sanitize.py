@@ -66,12 +66,14 @@ def test_wide_forward_tile(causal):
     _run_dense((1, 130, 16400 if causal else 4100, 2, 1, 256), False, causal=causal)
 
 
-def test_persistent_forward_tile():
+@pytest.mark.parametrize("head_dim, keys", [(256, 70), (256, 300), (160, 300)])
+def test_persistent_forward_tile(head_dim, keys):
     """The persistent wide forward kernel (non-causal, head dim above 128, more work items than SMs): each CTA loads its
-    next item's Q and first K during its last key tile (one key tile per item here)."""
+    next item's Q and first K during its last key tile; two or five key tiles per item, the last one ragged. On sm90
+    head dim 256 loads K and V by TMA into swizzled tiles (mbarrier waits), 160 by cp.async."""
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     heads = sms  # two query tiles per head: 2 x sms items
-    _run_dense((1, 200, 70, heads, heads, 256), False)
+    _run_dense((1, 200, keys, heads, heads, head_dim), False)
 
 
 @pytest.mark.parametrize("head_dim", [160, 256])

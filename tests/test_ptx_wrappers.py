@@ -200,3 +200,32 @@ def test_bulk_reduce_add_2d(col, row):
     rows = min(BULK_BOX, BULK_ROWS - row)
     expected[row:row + rows, col:col + BULK_BOX] += box[:rows]
     torch.testing.assert_close(dst.cpu(), expected, rtol=0, atol=0)
+
+
+# csrc/sm80/ptx_selftest.h kTma*: the source (batch, rows, heads, cols) and the box (rows x cols of one head).
+TMA_BATCH, TMA_ROWS, TMA_HEADS, TMA_COLS = 2, 40, 3, 96
+TMA_BOX_ROWS, TMA_BOX_COLS = 32, 64
+
+
+def _tma_box(src, col, head, row, batch):
+    """The box at (col, head, row, batch): in-range elements from src, zeros past its rows and columns."""
+    box = torch.zeros(TMA_BOX_ROWS, TMA_BOX_COLS, dtype=src.dtype)
+    rows = max(0, min(TMA_BOX_ROWS, TMA_ROWS - row))
+    cols = max(0, min(TMA_BOX_COLS, TMA_COLS - col))
+    box[:rows, :cols] = src[batch, row:row + rows, head, col:col + cols]
+    return box
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+                    reason="the TMA tile load needs sm90+")
+@pytest.mark.parametrize("first, second", [((0, 1, 0, 0), (64, 2, 16, 1)), ((32, 0, 8, 1), (0, 2, 39, 0))])
+def test_tma_load_4d(first, second):
+    """Two 32 x 64 boxes of one head loaded one after the other into one 128-byte-swizzled shared tile through one
+    mbarrier (phases 0 and 1), read back through SegmentSwizzledRows: each equals its slice of the source, with zeros
+    where it reaches past the last row (40) or column (96), and none of the first box left in the second."""
+    src = distinct_int16(TMA_BATCH, TMA_ROWS, TMA_HEADS, TMA_COLS)
+    where = torch.tensor([first, second], dtype=torch.int32)
+    (dst,) = selftest("tma_load_4d", src, where)
+    dst = dst.cpu()
+    for i, coords in enumerate((first, second)):
+        assert torch.equal(dst[i], _tma_box(src, *coords)), f"box {i} at {coords}"

@@ -24,7 +24,7 @@ namespace {
 
 constexpr const char* kSelftestOp = "flash_attn._ptx_selftest";
 constexpr const char* kSelftestNames = "mma_m16n8k16, pack2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans, cp_async_16, cp_async_4, "
-    "red_add_v4_f32, stmatrix_x4, bulk_reduce_add_2d, griddep";
+    "red_add_v4_f32, stmatrix_x4, bulk_reduce_add_2d, tma_load_4d, griddep";
 
 #if defined(FLASH_WITH_CUDA)
 
@@ -120,6 +120,17 @@ std::vector<at::Tensor> run_selftest(const std::string& name, const std::vector<
                                                  where[0].item<int32_t>(), where[1].item<int32_t>(), stream);
     FLASH_CHECK(launched, kSelftestOp, "('", name, "'): the bulk tensor reduction needs an sm90+ GPU and a driver "
                 "with cuTensorMapEncodeTiled; this one has neither");
+    outputs.push_back(dst);
+  } else if (name == "tma_load_4d") {
+    const at::Tensor src = checked_input(name, inputs, 0, "src",
+                                         {st::kTmaBatch, st::kTmaRows, st::kTmaHeads, st::kTmaCols}, {at::kShort});
+    const at::Tensor where = checked_input(name, inputs, 1, "where (col, head, row, batch) per load",
+                                           {st::kTmaLoads, 4}, {at::kInt});
+    at::Tensor dst = at::empty({st::kTmaLoads, st::kTmaBoxRows, st::kTmaBoxCols}, src.options());
+    const bool launched = st::tma_load_4d(reinterpret_cast<const uint16_t*>(src.data_ptr()), where.data_ptr<int32_t>(),
+                                          reinterpret_cast<uint16_t*>(dst.data_ptr()), stream);
+    FLASH_CHECK(launched, kSelftestOp, "('", name, "'): the TMA tile load needs an sm90+ GPU and a driver with "
+                "cuTensorMapEncodeTiled; this one has neither");
     outputs.push_back(dst);
   } else if (name == "stmatrix_x4") {
     const at::Tensor regs = checked_input(name, inputs, 0, "regs", {st::kWarpLanes, 4}, {at::kInt});

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "dispatch/device_attributes.h"
 #include "sm80/fwd_combine_kernel.h"
@@ -37,16 +38,40 @@ inline void require_fwd_shared_memory(int needed_bytes, int available_bytes, int
                  ". Run the forward on another GPU (sm80 or newer), or on CPU tensors."));
 }
 
-// Launches the persistent kernel (fwd_runs_persistent) where it applies: one key split, no varlen, at most
-// kPersistentMaxKeys keys, more work items than the SMs hold CTAs (otherwise every CTA has one item and nothing to
-// prefetch), its shared memory within the limit, and item indices within the kernel's 32-bit arithmetic. Returns
-// whether it launched.
+// The persistent kernel's K and V tensor maps (fwd_persistent_loads_kv_by_tma): K and V as (head dim, kv head, key,
+// batch entry) in boxes of one segment x kBlockN keys. False where a map cannot be made: below sm90, with seqused_k
+// (rows past a sequence's used keys would arrive as data, not zeros), or strides the encoder rejects.
+constexpr int kTmaSm = 90;
 template <typename T, int kHeadDim>
-bool launch_fwd_persistent(const FwdParams& params, cudaStream_t stream, SmemLimits limits, int num_sms) {
+bool make_fwd_kv_maps(FwdKvMaps& maps, const FwdParams& params, int sm) {
   constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, false, FwdTileKind::kStandard);
-  constexpr int kSmemBytes = fwd_persistent_smem_bytes(kHeadDim, sizeof(T));
+  const AttentionShape& shape = params.shape;
+  if (sm < kTmaSm || shape.seqused_k != nullptr || shape.seqlen_k < 1) return false;
+  const CUtensorMapDataType data_type =
+      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const uint64_t dims[4] = {static_cast<uint64_t>(shape.head_dim), static_cast<uint64_t>(shape.nheads_k),
+                            static_cast<uint64_t>(shape.seqlen_k), static_cast<uint64_t>(shape.batch)};
+  const uint32_t box[4] = {kSegmentElems, 1, static_cast<uint32_t>(kTile.block_n), 1};
+  auto encode = [&](TensorMapArg& arg, const void* base, const TensorStrides& strides) {
+    const uint64_t bytes[3] = {static_cast<uint64_t>(strides.head) * sizeof(T),
+                               static_cast<uint64_t>(strides.row) * sizeof(T),
+                               static_cast<uint64_t>(strides.batch) * sizeof(T)};
+    return encode_16bit_swizzled_map_4d(arg, base, data_type, dims, bytes, box);
+  };
+  return encode(maps.k, params.k, params.k_strides) && encode(maps.v, params.v, params.v_strides);
+}
+
+// Launches the persistent kernel (fwd_runs_persistent) where it applies: one key split, no varlen, at most
+// fwd_persistent_max_keys keys, more work items than the SMs hold CTAs (otherwise every CTA has one item and nothing to
+// prefetch), its shared memory within the limit, item indices within the kernel's 32-bit arithmetic, and with TMA
+// loads its tensor maps. Returns whether it launched.
+template <typename T, int kHeadDim>
+bool launch_fwd_persistent(const FwdParams& params, cudaStream_t stream, SmemLimits limits,
+                           const DeviceAttributes& device) {
+  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, false, FwdTileKind::kStandard);
+  constexpr int kSmemBytes = fwd_persistent_launch_smem_bytes(kHeadDim, sizeof(T));
   if (params.num_splits != 1 || params.shape.cu_seqlens_q != nullptr || kSmemBytes > limits.per_block_optin ||
-      params.shape.seqlen_k > kPersistentMaxKeys) {
+      params.shape.seqlen_k > fwd_persistent_max_keys(kHeadDim)) {
     return false;
   }
   const int64_t query_tiles = (params.shape.seqlen_q + kTile.block_m - 1) / kTile.block_m;
@@ -54,24 +79,29 @@ bool launch_fwd_persistent(const FwdParams& params, cudaStream_t stream, SmemLim
   // As many CTAs as the SMs hold at once (registers: kSmRegisterWarps warps per SM; shared memory).
   const int64_t by_smem = limits.per_sm / (kSmemBytes + kSmemReservedPerCta);
   const int64_t per_sm = std::min<int64_t>(kSmRegisterWarps / kTile.warps, by_smem);
-  const int64_t ctas = num_sms * per_sm;
+  const int64_t ctas = device.num_sms * per_sm;
   constexpr int64_t kMaxItems = int64_t{1} << 31;  // item + gridDim.x stays below 2^32
   if (ctas <= 0 || items <= ctas || items >= kMaxItems) return false;
+  FwdKvMaps maps{};
+  if (fwd_persistent_loads_kv_by_tma(kHeadDim) && !make_fwd_kv_maps<T, kHeadDim>(maps, params, device.sm)) {
+    return false;
+  }
   auto* kernel = fwd_persistent_kernel<T, kHeadDim>;
   static const cudaError_t opt_in =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   (void)opt_in;
-  kernel<<<static_cast<unsigned>(ctas), kTile.warps * kWarpSize, kSmemBytes, stream>>>(params);
+  kernel<<<static_cast<unsigned>(ctas), kTile.warps * kWarpSize, kSmemBytes, stream>>>(params, maps);
   return true;
 }
 
 template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind>
-void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits limits, int num_sms) {
+void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits limits,
+                       const DeviceAttributes& device) {
   constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral, kKind);
   constexpr int kSmemBytes = fwd_smem_bytes(kHeadDim, kGeneral, kKind, sizeof(T));
   require_fwd_shared_memory(kSmemBytes, limits.per_block_optin, kHeadDim);
   if constexpr (fwd_runs_persistent(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone)) {
-    if (launch_fwd_persistent<T, kHeadDim>(params, stream, limits, num_sms)) return;
+    if (launch_fwd_persistent<T, kHeadDim>(params, stream, limits, device)) return;
   }
   auto* kernel = fwd_kernel<T, kHeadDim, kMask, kGeneral, kKind>;
   // Above 48 KB of dynamic shared memory a kernel must opt in; once per instantiation and process.
@@ -119,29 +149,28 @@ void run_fwd(const FwdParams& params, void* stream_ptr) {
   cudaGetDevice(&device_index);
   const DeviceAttributes device = device_attributes(device_index);
   const SmemLimits limits = fwd_smem_limits(device.smem);
-  const int num_sms = device.num_sms;
   if (fwd_needs_general_kernel(params)) {
-    launch_fwd_kernel<T, kHeadDim, kMask, true, FwdTileKind::kStandard>(params, stream, limits, num_sms);
+    launch_fwd_kernel<T, kHeadDim, kMask, true, FwdTileKind::kStandard>(params, stream, limits, device);
   } else {
     constexpr bool kMasked = kMask != MaskKind::kNone;
     switch (fwd_tile_kind(kHeadDim, false, params.shape.seqlen_q, params.shape.seqlen_k, kMasked, limits)) {
       case FwdTileKind::kDecodeCompact:
         if constexpr (kHasDecodeCompact) {
-          launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecodeCompact>(params, stream, limits, num_sms);
+          launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecodeCompact>(params, stream, limits, device);
           break;
         }
         [[fallthrough]];
       case FwdTileKind::kDecode:
-        launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecode>(params, stream, limits, num_sms);
+        launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecode>(params, stream, limits, device);
         break;
       case FwdTileKind::kCompact:
         if constexpr (kHasCompact) {
-          launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kCompact>(params, stream, limits, num_sms);
+          launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kCompact>(params, stream, limits, device);
           break;
         }
         [[fallthrough]];
       case FwdTileKind::kStandard:
-        launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kStandard>(params, stream, limits, num_sms);
+        launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kStandard>(params, stream, limits, device);
         break;
     }
   }

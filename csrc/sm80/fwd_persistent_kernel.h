@@ -3,15 +3,39 @@
 // during their last key tile, issue the next item's Q (into a second Q tile) and first K tile, so they load while
 // this item finishes instead of after it. At 512 tokens an item has 8 key tiles, and a per-CTA fit put our fixed
 // cost at 2.2 tiles against FA2's 1.1 at hd 256, 1.8 against 1.6 at hd 128 (docs/perf_log.md "fifth session").
+// At head dim 256 K and V arrive by TMA (fwd_persistent_loads_kv_by_tma), Q still by cp.async.
 #pragma once
 
+#include "flash_attn/ptx/tma_load_sm90.h"
 #include "sm80/fwd_kernel.h"
+#include "sm80/tensor_map_sm90.h"
 
 namespace flash::sm80 {
 
+// Tensor maps of K and V as (head dim, kv head, key, batch entry), boxes of 64 columns x 64 keys (fwd_launch.h).
+struct FwdKvMaps {
+  TensorMapArg k;
+  TensorMapArg v;
+};
+
+// Thread 0: issues the TMA loads of key tile n of K or V (one box per 64-column segment) into `slot`, counted on
+// `barrier`. Rows past the key range arrive as zeros, as cp.async's zero fill writes them.
+template <int kHeadDim, int kBlockN, typename T>
+__device__ __forceinline__ void issue_kv_tile_tma(T* slot, const TensorMapArg& map, uint64_t* barrier,
+                                                  const FwdCta& cta, int n) {
+  constexpr int kSegments = kHeadDim / kSegmentElems;
+  constexpr uint32_t kTileBytes = kBlockN * kHeadDim * sizeof(T);
+  ptx::mbarrier_arrive_expect_tx(barrier, kTileBytes);
+#pragma unroll
+  for (int segment = 0; segment < kSegments; ++segment) {
+    ptx::tma_load_4d(slot + segment * kBlockN * kSegmentElems, &map.map, barrier, segment * kSegmentElems, cta.hk,
+                     static_cast<int>(cta.k_row0) + n * kBlockN, cta.b);
+  }
+}
+
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(fwd_tile_config(kHeadDim).warps* kWarpSize)
-    fwd_persistent_kernel(const FwdParams p) {
+    fwd_persistent_kernel(const FwdParams p, const __grid_constant__ FwdKvMaps maps) {
   constexpr MaskKind kMask = MaskKind::kNone;
   constexpr FwdTileKind kKind = FwdTileKind::kStandard;
   constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, false, kKind);
@@ -26,7 +50,10 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim).warps* kWarpSize)
   constexpr int kDTiles = kHeadDim / kMmaN;
   constexpr int kStages = kTile.kv_stages;
   constexpr bool kEarlyV = fwd_waits_v_before_softmax(kHeadDim, false);
-  using KvLayout = TileLayout<fwd_swizzles_kv(kHeadDim, false, kKind, false), kHeadDim>;
+  constexpr bool kTma = fwd_persistent_loads_kv_by_tma(kHeadDim);
+  using KvLayout = std::conditional_t<kTma, SegmentSwizzledRows<kBlockN, kHeadDim>,
+                                      TileLayout<fwd_swizzles_kv(kHeadDim, false, kKind, false), kHeadDim>>;
+  static_assert(!kTma || kBlockN * kHeadDim <= kBlockN * kStride, "the segment-major tile fits the padded slot");
   // The prefetch below takes the place of the one-stage order's last K load (where V is awaited: after S = Q K^T
   // or after the softmax); the first V is not in the prologue.
   static_assert(fwd_runs_persistent(kHeadDim, false, kKind, false) && kStages == 1 &&
@@ -34,6 +61,22 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim).warps* kWarpSize)
                 "the persistent kernel follows the one-stage order without the first V in the prologue");
 
   extern __shared__ __align__(kSmemAlign) unsigned char smem_raw[];
+  // With TMA: the tiles from the next kTmaBoxAlign boundary (the launcher asks for the slack), then the K and V
+  // barriers, each completing one phase per key tile.
+  unsigned char* const smem =
+      kTma ? smem_raw + (kTmaBoxAlign - ptx::smem_address(smem_raw) % kTmaBoxAlign) % kTmaBoxAlign : smem_raw;
+  uint64_t* const k_full = reinterpret_cast<uint64_t*>(smem + fwd_persistent_smem_bytes(kHeadDim, sizeof(T)));
+  uint64_t* const v_full = k_full + 1;
+  uint32_t k_parity = 0;
+  uint32_t v_parity = 0;
+  if constexpr (kTma) {
+    if (threadIdx.x == 0) {
+      ptx::mbarrier_init(k_full, 1);
+      ptx::mbarrier_init(v_full, 1);
+      ptx::fence_barrier_init();
+    }
+    __syncthreads();
+  }
 
   const unsigned query_tiles = static_cast<unsigned>((p.shape.seqlen_q + kBlockM - 1) / kBlockM);
   const unsigned heads = static_cast<unsigned>(p.shape.nheads_q);
@@ -47,8 +90,21 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim).warps* kWarpSize)
   for (unsigned item = blockIdx.x; item < items; item += gridDim.x, q_buffer ^= 1) {
     FwdCta cta = locate_cta<kMask, kBlockM>(p, item_at(item), query_tiles);
     plan_key_tiles<kMask, kBlockM, kBlockN>(p, cta);
-    const FwdTiles<T> tiles = locate_tiles<kHeadDim, kBlockM, kBlockN, kStages, T>(smem_raw, p, cta, q_buffer);
-    if (!prefetched) load_prologue<KvLayout, kHeadDim, kBlockM, kBlockN, kThreads, kStages, false>(p, cta, tiles);
+    const FwdTiles<T> tiles = locate_tiles<kHeadDim, kBlockM, kBlockN, kStages, T>(smem, p, cta, q_buffer);
+    // The item's Q and first K: cp.async for both, or Q by cp.async (one group) and K by TMA.
+    auto issue_prologue = [&](const FwdCta& c, const FwdTiles<T>& t) {
+      if constexpr (kTma) {
+        load_tile_async<kBlockM, kHeadDim, kThreads, PaddedRows<kHeadDim>>(t.s_q, t.q, p.q_strides.row,
+                                                                          c.seqlen_q - c.m0, c.head_dim, c.tid);
+        ptx::cp_async_commit();
+        if (c.tid == 0 && c.n_last >= c.n_first) {
+          issue_kv_tile_tma<kHeadDim, kBlockN>(t.s_k_ring, maps.k, k_full, c, c.n_last);
+        }
+      } else {
+        load_prologue<KvLayout, kHeadDim, kBlockM, kBlockN, kThreads, kStages, false>(p, c, t);
+      }
+    };
+    if (!prefetched) issue_prologue(cta, tiles);
     prefetched = false;
     const FwdScoreParams sp = read_score_params<false>(p, cta);
 
@@ -60,7 +116,15 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim).warps* kWarpSize)
 
     for (int n = cta.n_last; n >= cta.n_first; --n) {
       const int n0 = n * kBlockN;
-      await_k<KvLayout, kHeadDim, kBlockN, kThreads, kStages, false>(p, cta, tiles, n);
+      if constexpr (kTma) {
+        ptx::cp_async_wait<0>();  // Q, on the item's first tile
+        ptx::mbarrier_wait_parity(k_full, k_parity);
+        k_parity ^= 1;
+        __syncthreads();  // every thread's Q copies landed; every warp is done with V(n + 1)'s slot
+        if (cta.tid == 0) issue_kv_tile_tma<kHeadDim, kBlockN>(tiles.s_v_ring, maps.v, v_full, cta, n);
+      } else {
+        await_k<KvLayout, kHeadDim, kBlockN, kThreads, kStages, false>(p, cta, tiles, n);
+      }
       const T* s_k = tiles.s_k_ring + ring_slot<kStages>(n) * kBlockN * kStride;
       const T* s_v = tiles.s_v_ring + ring_slot<kStages>(n) * kBlockN * kStride;
       ptx::MmaC sc[kStrips][kNTiles];
@@ -68,18 +132,28 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim).warps* kWarpSize)
       compute_scores<KvLayout, kHeadDim, kStripStride>(sc, a, tiles.s_q, s_k, cta.warp, cta.lane);
       // Awaits V(n); on the item's last key tile, with a next item, the K slot and the other Q tile (the previous
       // item's, whose epilogue every warp finished before this item's first barrier) then take that item's Q and first
-      // K instead of the (empty) K load that follows.
+      // K instead of the (empty) K load that follows. With TMA the barrier after V's wait frees K's slot for K(n - 1).
       auto await_v_or_prefetch = [&] {
         const unsigned next = item + gridDim.x;
-        if (n == cta.n_first && next < items) {
+        if constexpr (kTma) {
+          ptx::mbarrier_wait_parity(v_full, v_parity);
+          v_parity ^= 1;
+        } else if (n == cta.n_first && next < items) {
           ptx::cp_async_wait<0>();
+        }
+        if (n == cta.n_first && next < items) {
           __syncthreads();
           FwdCta next_cta = locate_cta<kMask, kBlockM>(p, item_at(next), query_tiles);
           plan_key_tiles<kMask, kBlockM, kBlockN>(p, next_cta);
           const FwdTiles<T> next_tiles =
-              locate_tiles<kHeadDim, kBlockM, kBlockN, kStages, T>(smem_raw, p, next_cta, q_buffer ^ 1);
-          load_prologue<KvLayout, kHeadDim, kBlockM, kBlockN, kThreads, kStages, false>(p, next_cta, next_tiles);
+              locate_tiles<kHeadDim, kBlockM, kBlockN, kStages, T>(smem, p, next_cta, q_buffer ^ 1);
+          issue_prologue(next_cta, next_tiles);
           prefetched = true;
+        } else if constexpr (kTma) {
+          __syncthreads();  // every warp is done with K(n)
+          if (cta.tid == 0 && n > cta.n_first) {
+            issue_kv_tile_tma<kHeadDim, kBlockN>(tiles.s_k_ring, maps.k, k_full, cta, n - 1);
+          }
         } else {
           await_v<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(p, cta, tiles, n);
         }

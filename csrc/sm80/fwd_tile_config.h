@@ -114,15 +114,31 @@ FLASH_HOST_DEVICE constexpr bool fwd_hides_key_lane_offset(int head_dim, int str
   return head_dim <= 128 && strips == 2;
 }
 
+// Whether the persistent kernel loads K and V by TMA (sm90+, ptx/tma_load_sm90.h) rather than cp.async: one thread
+// issues a tile's four 64-column boxes and the warps wait on an mbarrier, so the loads take no load/store-unit slots
+// or address registers. Head dims that are whole 128-byte segments and whose segment-major tile (kernel_common.h
+// SegmentSwizzledRows) fits the padded slot: 256 (160 is not whole segments). Without K/V loads at all (a bound,
+// not a kernel) the hd 256 forward ran 6-9 % faster at 512-8k keys; with TMA, H200 bf16 non-causal, two interleaved
+// rounds, best TFLOP/s, TMA persistent / cp.async persistent up to 512 keys and one-item kernel above (FA2): 512 /
+// 1k / 2k / 8k / 16k 293 / 318 / 333 / 347 / 350 against 276 / 301 / 319 / 335 / 338 (284 / 308 / 321 / 328 / 324;
+// docs/perf_log.md, twelfth session). Calls the TMA cannot take (no tensor map: below sm90, strides the encoder
+// rejects; seqused_k, whose unused rows the zero fill would not cover) take the one-item kernel.
+FLASH_HOST_DEVICE constexpr bool fwd_persistent_loads_kv_by_tma(int head_dim) { return head_dim == 256; }
+
 // Whether non-causal calls on the standard tile run it persistent (fwd_persistent_kernel.h: the CTAs an SM holds walk
 // the work items and load the next item's Q and first K during their own last key tile), for calls of at most
-// kPersistentMaxKeys keys. It needs a second Q tile (fwd_persistent_smem_bytes). Head dims where the persistent kernel
-// does not spill (ptxas): 160 and 256 (the wide tile); 192 / 224 spill 40 / 72 bytes, and the 4-warp tiles (which
-// already hold 2 CTAs per SM) 142 / 174 bytes at hd 64 and 92 / 96 at 128 against the one-item kernels' 40 / 88 and
-// 16 / 16. Measured on the H200 (hd 256 bf16, two calls of three interleaved rounds, best TFLOP/s, persistent / one
-// item, FA2 in brackets; docs/perf_log.md "seventh session"): 512 keys 278 / 271 and 278 / 270 (286), 1k 302 / 303
-// and 302 / 304 (308), 2k 318 / 318 and 321 / 321, 8k 329 / 333; hence only up to 512 keys (8 key tiles per item).
+// fwd_persistent_max_keys keys. It needs a second Q tile (fwd_persistent_smem_bytes). Head dims where the persistent
+// kernel does not spill (ptxas): 160 and 256 (the wide tile); 192 / 224 spill 40 / 72 bytes, and the 4-warp tiles
+// (which already hold 2 CTAs per SM) 142 / 174 bytes at hd 64 and 92 / 96 at 128 against the one-item kernels' 40 / 88
+// and 16 / 16. Measured on the H200 (hd 256 bf16, two calls of three interleaved rounds, best TFLOP/s, persistent / one
+// item, FA2 in brackets; docs/perf_log.md "seventh session"): 512 keys 278 / 271 and 278 / 270 (286), 1k 302 / 303 and
+// 302 / 304 (308), 2k 318 / 318 and 321 / 321, 8k 329 / 333; hence only up to 512 keys (8 key tiles per item) with
+// cp.async loads; with TMA loads at every length (above).
 constexpr long long kPersistentMaxKeys = 512;
+constexpr long long kAnyKeyCount = 1LL << 62;
+FLASH_HOST_DEVICE constexpr long long fwd_persistent_max_keys(int head_dim) {
+  return fwd_persistent_loads_kv_by_tma(head_dim) ? kAnyKeyCount : kPersistentMaxKeys;
+}
 FLASH_HOST_DEVICE constexpr bool fwd_runs_persistent(int head_dim, bool general, FwdTileKind kind, bool masked) {
   return (head_dim == 160 || head_dim == 256) && !general && kind == FwdTileKind::kStandard && !masked &&
          kWideTile == WideTile::k128x64Warps8;
@@ -198,6 +214,15 @@ FLASH_HOST_DEVICE constexpr int fwd_persistent_smem_bytes(int head_dim, int elem
   const FwdTileConfig tile = fwd_tile_config(head_dim, false, FwdTileKind::kStandard);
   return fwd_smem_bytes(head_dim, false, FwdTileKind::kStandard, element_bytes) +
          tile.block_m * (head_dim + kFwdSmemRowPad) * element_bytes;
+}
+
+// Alignment of the TMA boxes in shared memory (the 128-byte swizzle's address pattern repeats every 1024 bytes).
+constexpr int kTmaBoxAlign = 1024;
+// Shared memory the persistent kernel asks for: its tiles, and with TMA the slack to align them and two mbarriers.
+constexpr int kTmaBarrierBytes = 2 * 8;
+FLASH_HOST_DEVICE constexpr int fwd_persistent_launch_smem_bytes(int head_dim, int element_bytes = kFwdElementBytes) {
+  return fwd_persistent_smem_bytes(head_dim, element_bytes) +
+         (fwd_persistent_loads_kv_by_tma(head_dim) ? kTmaBoxAlign + kTmaBarrierBytes : 0);
 }
 
 // Shared memory of the device: what one block may opt into and what one SM holds

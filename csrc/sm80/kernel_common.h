@@ -117,6 +117,33 @@ struct SwizzledRows {
   }
 };
 
+// The layout a TMA tile load with the 128-byte swizzle writes (tma_load_sm90.h): the tile as kCols / 64 blocks of
+// kRows x 64 elements (one per 128-byte segment of a row, each block its own TMA box), rows of 128 bytes, the
+// 16-byte chunk index XORed with row % 8, as in SwizzledRows but segment-major. The blocks start 1024-byte aligned
+// (kRows a multiple of 8 and an aligned tile), which the swizzle's hardware address pattern assumes.
+template <int kRows, int kCols>
+struct SegmentSwizzledRows {
+  static_assert(kCols % kSegmentElems == 0 && kRows % kChunkElems == 0, "whole segments, whole 8-row periods");
+  static constexpr int kBlockElems = kRows * kSegmentElems;  // one segment's block
+  static constexpr int kStride = kSegmentElems;
+  static constexpr bool kSplitAddress = true;
+  static constexpr bool kOpaqueLaneOffset = false;
+  static constexpr int kChunksPerSegment = kSegmentElems / kChunkElems;
+  static constexpr bool kWholeTileBranch = false;
+  static constexpr int kRowPeriod = kChunksPerSegment;
+  static constexpr __host__ __device__ int offset(int row, int col) {
+    return (col / kSegmentElems) * kBlockElems + row * kSegmentElems +
+           ((col % kSegmentElems) ^ ((row % kChunksPerSegment) * kChunkElems));
+  }
+  static constexpr __host__ __device__ int lane_offset(int row_lane, int col_lane) {
+    return offset(row_lane, col_lane);
+  }
+  static constexpr __host__ __device__ int ldmatrix_offset(int lane_offset, int row_base, int col_base) {
+    const int in_segment = col_base % kSegmentElems;
+    return (lane_offset ^ in_segment) + row_base * kSegmentElems + (col_base / kSegmentElems) * kBlockElems;
+  }
+};
+
 // Layout with the split form whose lane offsets the loaders hide from ptxas (hide_from_compiler): it then keeps one
 // register per lane offset instead of folding each into the address of every fragment. In the hd 128 backward,
 // where the swizzled Q/dO addresses pushed the kernel past 255 registers, this halved the spill (52 -> 28 bytes,
@@ -175,10 +202,12 @@ constexpr bool ldmatrix_conflict_free() {
   return true;
 }
 static_assert(split_form_matches<SwizzledRows<64>, 64>() && split_form_matches<SwizzledRows<256>, 256>() &&
-                  split_form_matches<PaddedRows<96, true>, 96>(),
+                  split_form_matches<PaddedRows<96, true>, 96>() &&
+                  split_form_matches<SegmentSwizzledRows<kLayoutCheckRows, 256>, 256>(),
               "split ldmatrix addressing");
 static_assert(ldmatrix_conflict_free<SwizzledRows<128>, 128>() && ldmatrix_conflict_free<SwizzledRows<192>, 192>() &&
-                  ldmatrix_conflict_free<PaddedRows<96>, 96>(),
+                  ldmatrix_conflict_free<PaddedRows<96>, 96>() &&
+                  ldmatrix_conflict_free<SegmentSwizzledRows<kLayoutCheckRows, 256>, 256>(),
               "ldmatrix phases without bank conflicts");
 // Swizzled rows where asked for and the rows are whole segments, padded rows otherwise. Which tiles ask: forward K/V
 // (fwd_swizzles_kv) and backward Q/dO (bwd_swizzles_queries), chosen per head dim from measurements.

@@ -15,6 +15,9 @@
 #include "flash_attn/ptx/mma_sm80.h"
 #include "flash_attn/ptx/red_sm90.h"
 #include "flash_attn/ptx/stmatrix_sm90.h"
+#include "flash_attn/ptx/tma_load_sm90.h"
+#include "sm80/fwd_tile_config.h"
+#include "sm80/kernel_common.h"
 #include "sm80/tensor_map_sm90.h"
 
 namespace flash::sm80::selftest {
@@ -193,6 +196,37 @@ __global__ void bulk_reduce_kernel(const __grid_constant__ TensorMapArg map, con
   }
 }
 
+// Both boxes land in the same tile through the same barrier: the second wait needs the barrier's second phase, and
+// the tile must hold the second box only (the zero fill of its out-of-range rows and columns included).
+__global__ void tma_load_kernel(const __grid_constant__ TensorMapArg map, const int32_t* where, uint16_t* dst) {
+  using Layout = SegmentSwizzledRows<kTmaBoxRows, kTmaBoxCols>;
+  constexpr int kElems = kTmaBoxRows * kTmaBoxCols;
+  __shared__ __align__(kTmaBoxAlign) uint16_t tile[kElems];
+  __shared__ __align__(8) uint64_t full;
+  const int lane = threadIdx.x;
+  for (int i = lane; i < kElems; i += kWarpLanes) tile[i] = static_cast<uint16_t>(kSmemFillWord);
+  if (lane == 0) {
+    ptx::mbarrier_init(&full, 1);
+    ptx::fence_barrier_init();
+  }
+  __syncwarp();
+  // Code compiled below sm90 has no TMA: dst then keeps the fill pattern and the test fails on its values.
+  if constexpr (ptx::kHasTmaLoad) {
+    for (int load = 0; load < kTmaLoads; ++load) {
+      const int32_t* c = where + 4 * load;
+      if (lane == 0) {
+        ptx::mbarrier_arrive_expect_tx(&full, kElems * sizeof(uint16_t));
+        ptx::tma_load_4d(tile, &map.map, &full, c[0], c[1], c[2], c[3]);
+      }
+      ptx::mbarrier_wait_parity(&full, static_cast<uint32_t>(load % 2));
+      for (int i = lane; i < kElems; i += kWarpLanes) {
+        dst[load * kElems + i] = tile[Layout::offset(i / kTmaBoxCols, i % kTmaBoxCols)];
+      }
+      __syncwarp();
+    }
+  }
+}
+
 // The same addressing as ldmatrix_x4_kernel, storing instead: the tile read back must hold each lane's
 // registers where the fragment layout puts them, and the pre-filled pattern nowhere.
 __global__ void stmatrix_x4_kernel(const uint32_t* regs, uint16_t* tile) {
@@ -285,6 +319,19 @@ bool bulk_reduce_add_2d(float* dst, const float* box, int col, int row, void* st
     return false;
   }
   bulk_reduce_kernel<<<1, kWarpLanes, 0, as_stream(stream)>>>(map, box, col, row);
+  return true;
+}
+
+bool tma_load_4d(const uint16_t* src, const int32_t* where, uint16_t* dst, void* stream) {
+  if (device_major() < kHopperMajor) return false;
+  TensorMapArg map{};
+  constexpr uint64_t kElemBytes = sizeof(uint16_t);
+  const uint64_t dims[4] = {kTmaCols, kTmaHeads, kTmaRows, kTmaBatch};
+  const uint64_t strides[3] = {kTmaCols * kElemBytes, kTmaHeads * kTmaCols * kElemBytes,
+                               kTmaRows * kTmaHeads * kTmaCols * kElemBytes};
+  const uint32_t box[4] = {kTmaBoxCols, 1, kTmaBoxRows, 1};
+  if (!encode_16bit_swizzled_map_4d(map, src, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, dims, strides, box)) return false;
+  tma_load_kernel<<<1, kWarpLanes, 0, as_stream(stream)>>>(map, where, dst);
   return true;
 }
 

@@ -22,6 +22,13 @@ constexpr int kBulkBoxRows = 16;             // bulk_reduce_add_2d: the box adde
 constexpr int kBulkBoxCols = 16;
 constexpr int kBulkRows = 40;                // ... into this fp32 matrix (rows past 40 are clipped by the map)
 constexpr int kBulkCols = 48;
+constexpr int kTmaCols = 96;                 // tma_load_4d: the source tensor (batch, rows, heads, cols), 16-bit
+constexpr int kTmaHeads = 3;
+constexpr int kTmaRows = 40;
+constexpr int kTmaBatch = 2;
+constexpr int kTmaBoxRows = 32;              // ... and the box: 32 rows x 64 columns of one head and batch entry
+constexpr int kTmaBoxCols = 64;
+constexpr int kTmaLoads = 2;                 // two loads through one barrier: its phases 0 and 1
 constexpr unsigned long long kGriddepTimeoutNs = 200000000;  // griddep: the primary waits up to 200 ms for its dependent
 constexpr int kGriddepScratchWords = kWarpLanes + 2;         // griddep: data, started, saw_started
 
@@ -59,6 +66,13 @@ bool red_add_v4_f32(float* dst, const float* added, const float* extra, const in
 // shared memory and adds it at (col, row) of dst with one bulk_reduce_add_2d through a tensor map of dst, then
 // waits for it. Returns false below sm90 or where no tensor map could be made, launching nothing.
 bool bulk_reduce_add_2d(float* dst, const float* box, int col, int row, void* stream);
+
+// src: kTmaBatch x kTmaRows x kTmaHeads x kTmaCols 16-bit values; where: kTmaLoads x 4 coordinates (col, head, row,
+// batch entry). One warp loads box i (kTmaBoxRows x kTmaBoxCols at where[i]) with tma_load_4d through a 128-byte
+// swizzled tensor map into one shared tile pre-filled with a non-zero pattern, waits on one mbarrier (phase parity
+// i), and writes the tile, read through kernel_common.h SegmentSwizzledRows, to dst[i] (row-major). Returns false
+// below sm90 or where no tensor map could be made, launching nothing.
+bool tma_load_4d(const uint16_t* src, const int32_t* where, uint16_t* dst, void* stream);
 
 // regs: kWarpLanes x 4 words; lane l stores regs[l][0..3] with stmatrix_x4, passing the address of row l % 16,
 // column 8 * (l / 16) of a 16x16 16-bit shared tile pre-filled with a non-zero pattern; tile receives that
