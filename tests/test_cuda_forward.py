@@ -332,6 +332,26 @@ def test_persistent_wide_tile_selected(head_dim):
     assert bool(_kernel_names(lambda: flash_attn_func(q, k_long, v_long), "fwd_persistent_kernel")) == tma
 
 
+@pytest.mark.parametrize("head_dim, causal", [(64, False), (64, True), (128, False)])
+def test_one_item_tma_kernel(head_dim, causal):
+    """The one-item kernel with K and V by TMA (sm90; fwd_tile_config.h fwd_loads_kv_by_tma): taken for dense calls,
+    several key tiles with a ragged last one, GQA, seqlen_q != seqlen_k; varlen and seqused_k calls take the cp.async
+    kernel. Both match the reference."""
+    _require(torch.bfloat16, head_dim)
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("TMA loads need sm90+")
+    q, k, v = _qkv(2, 150, 333, 4, 2, head_dim, torch.bfloat16)
+    call = lambda: flash_attn_func(q, k, v, causal=causal)
+    assert _kernel_names(call, "fwd_tma_kernel")
+    _check(call(), lambda *x, **kw: attention_ref(*x, causal=causal, **kw), (q, k, v))
+    cu_q = torch.tensor([0, 150, 300], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 333, 666], dtype=torch.int32, device="cuda")
+    varlen = lambda: flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q, cu_k, 150, 333,
+                                            causal=causal)
+    assert not _kernel_names(varlen, "fwd_tma_kernel")
+    torch.testing.assert_close(varlen().view_as(q), call(), atol=1e-2, rtol=1e-2)
+
+
 def test_persistent_tma_packed_qkv():
     """K and V as slices of one packed (batch, seqlen, 3, heads, head dim) tensor: the TMA tensor maps take their
     strides as they are (no copy), and the result matches the reference."""

@@ -66,6 +66,13 @@ def test_wide_forward_tile(causal):
     _run_dense((1, 130, 16400 if causal else 4100, 2, 1, 256), False, causal=causal)
 
 
+@pytest.mark.parametrize("head_dim, causal", [(64, False), (64, True), (128, False)])
+def test_one_item_tma_forward(head_dim, causal):
+    """The one-item forward kernel whose K and V arrive by TMA on sm90 (mbarrier waits, swizzled tiles): several key
+    tiles, the last one ragged, GQA."""
+    _run_dense((2, 150, 333, 4, 2, head_dim), False, causal=causal)
+
+
 @pytest.mark.parametrize("head_dim, keys", [(256, 70), (256, 300), (160, 300)])
 def test_persistent_forward_tile(head_dim, keys):
     """The persistent wide forward kernel (non-causal, head dim above 128, more work items than SMs): each CTA loads its

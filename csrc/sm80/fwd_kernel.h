@@ -16,8 +16,10 @@
 #include "flash_attn/ptx/griddep_sm90.h"
 #include "flash_attn/ptx/ldmatrix_sm80.h"
 #include "flash_attn/ptx/mma_sm80.h"
+#include "flash_attn/ptx/tma_load_sm90.h"
 #include "sm80/fwd_tile_config.h"
 #include "sm80/kernel_common.h"
+#include "sm80/tensor_map_sm90.h"
 
 namespace flash::sm80 {
 
@@ -593,9 +595,66 @@ __device__ __forceinline__ void store_output(const T* s_q, const FwdParams& p, c
   }
 }
 
-template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind>
-__global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).warps* kWarpSize)
-    fwd_kernel(const FwdParams p) {
+// Tensor maps of K and V as (head dim, kv head, key, batch entry), boxes of 64 columns x one key tile (fwd_launch.h).
+struct FwdKvMaps {
+  TensorMapArg k;
+  TensorMapArg v;
+};
+
+// Thread 0: issues the TMA loads of key tile n of K or V (one box per 64-column segment) into `slot`, counted on
+// `barrier`. Rows past the key range arrive as zeros, as cp.async's zero fill writes them.
+template <int kHeadDim, int kBlockN, typename T>
+__device__ __forceinline__ void issue_kv_tile_tma(T* slot, const TensorMapArg& map, uint64_t* barrier,
+                                                  const FwdCta& cta, int n) {
+  constexpr int kSegments = kHeadDim / kSegmentElems;
+  constexpr uint32_t kTileBytes = kBlockN * kHeadDim * sizeof(T);
+  ptx::mbarrier_arrive_expect_tx(barrier, kTileBytes);
+#pragma unroll
+  for (int segment = 0; segment < kSegments; ++segment) {
+    ptx::tma_load_4d(slot + segment * kBlockN * kSegmentElems, &map.map, barrier, segment * kSegmentElems, cta.hk,
+                     static_cast<int>(cta.k_row0) + n * kBlockN, cta.b);
+  }
+}
+
+// The K and V slots' barriers of a kernel that loads them by TMA, each completing one phase per key tile, and the
+// parity of the phase each waits for next. init() readies them (every thread calls it; a CTA barrier follows).
+struct TmaKvBarriers {
+  uint64_t* k_full;
+  uint64_t* v_full;
+  uint32_t k_parity;
+  uint32_t v_parity;
+  __device__ __forceinline__ void init(unsigned char* at) {
+    k_full = reinterpret_cast<uint64_t*>(at);
+    v_full = k_full + 1;
+    k_parity = 0;
+    v_parity = 0;
+    if (threadIdx.x == 0) {
+      ptx::mbarrier_init(k_full, 1);
+      ptx::mbarrier_init(v_full, 1);
+      ptx::fence_barrier_init();
+    }
+    __syncthreads();
+  }
+  __device__ __forceinline__ void wait_k() {
+    ptx::mbarrier_wait_parity(k_full, k_parity);
+    k_parity ^= 1;
+  }
+  __device__ __forceinline__ void wait_v() {
+    ptx::mbarrier_wait_parity(v_full, v_parity);
+    v_parity ^= 1;
+  }
+};
+
+// The first kTmaBoxAlign boundary at or after the dynamic shared memory's start: TMA kernels lay their tiles out
+// from there (their launch asks for kTmaBoxAlign bytes of slack).
+__device__ __forceinline__ unsigned char* tma_aligned_smem(unsigned char* smem_raw) {
+  return smem_raw + (kTmaBoxAlign - ptx::smem_address(smem_raw) % kTmaBoxAlign) % kTmaBoxAlign;
+}
+
+// The forward of one CTA (kernels below). kTma: K and V arrive by TMA (fwd_loads_kv_by_tma), `maps` their tensor
+// maps; otherwise by cp.async and `maps` is unused.
+template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind, bool kTma>
+__device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& maps) {
   constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral, kKind);
   constexpr int kBlockM = kTile.block_m;
   constexpr int kBlockN = kTile.block_n;
@@ -610,12 +669,16 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
   constexpr bool kEarlyV = fwd_waits_v_before_softmax(kHeadDim, kMask != MaskKind::kNone);
   constexpr bool kFirstV = fwd_prefetches_first_v(kHeadDim, kGeneral, kWarps, kStages);
   using KvTiles = TileLayout<fwd_swizzles_kv(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone), kHeadDim>;
-  using KvLayout = std::conditional_t<fwd_branches_whole_tiles(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone),
-                                      WholeTileLoads<KvTiles>, KvTiles>;
+  using CpAsyncLayout =
+      std::conditional_t<fwd_branches_whole_tiles(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone),
+                         WholeTileLoads<KvTiles>, KvTiles>;
+  using KvLayout = std::conditional_t<kTma, SegmentSwizzledRows<kBlockN, kHeadDim>, CpAsyncLayout>;
   static_assert(kHeadDim % (2 * kMmaK) == 0 && kBlockN % (2 * kMmaK) == 0 && kStrips >= 1, "tile shape");
   static_assert(kStages >= 1 && kStages <= kMaxKvStages, "kv_stages");
+  static_assert(!kTma || (kStages == 1 && !kFirstV && !kGeneral), "TMA loads: one stage, the first V after K");
 
   extern __shared__ __align__(kSmemAlign) unsigned char smem_raw[];
+  unsigned char* const smem = kTma ? tma_aligned_smem(smem_raw) : smem_raw;
 
   // A split decode grid fits in one wave (choose_fwd_num_splits), so every CTA is resident when the last one allows
   // the combine kernel (its programmatic dependent, fwd_launch.h) to start: no combine CTA takes a slot that a split
@@ -624,8 +687,20 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
   FwdCta cta = locate_cta<kMask, kBlockM>(p, blockIdx, gridDim.x);
   if (cta.m0 >= cta.seqlen_q) return;
   plan_key_tiles<kMask, kBlockM, kBlockN>(p, cta);
-  const FwdTiles<T> tiles = locate_tiles<kHeadDim, kBlockM, kBlockN, kStages, T>(smem_raw, p, cta);
-  load_prologue<KvLayout, kHeadDim, kBlockM, kBlockN, kThreads, kStages, kFirstV>(p, cta, tiles);
+  const FwdTiles<T> tiles = locate_tiles<kHeadDim, kBlockM, kBlockN, kStages, T>(smem, p, cta);
+  TmaKvBarriers bars;
+  if constexpr (kTma) {
+    // The barriers follow the tiles; Q loads by cp.async as one group, K(n_last) by TMA.
+    bars.init(smem + fwd_smem_bytes(kHeadDim, kGeneral, kKind, sizeof(T)));
+    load_tile_async<kBlockM, kHeadDim, kThreads, PaddedRows<kHeadDim>>(tiles.s_q, tiles.q, p.q_strides.row,
+                                                                      cta.seqlen_q - cta.m0, cta.head_dim, cta.tid);
+    ptx::cp_async_commit();
+    if (cta.tid == 0 && cta.n_last >= cta.n_first) {
+      issue_kv_tile_tma<kHeadDim, kBlockN>(tiles.s_k_ring, maps.k, bars.k_full, cta, cta.n_last);
+    }
+  } else {
+    load_prologue<KvLayout, kHeadDim, kBlockM, kBlockN, kThreads, kStages, kFirstV>(p, cta, tiles);
+  }
   const FwdScoreParams sp = read_score_params<kGeneral>(p, cta);
 
   int rows[kStrips][2];
@@ -634,9 +709,28 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
   ptx::MmaC acc[kStrips][kDTiles];
   init_softmax(row_max, row_sum);
 
+  // V(n) landed; every warp is done with K(n), whose slot takes K(n - kStages).
+  auto await_v_tile = [&](const int& n) {
+    if constexpr (kTma) {
+      bars.wait_v();
+      __syncthreads();
+      if (cta.tid == 0 && n > cta.n_first) {
+        issue_kv_tile_tma<kHeadDim, kBlockN>(tiles.s_k_ring, maps.k, bars.k_full, cta, n - 1);
+      }
+    } else {
+      await_v<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(p, cta, tiles, n);
+    }
+  };
   for (int n = cta.n_last; n >= cta.n_first; --n) {
     const int n0 = n * kBlockN;
-    await_k<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kFirstV>(p, cta, tiles, n);
+    if constexpr (kTma) {
+      ptx::cp_async_wait<0>();  // Q, on the first tile
+      bars.wait_k();
+      __syncthreads();  // every thread's Q copies landed; every warp is done with V(n + 1)'s slot
+      if (cta.tid == 0) issue_kv_tile_tma<kHeadDim, kBlockN>(tiles.s_v_ring, maps.v, bars.v_full, cta, n);
+    } else {
+      await_k<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kFirstV>(p, cta, tiles, n);
+    }
     const T* s_k = tiles.s_k_ring + ring_slot<kStages>(n) * kBlockN * kStride;
     const T* s_v = tiles.s_v_ring + ring_slot<kStages>(n) * kBlockN * kStride;
 
@@ -647,7 +741,7 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
     ptx::MmaC sc[kStrips][kNTiles];
     ptx::MmaA a[kStrips];
     compute_scores<KvLayout, kHeadDim, kStripStride>(sc, a, tiles.s_q, s_k, cta.warp, cta.lane);
-    if constexpr (kEarlyV) await_v<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(p, cta, tiles, n);
+    if constexpr (kEarlyV) await_v_tile(n);
     if constexpr (kGeneral) transform_scores(sc, rows, n0, p, cta, sp);
 
     // Mask only the tiles some row of this CTA cannot fully see: scores of keys past seqlen_k or outside the
@@ -678,7 +772,7 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
 
     online_softmax(sc, acc, row_max, row_sum, sp.x_scale);
     if (kGeneral && sp.dropout) apply_dropout(sc, rows, n0, cta.t, sp);
-    if constexpr (!kEarlyV) await_v<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(p, cta, tiles, n);
+    if constexpr (!kEarlyV) await_v_tile(n);
     ptx::MmaA pa[kStrips];
     accumulate_pv<KvLayout, kHeadDim>(acc, pa, sc, s_v, cta.lane);
   }
@@ -691,6 +785,19 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).war
   normalise_output<kHeadDim>(acc, row_max, row_sum, rows, tiles.s_q, p, cta, split_call);
   if (split_call) return;
   store_output<kHeadDim, kStripStride, kStrips>(tiles.s_q, p, cta);
+}
+
+template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind>
+__global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).warps* kWarpSize)
+    fwd_kernel(const FwdParams p) {
+  fwd_tile<T, kHeadDim, kMask, kGeneral, kKind, false>(p, FwdKvMaps{});
+}
+
+// The same with K and V by TMA (sm90+; fwd_loads_kv_by_tma), the launch asking for fwd_tma_smem_bytes.
+template <typename T, int kHeadDim, MaskKind kMask, FwdTileKind kKind>
+__global__ void __launch_bounds__(fwd_tile_config(kHeadDim, false, kKind).warps* kWarpSize)
+    fwd_tma_kernel(const FwdParams p, const __grid_constant__ FwdKvMaps maps) {
+  fwd_tile<T, kHeadDim, kMask, false, kKind, true>(p, maps);
 }
 
 }  // namespace flash::sm80

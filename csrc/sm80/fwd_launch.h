@@ -38,15 +38,16 @@ inline void require_fwd_shared_memory(int needed_bytes, int available_bytes, int
                  ". Run the forward on another GPU (sm80 or newer), or on CPU tensors."));
 }
 
-// The persistent kernel's K and V tensor maps (fwd_persistent_loads_kv_by_tma): K and V as (head dim, kv head, key,
-// batch entry) in boxes of one segment x kBlockN keys. False where a map cannot be made: below sm90, with seqused_k
-// (rows past a sequence's used keys would arrive as data, not zeros), or strides the encoder rejects.
+// The K and V tensor maps of the TMA kernels (fwd_persistent_loads_kv_by_tma, fwd_loads_kv_by_tma): K and V as (head
+// dim, kv head, key, batch entry) in boxes of one segment x kBlockN keys, so rows past seqlen_k arrive as zeros. False
+// where a map cannot be made or would not zero those rows: below sm90, varlen (a sequence's rows run on into the next
+// one's), seqused_k (rows past the used keys hold data), or strides the encoder rejects.
 constexpr int kTmaSm = 90;
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, FwdTileKind kKind = FwdTileKind::kStandard>
 bool make_fwd_kv_maps(FwdKvMaps& maps, const FwdParams& params, int sm) {
-  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, false, FwdTileKind::kStandard);
+  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, false, kKind);
   const AttentionShape& shape = params.shape;
-  if (sm < kTmaSm || shape.seqused_k != nullptr || shape.seqlen_k < 1) return false;
+  if (sm < kTmaSm || shape.cu_seqlens_k != nullptr || shape.seqused_k != nullptr || shape.seqlen_k < 1) return false;
   const CUtensorMapDataType data_type =
       std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const uint64_t dims[4] = {static_cast<uint64_t>(shape.head_dim), static_cast<uint64_t>(shape.nheads_k),
@@ -94,6 +95,28 @@ bool launch_fwd_persistent(const FwdParams& params, cudaStream_t stream, SmemLim
   return true;
 }
 
+// Launches the one-item kernel with K and V by TMA (fwd_loads_kv_by_tma) where its tensor maps can be made (as
+// make_fwd_kv_maps) and its shared memory fits. Returns whether it launched.
+template <typename T, int kHeadDim, MaskKind kMask, FwdTileKind kKind>
+bool launch_fwd_tma_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits limits,
+                           const DeviceAttributes& device) {
+  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, false, kKind);
+  constexpr int kSmemBytes = fwd_tma_smem_bytes(kHeadDim, kKind, sizeof(T));
+  FwdKvMaps maps{};
+  if (kSmemBytes > limits.per_block_optin || !make_fwd_kv_maps<T, kHeadDim, kKind>(maps, params, device.sm)) {
+    return false;
+  }
+  auto* kernel = fwd_tma_kernel<T, kHeadDim, kMask, kKind>;
+  static const cudaError_t opt_in =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  (void)opt_in;
+  const int64_t query_tiles = (params.shape.seqlen_q + kTile.block_m - 1) / kTile.block_m;
+  const dim3 grid(static_cast<unsigned>(query_tiles), static_cast<unsigned>(params.shape.nheads_q),
+                  static_cast<unsigned>(params.shape.batch * params.num_splits));
+  kernel<<<grid, kTile.warps * kWarpSize, kSmemBytes, stream>>>(params, maps);
+  return true;
+}
+
 template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind>
 void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits limits,
                        const DeviceAttributes& device) {
@@ -102,6 +125,10 @@ void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits 
   require_fwd_shared_memory(kSmemBytes, limits.per_block_optin, kHeadDim);
   if constexpr (fwd_runs_persistent(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone)) {
     if (launch_fwd_persistent<T, kHeadDim>(params, stream, limits, device)) return;
+  }
+  constexpr bool kMasked = kMask != MaskKind::kNone;
+  if constexpr (fwd_loads_kv_by_tma(kHeadDim, kGeneral, kKind, kMasked)) {
+    if (launch_fwd_tma_kernel<T, kHeadDim, kMask, kKind>(params, stream, limits, device)) return;
   }
   auto* kernel = fwd_kernel<T, kHeadDim, kMask, kGeneral, kKind>;
   // Above 48 KB of dynamic shared memory a kernel must opt in; once per instantiation and process.

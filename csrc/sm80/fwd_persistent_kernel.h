@@ -6,32 +6,9 @@
 // At head dim 256 K and V arrive by TMA (fwd_persistent_loads_kv_by_tma), Q still by cp.async.
 #pragma once
 
-#include "flash_attn/ptx/tma_load_sm90.h"
 #include "sm80/fwd_kernel.h"
-#include "sm80/tensor_map_sm90.h"
 
 namespace flash::sm80 {
-
-// Tensor maps of K and V as (head dim, kv head, key, batch entry), boxes of 64 columns x 64 keys (fwd_launch.h).
-struct FwdKvMaps {
-  TensorMapArg k;
-  TensorMapArg v;
-};
-
-// Thread 0: issues the TMA loads of key tile n of K or V (one box per 64-column segment) into `slot`, counted on
-// `barrier`. Rows past the key range arrive as zeros, as cp.async's zero fill writes them.
-template <int kHeadDim, int kBlockN, typename T>
-__device__ __forceinline__ void issue_kv_tile_tma(T* slot, const TensorMapArg& map, uint64_t* barrier,
-                                                  const FwdCta& cta, int n) {
-  constexpr int kSegments = kHeadDim / kSegmentElems;
-  constexpr uint32_t kTileBytes = kBlockN * kHeadDim * sizeof(T);
-  ptx::mbarrier_arrive_expect_tx(barrier, kTileBytes);
-#pragma unroll
-  for (int segment = 0; segment < kSegments; ++segment) {
-    ptx::tma_load_4d(slot + segment * kBlockN * kSegmentElems, &map.map, barrier, segment * kSegmentElems, cta.hk,
-                     static_cast<int>(cta.k_row0) + n * kBlockN, cta.b);
-  }
-}
 
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(fwd_tile_config(kHeadDim).warps* kWarpSize)
@@ -61,22 +38,10 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim).warps* kWarpSize)
                 "the persistent kernel follows the one-stage order without the first V in the prologue");
 
   extern __shared__ __align__(kSmemAlign) unsigned char smem_raw[];
-  // With TMA: the tiles from the next kTmaBoxAlign boundary (the launcher asks for the slack), then the K and V
-  // barriers, each completing one phase per key tile.
-  unsigned char* const smem =
-      kTma ? smem_raw + (kTmaBoxAlign - ptx::smem_address(smem_raw) % kTmaBoxAlign) % kTmaBoxAlign : smem_raw;
-  uint64_t* const k_full = reinterpret_cast<uint64_t*>(smem + fwd_persistent_smem_bytes(kHeadDim, sizeof(T)));
-  uint64_t* const v_full = k_full + 1;
-  uint32_t k_parity = 0;
-  uint32_t v_parity = 0;
-  if constexpr (kTma) {
-    if (threadIdx.x == 0) {
-      ptx::mbarrier_init(k_full, 1);
-      ptx::mbarrier_init(v_full, 1);
-      ptx::fence_barrier_init();
-    }
-    __syncthreads();
-  }
+  // With TMA: the tiles from the next kTmaBoxAlign boundary (the launcher asks for the slack), then the barriers.
+  unsigned char* const smem = kTma ? tma_aligned_smem(smem_raw) : smem_raw;
+  TmaKvBarriers bars;
+  if constexpr (kTma) bars.init(smem + fwd_persistent_smem_bytes(kHeadDim, sizeof(T)));
 
   const unsigned query_tiles = static_cast<unsigned>((p.shape.seqlen_q + kBlockM - 1) / kBlockM);
   const unsigned heads = static_cast<unsigned>(p.shape.nheads_q);
@@ -98,7 +63,7 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim).warps* kWarpSize)
                                                                           c.seqlen_q - c.m0, c.head_dim, c.tid);
         ptx::cp_async_commit();
         if (c.tid == 0 && c.n_last >= c.n_first) {
-          issue_kv_tile_tma<kHeadDim, kBlockN>(t.s_k_ring, maps.k, k_full, c, c.n_last);
+          issue_kv_tile_tma<kHeadDim, kBlockN>(t.s_k_ring, maps.k, bars.k_full, c, c.n_last);
         }
       } else {
         load_prologue<KvLayout, kHeadDim, kBlockM, kBlockN, kThreads, kStages, false>(p, c, t);
@@ -118,10 +83,9 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim).warps* kWarpSize)
       const int n0 = n * kBlockN;
       if constexpr (kTma) {
         ptx::cp_async_wait<0>();  // Q, on the item's first tile
-        ptx::mbarrier_wait_parity(k_full, k_parity);
-        k_parity ^= 1;
+        bars.wait_k();
         __syncthreads();  // every thread's Q copies landed; every warp is done with V(n + 1)'s slot
-        if (cta.tid == 0) issue_kv_tile_tma<kHeadDim, kBlockN>(tiles.s_v_ring, maps.v, v_full, cta, n);
+        if (cta.tid == 0) issue_kv_tile_tma<kHeadDim, kBlockN>(tiles.s_v_ring, maps.v, bars.v_full, cta, n);
       } else {
         await_k<KvLayout, kHeadDim, kBlockN, kThreads, kStages, false>(p, cta, tiles, n);
       }
@@ -136,8 +100,7 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim).warps* kWarpSize)
       auto await_v_or_prefetch = [&] {
         const unsigned next = item + gridDim.x;
         if constexpr (kTma) {
-          ptx::mbarrier_wait_parity(v_full, v_parity);
-          v_parity ^= 1;
+          bars.wait_v();
         } else if (n == cta.n_first && next < items) {
           ptx::cp_async_wait<0>();
         }
@@ -152,7 +115,7 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim).warps* kWarpSize)
         } else if constexpr (kTma) {
           __syncthreads();  // every warp is done with K(n)
           if (cta.tid == 0 && n > cta.n_first) {
-            issue_kv_tile_tma<kHeadDim, kBlockN>(tiles.s_k_ring, maps.k, k_full, cta, n - 1);
+            issue_kv_tile_tma<kHeadDim, kBlockN>(tiles.s_k_ring, maps.k, bars.k_full, cta, n - 1);
           }
         } else {
           await_v<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(p, cta, tiles, n);

@@ -125,6 +125,18 @@ FLASH_HOST_DEVICE constexpr bool fwd_hides_key_lane_offset(int head_dim, int str
 // rejects; seqused_k, whose unused rows the zero fill would not cover) take the one-item kernel.
 FLASH_HOST_DEVICE constexpr bool fwd_persistent_loads_kv_by_tma(int head_dim) { return head_dim == 256; }
 
+// Whether the one-item kernel of the standard tile loads K and V by TMA on sm90+ (fwd_kernel.h fwd_tma_kernel), as the
+// persistent kernel does at head dim 256 (above): a tile is one (hd 64, 128 keys) or two (hd 128, 64 keys) boxes of 64
+// columns, laid out as SegmentSwizzledRows (at hd 64 the same offsets as SwizzledRows). Measured on the H200 (bf16, two
+// interleaved rounds, best TFLOP/s, TMA / cp.async, FA2 in brackets; docs/perf_log.md, twelfth session): hd 64
+// non-causal 512 / 1k / 2k / 8k 280 / 308 / 328 / 343 against 262 / 296 / 317 / 332 (263 / 289 / 300 / 309), causal
+// 200 / 263 / 310 / 356 against 188 / 245 / 283 / 324; hd 128 non-causal 318 / 353 / 371 / 387 against 302 / 343 /
+// 365 / 383. hd 128 causal (padded K/V tiles with cp.async) was not measured with TMA and keeps cp.async. The calls
+// make_fwd_kv_maps (fwd_launch.h) turns down (below sm90, varlen, seqused_k) keep it too. `masked`: causal or local.
+FLASH_HOST_DEVICE constexpr bool fwd_loads_kv_by_tma(int head_dim, bool general, FwdTileKind kind, bool masked) {
+  return !general && kind == FwdTileKind::kStandard && (head_dim == 64 || (head_dim == 128 && !masked));
+}
+
 // Whether non-causal calls on the standard tile run it persistent (fwd_persistent_kernel.h: the CTAs an SM holds walk
 // the work items and load the next item's Q and first K during their own last key tile), for calls of at most
 // fwd_persistent_max_keys keys. It needs a second Q tile (fwd_persistent_smem_bytes). Head dims where the persistent
@@ -223,6 +235,12 @@ constexpr int kTmaBarrierBytes = 2 * 8;
 FLASH_HOST_DEVICE constexpr int fwd_persistent_launch_smem_bytes(int head_dim, int element_bytes = kFwdElementBytes) {
   return fwd_persistent_smem_bytes(head_dim, element_bytes) +
          (fwd_persistent_loads_kv_by_tma(head_dim) ? kTmaBoxAlign + kTmaBarrierBytes : 0);
+}
+
+// Shared memory the one-item kernel asks for with TMA loads: its tiles, the slack to align them and two mbarriers.
+FLASH_HOST_DEVICE constexpr int fwd_tma_smem_bytes(int head_dim, FwdTileKind kind,
+                                                   int element_bytes = kFwdElementBytes) {
+  return fwd_smem_bytes(head_dim, false, kind, element_bytes) + kTmaBoxAlign + kTmaBarrierBytes;
 }
 
 // Shared memory of the device: what one block may opt into and what one SM holds
