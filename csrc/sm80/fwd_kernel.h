@@ -651,6 +651,19 @@ __device__ __forceinline__ unsigned char* tma_aligned_smem(unsigned char* smem_r
   return smem_raw + (kTmaBoxAlign - ptx::smem_address(smem_raw) % kTmaBoxAlign) % kTmaBoxAlign;
 }
 
+// The prologue of a CTA (or persistent item) whose K and V arrive by TMA: Q by cp.async as one group, and thread 0
+// issues K(n_last) (none for an item without keys).
+template <int kHeadDim, int kBlockM, int kBlockN, int kThreads, typename T>
+__device__ __forceinline__ void load_prologue_tma(const FwdParams& p, const FwdCta& cta, const FwdTiles<T>& tiles,
+                                                  const FwdKvMaps& maps, const TmaKvBarriers& bars) {
+  load_tile_async<kBlockM, kHeadDim, kThreads, PaddedRows<kHeadDim>>(tiles.s_q, tiles.q, p.q_strides.row,
+                                                                    cta.seqlen_q - cta.m0, cta.head_dim, cta.tid);
+  ptx::cp_async_commit();
+  if (cta.tid == 0 && cta.n_last >= cta.n_first) {
+    issue_kv_tile_tma<kHeadDim, kBlockN>(tiles.s_k_ring, maps.k, bars.k_full, cta, cta.n_last);
+  }
+}
+
 // The forward of one CTA (kernels below). kTma: K and V arrive by TMA (fwd_loads_kv_by_tma), `maps` their tensor
 // maps; otherwise by cp.async and `maps` is unused.
 template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind, bool kTma>
@@ -690,14 +703,8 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
   const FwdTiles<T> tiles = locate_tiles<kHeadDim, kBlockM, kBlockN, kStages, T>(smem, p, cta);
   TmaKvBarriers bars;
   if constexpr (kTma) {
-    // The barriers follow the tiles; Q loads by cp.async as one group, K(n_last) by TMA.
-    bars.init(smem + fwd_smem_bytes(kHeadDim, kGeneral, kKind, sizeof(T)));
-    load_tile_async<kBlockM, kHeadDim, kThreads, PaddedRows<kHeadDim>>(tiles.s_q, tiles.q, p.q_strides.row,
-                                                                      cta.seqlen_q - cta.m0, cta.head_dim, cta.tid);
-    ptx::cp_async_commit();
-    if (cta.tid == 0 && cta.n_last >= cta.n_first) {
-      issue_kv_tile_tma<kHeadDim, kBlockN>(tiles.s_k_ring, maps.k, bars.k_full, cta, cta.n_last);
-    }
+    bars.init(smem + fwd_smem_bytes(kHeadDim, kGeneral, kKind, sizeof(T)));  // the barriers follow the tiles
+    load_prologue_tma<kHeadDim, kBlockM, kBlockN, kThreads>(p, cta, tiles, maps, bars);
   } else {
     load_prologue<KvLayout, kHeadDim, kBlockM, kBlockN, kThreads, kStages, kFirstV>(p, cta, tiles);
   }

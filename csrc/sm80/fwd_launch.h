@@ -95,6 +95,14 @@ bool launch_fwd_persistent(const FwdParams& params, cudaStream_t stream, SmemLim
   return true;
 }
 
+// The one-item kernels' grid: query tiles x heads x (batch entries x key splits).
+template <int kBlockM>
+dim3 fwd_grid(const FwdParams& params) {
+  const int64_t query_tiles = (params.shape.seqlen_q + kBlockM - 1) / kBlockM;
+  return dim3(static_cast<unsigned>(query_tiles), static_cast<unsigned>(params.shape.nheads_q),
+              static_cast<unsigned>(params.shape.batch * params.num_splits));
+}
+
 // Launches the one-item kernel with K and V by TMA (fwd_loads_kv_by_tma) where its tensor maps can be made (as
 // make_fwd_kv_maps) and its shared memory fits. Returns whether it launched.
 template <typename T, int kHeadDim, MaskKind kMask, FwdTileKind kKind>
@@ -110,9 +118,7 @@ bool launch_fwd_tma_kernel(const FwdParams& params, cudaStream_t stream, SmemLim
   static const cudaError_t opt_in =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   (void)opt_in;
-  const int64_t query_tiles = (params.shape.seqlen_q + kTile.block_m - 1) / kTile.block_m;
-  const dim3 grid(static_cast<unsigned>(query_tiles), static_cast<unsigned>(params.shape.nheads_q),
-                  static_cast<unsigned>(params.shape.batch * params.num_splits));
+  const dim3 grid = fwd_grid<kTile.block_m>(params);
   kernel<<<grid, kTile.warps * kWarpSize, kSmemBytes, stream>>>(params, maps);
   return true;
 }
@@ -135,9 +141,7 @@ void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits 
   static const cudaError_t opt_in =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   (void)opt_in;
-  const int64_t query_tiles = (params.shape.seqlen_q + kTile.block_m - 1) / kTile.block_m;
-  const dim3 grid(static_cast<unsigned>(query_tiles), static_cast<unsigned>(params.shape.nheads_q),
-                  static_cast<unsigned>(params.shape.batch * params.num_splits));
+  const dim3 grid = fwd_grid<kTile.block_m>(params);
   kernel<<<grid, kTile.warps * kWarpSize, kSmemBytes, stream>>>(params);
 }
 

@@ -30,7 +30,6 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim).warps* kWarpSize)
   constexpr bool kTma = fwd_persistent_loads_kv_by_tma(kHeadDim);
   using KvLayout = std::conditional_t<kTma, SegmentSwizzledRows<kBlockN, kHeadDim>,
                                       TileLayout<fwd_swizzles_kv(kHeadDim, false, kKind, false), kHeadDim>>;
-  static_assert(!kTma || kBlockN * kHeadDim <= kBlockN * kStride, "the segment-major tile fits the padded slot");
   // The prefetch below takes the place of the one-stage order's last K load (where V is awaited: after S = Q K^T
   // or after the softmax); the first V is not in the prologue.
   static_assert(fwd_runs_persistent(kHeadDim, false, kKind, false) && kStages == 1 &&
@@ -59,12 +58,7 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim).warps* kWarpSize)
     // The item's Q and first K: cp.async for both, or Q by cp.async (one group) and K by TMA.
     auto issue_prologue = [&](const FwdCta& c, const FwdTiles<T>& t) {
       if constexpr (kTma) {
-        load_tile_async<kBlockM, kHeadDim, kThreads, PaddedRows<kHeadDim>>(t.s_q, t.q, p.q_strides.row,
-                                                                          c.seqlen_q - c.m0, c.head_dim, c.tid);
-        ptx::cp_async_commit();
-        if (c.tid == 0 && c.n_last >= c.n_first) {
-          issue_kv_tile_tma<kHeadDim, kBlockN>(t.s_k_ring, maps.k, bars.k_full, c, c.n_last);
-        }
+        load_prologue_tma<kHeadDim, kBlockM, kBlockN, kThreads>(p, c, t, maps, bars);
       } else {
         load_prologue<KvLayout, kHeadDim, kBlockM, kBlockN, kThreads, kStages, false>(p, c, t);
       }
