@@ -1,9 +1,10 @@
-# The representative CUDA subset that tools/sanitize.sh runs under compute-sanitizer (memcheck, racecheck):
-# every head-dim bucket (backward also with the compact tiles of GPUs below Hopper), odd sequence lengths, GQA,
-# causal and not, varlen with empty sequences and rows past cu_seqlens[-1], a padded head dim, dropout, the wide
-# forward tile (and its persistent form), the row-pair dq accumulator and the stmatrix backward stores; forward,
-# and backward where it is built. Small sizes keep the sanitizers' slowdown bearable; each case is also checked
-# against the fp64 reference, so the subset is an ordinary part of the CUDA suite as well (marker: sanitize).
+# The representative CUDA subset that tools/sanitize.sh runs under compute-sanitizer (memcheck, racecheck): every
+# head-dim bucket (backward also with the compact tiles of GPUs below Hopper), odd sequence lengths, GQA, causal and
+# not, varlen with empty sequences and rows past cu_seqlens[-1], a padded head dim, dropout, the wide forward tile
+# (and its persistent form), the forward's TMA K/V loads, the row-pair dq accumulator and the stmatrix backward
+# stores; forward, and backward where it is built. Small sizes keep the sanitizers' slowdown bearable; each case is
+# also checked against the fp64 reference, so the subset is an ordinary part of the CUDA suite as well (marker:
+# sanitize).
 import functools
 
 import pytest
