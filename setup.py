@@ -17,6 +17,10 @@ sys.path.insert(0, str(ROOT / "tools"))
 import gen_kernels  # noqa: E402
 import kernel_matrix  # noqa: E402
 
+# The compiled module: top-level, so that a source checkout on sys.path still finds the installed build
+# (flash_attn/_native.py loads it).
+EXTENSION_NAME = "flash_attn_C"
+
 # Peak resident memory of one compiler job: a C++ file with torch headers ~1.5 GB, a CUDA kernel TU ~3 GB.
 GIB = 1 << 30
 MEMORY_PER_CXX_JOB = int(1.5 * GIB)
@@ -60,6 +64,27 @@ def locate_cuda_home() -> None:
             return
 
 
+def default_archs_from_visible_gpus() -> None:
+    """Without FLASH_ATTN_CUDA_ARCHS, a build on a machine with a visible GPU compiles only for that GPU (SASS for
+    its capability, or the portable path's PTX for a newer one): on the H200 about half the default build's time.
+    Without a visible GPU the default (kernel_matrix.DEFAULT_CUDA_ARCHS) covers every supported GPU."""
+    if kernel_matrix.ARCHS_KNOB in os.environ:
+        return
+    import torch
+
+    try:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        capabilities = [torch.cuda.get_device_capability(i) for i in range(count)]
+    except RuntimeError:
+        return
+    if not capabilities:
+        return
+    archs = kernel_matrix.visible_gpu_archs(capabilities)
+    os.environ[kernel_matrix.ARCHS_KNOB] = archs
+    print(f"flash_attn: {kernel_matrix.ARCHS_KNOB} unset; compiling for the visible GPU(s) "
+          f"{sorted(set(capabilities))}: {kernel_matrix.ARCHS_KNOB}='{archs}' (set it to build for other GPUs)")
+
+
 def want_cuda() -> bool:
     if os.environ.get("FLASH_ATTN_SKIP_CUDA", "0") not in ("", "0"):
         return False
@@ -74,6 +99,8 @@ def extension_modules():
     import torch  # noqa: F401  (fails early with a clear message when torch is missing)
     from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
+    if want_cuda():
+        default_archs_from_visible_gpus()
     cuda_units = gen_kernels.generate(ROOT) if want_cuda() else gen_kernels.generate(ROOT, {"FLASH_ATTN_CUDA_ARCHS": ""})
     set_default_max_jobs(bool(cuda_units))
     sources = sorted(str(p.relative_to(ROOT)) for folder in ("csrc/api", "csrc/dispatch", "csrc/cpu")
@@ -81,18 +108,22 @@ def extension_modules():
     include_dirs = [str(ROOT / "csrc"), str(ROOT / "csrc" / "include")]
     openmp = [] if platform.system() == "Darwin" else ["-fopenmp"]
     cxx_flags = ["-O3", "-std=c++20", "-fno-math-errno", "-fno-trapping-math"] + openmp
+    # The extension reports the version it was built from (stringised in C++: a quoted macro would not survive the
+    # shell); flash_attn/_native.py refuses a mismatched build.
+    version_macro = [("FLASH_ATTN_VERSION", read_version())]
     if not cuda_units:
         print(f"flash_attn: building the CPU implementation only ({'no CUDA kernel selected' if want_cuda() else 'no nvcc/CUDA torch or FLASH_ATTN_SKIP_CUDA set'})")
-        return [CppExtension("flash_attn._C", sources, include_dirs=include_dirs,
+        return [CppExtension(EXTENSION_NAME, sources, include_dirs=include_dirs, define_macros=version_macro,
                              extra_compile_args={"cxx": cxx_flags}, extra_link_args=openmp)]
     nvcc_flags = ["-O3", "-std=c++20", "--use_fast_math", "--expt-relaxed-constexpr", "-lineinfo"]
     nvcc_flags += kernel_matrix.gencode_flags()
     print(f"flash_attn: building {len(cuda_units)} CUDA kernels with MAX_JOBS={os.environ['MAX_JOBS']}")
     sources += [str(path.relative_to(ROOT)) for _, path in cuda_units]
     # Hand-written CUDA units outside the kernel table (helpers every table kernel shares, test kernels).
-    sources += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "sm80").glob("*.cu"))
-    return [CUDAExtension("flash_attn._C", sources, include_dirs=include_dirs,
-                          define_macros=[("FLASH_WITH_CUDA", "1")],
+    sources += sorted(str(p.relative_to(ROOT)) for folder in ("csrc/dispatch", "csrc/sm80")
+                      for p in (ROOT / folder).glob("*.cu"))
+    return [CUDAExtension(EXTENSION_NAME, sources, include_dirs=include_dirs,
+                          define_macros=[("FLASH_WITH_CUDA", "1")] + version_macro,
                           extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags}, extra_link_args=openmp)]
 
 

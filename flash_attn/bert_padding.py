@@ -7,11 +7,18 @@ import torch
 import torch.nn.functional as F
 
 
+def _long(indices: torch.Tensor) -> torch.Tensor:
+    """Indices as int64: index_copy_ takes no other dtype, and callers pass int32 too (Hugging Face transformers
+    hands cu_seqlens slices to pad_input), as Dao-AILab's helpers accept."""
+    return indices if indices.dtype == torch.int64 else indices.long()
+
+
 class IndexFirstAxis(torch.autograd.Function):
     """x[indices] along the first axis, with a backward that scatters into zeros."""
 
     @staticmethod
     def forward(ctx, x, indices):
+        indices = _long(indices)
         ctx.save_for_backward(indices)
         ctx.first_axis_dim = x.shape[0]
         return torch.index_select(x, 0, indices)
@@ -29,6 +36,7 @@ class IndexPutFirstAxis(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, values, indices, first_axis_dim):
+        indices = _long(indices)
         ctx.save_for_backward(indices)
         out = values.new_zeros((first_axis_dim, *values.shape[1:]))
         out.index_copy_(0, indices, values)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ._native import C
 from .interface import _window, attention
 
 _NAME = "flash_attn_with_kvcache"
@@ -20,15 +21,29 @@ def _reject(**features):
                                       f"padding / paging before the call and pass {name}=None")
 
 
-def _cache_lengths(cache_seqlens, batch, cache_rows, device):
+def _check_values(name, tensor, low, high):
+    """Every value of an index tensor in [low, high]: on CPU always, on CUDA once per tensor version (one host
+    synchronisation the first time a tensor is seen; none under CUDA-graph capture, where the indices are clamped
+    instead so that no access leaves the caches). Not while torch.compile traces (values unknown)."""
+    if not torch.compiler.is_compiling():
+        C.check_index_values(tensor, _NAME, name, low, high)
+
+
+def _cache_lengths(cache_seqlens, batch, cache_rows, new_rows, device):
+    """(batch,) int64 lengths of the cache before the new rows, checked to leave room for them."""
+    high = cache_rows - new_rows
     if cache_seqlens is None:
         return torch.full((batch,), cache_rows, dtype=torch.int64, device=device)
     if isinstance(cache_seqlens, int):
+        if not 0 <= cache_seqlens <= high:
+            raise ValueError(f"{_NAME}: cache_seqlens={cache_seqlens} must be in [0, {high}] (the cache has "
+                             f"{cache_rows} rows and {new_rows} new ones are appended)")
         return torch.full((batch,), cache_seqlens, dtype=torch.int64, device=device)
     if cache_seqlens.shape != (batch,):
         raise ValueError(f"{_NAME}: cache_seqlens must be an int or a (batch,) = ({batch},) tensor; got shape "
                          f"{tuple(cache_seqlens.shape)}")
-    return cache_seqlens.to(device=device, dtype=torch.int64)
+    _check_values("cache_seqlens", cache_seqlens, 0, high)
+    return cache_seqlens.to(device=device, dtype=torch.int64).clamp(0, max(high, 0))
 
 
 def _needs_grad(*tensors) -> bool:
@@ -78,13 +93,25 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if k is not None and cache_seqlens is None:
         raise ValueError(f"{_NAME}: appending k / v needs cache_seqlens (where each sequence's new rows go)")
     batch, seqlen_q, nheads = q.shape[0], q.shape[1], q.shape[2]
-    cache_rows = k_cache.shape[1]
-    if cache_batch_idx is None and k_cache.shape[0] != batch:
-        raise ValueError(f"{_NAME}: k_cache has {k_cache.shape[0]} entries for a batch of {batch}; pass "
+    cache_entries, cache_rows = k_cache.shape[0], k_cache.shape[1]
+    new_rows = 0 if k is None else k.shape[1]
+    if new_rows > cache_rows:
+        raise ValueError(f"{_NAME}: {new_rows} new rows (k.shape[1]) do not fit a cache of {cache_rows} rows "
+                         "(k_cache.shape[1])")
+    if cache_batch_idx is None and cache_entries != batch:
+        raise ValueError(f"{_NAME}: k_cache has {cache_entries} entries for a batch of {batch}; pass "
                          "cache_batch_idx to say which cache entry each sequence uses")
-    lengths = _cache_lengths(cache_seqlens, batch, cache_rows, q.device)
-    entries = (torch.arange(batch, device=q.device) if cache_batch_idx is None
-               else cache_batch_idx.to(device=q.device, dtype=torch.int64))
+    lengths = _cache_lengths(cache_seqlens, batch, cache_rows, new_rows, q.device)
+    if cache_batch_idx is None:
+        entries = torch.arange(batch, device=q.device)
+    else:
+        if cache_batch_idx.shape != (batch,):
+            raise ValueError(f"{_NAME}: cache_batch_idx must be a (batch,) = ({batch},) tensor; got shape "
+                             f"{tuple(cache_batch_idx.shape)}")
+        if batch > 0 and cache_entries == 0:
+            raise ValueError(f"{_NAME}: cache_batch_idx indexes an empty cache (k_cache.shape[0] == 0)")
+        _check_values("cache_batch_idx", cache_batch_idx, 0, cache_entries - 1)
+        entries = cache_batch_idx.to(device=q.device, dtype=torch.int64).clamp(0, max(cache_entries - 1, 0))
     if k is not None:
         rows = lengths.view(-1, 1) + torch.arange(k.shape[1], device=q.device).view(1, -1)
         k_cache[entries.view(-1, 1), rows] = k

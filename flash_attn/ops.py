@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _C
-
-_C_MODULE = _C  # keeps the extension (and so the op registrations) alive
+from ._native import C as _C  # loading the extension registers the ops' schemas and kernels
 
 fwd_op = torch.ops.flash_attn.fwd.default
 bwd_op = torch.ops.flash_attn.bwd.default

@@ -99,3 +99,28 @@ def test_padded_batch_through_varlen(device):
         naive = attention_ref(q[b:b + 1, sl], k[b:b + 1, sl], v[b:b + 1, sl], causal=True, compute_dtype=dtype)[0]
         assert_close_fa(out[b:b + 1, sl], ref, naive, 2)
         assert torch.equal(out[b, n:], torch.zeros_like(out[b, n:]))
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_helpers_accept_int32_and_int64_indices(index_dtype, device):
+    """Hugging Face transformers hands int32 indices (cu_seqlens slices) to pad_input; Dao-AILab's helpers take
+    both dtypes, forward and backward."""
+    batch, seqlen = 3, 5
+    hidden = randn(batch * seqlen, 4, 2, device=device, requires_grad=True)
+    indices = torch.tensor([0, 2, 3, 7, 11, 14], device=device, dtype=index_dtype)
+    gathered = index_first_axis(hidden, indices)
+    assert torch.equal(gathered, hidden.detach()[indices.long()])
+    (grad,) = torch.autograd.grad(gathered, hidden, torch.ones_like(gathered))
+    expected = torch.zeros_like(hidden)
+    expected[indices.long()] = 1
+    assert torch.equal(grad, expected)
+    values = randn(len(indices), 4, 2, device=device, requires_grad=True)
+    padded = pad_input(values, indices, batch, seqlen)
+    assert padded.shape == (batch, seqlen, 4, 2)
+    flat = padded.detach().flatten(0, 1)
+    assert torch.equal(flat[indices.long()], values.detach())
+    kept = torch.zeros(batch * seqlen, dtype=torch.bool, device=device)
+    kept[indices.long()] = True
+    assert flat[~kept].abs().max() == 0
+    (grad,) = torch.autograd.grad(padded, values, torch.ones_like(padded))
+    assert torch.equal(grad, torch.ones_like(values))

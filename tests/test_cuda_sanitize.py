@@ -2,7 +2,8 @@
 # head-dim bucket (backward also with the compact tiles of GPUs below Hopper), odd sequence lengths, GQA, causal and
 # not, varlen with empty sequences and rows past cu_seqlens[-1], a padded head dim, dropout, the wide forward tile
 # (and its persistent form), the forward's TMA K/V loads, the row-pair dq accumulator and the stmatrix backward
-# stores; forward, and backward where it is built. Small sizes keep the sanitizers' slowdown bearable; each case is
+# stores, malformed cu_seqlens and cache indices with the host checks off (the kernels' clamps); forward, and backward
+# where it is built. Small sizes keep the sanitizers' slowdown bearable; each case is
 # also checked against the fp64 reference, so the subset is an ordinary part of the CUDA suite as well (marker:
 # sanitize).
 import functools
@@ -136,3 +137,41 @@ def test_varlen_causal_gqa(direction):
     check_output_and_grads(out[:rows_q].cpu(),
                            None if grads is None else [grads[0][:rows_q].cpu(), grads[1][:rows_k].cpu(),
                                                        grads[2][:rows_k].cpu()], truth, naive)
+
+
+# cu_seqlens_q values that once read outside the tensors (decreasing, past the rows, above max_seqlen, a negative
+# start), run with the host checks off so that the kernels see them: their clamps must keep every access inside.
+MALFORMED_CU_SEQLENS = {"decreasing": [0, 100, 40, 160], "past_rows": [0, 64, 128, 4000],
+                        "above_max_seqlen": [0, 10, 150, 160], "negative_start": [-50, 20, 90, 160]}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED_CU_SEQLENS))
+@pytest.mark.parametrize("direction", list(DIRECTIONS))
+def test_malformed_cu_seqlens_unchecked(case, direction, monkeypatch):
+    backward = DIRECTIONS[direction]
+    _require(64, backward)
+    monkeypatch.setenv("FLASH_ATTN_CHECK_DEVICE_VALUES", "0")
+    values = MALFORMED_CU_SEQLENS[case]
+    q = randn(160, 4, 64, dtype=DTYPE, device="cuda", requires_grad=backward)
+    k = randn(170, 2, 64, dtype=DTYPE, device="cuda", requires_grad=backward)
+    v = randn(170, 2, 64, dtype=DTYPE, device="cuda", requires_grad=backward)
+    bad = torch.tensor(values, dtype=torch.int32, device="cuda")
+    good_q, good_k = cu_from_seqlens([50, 50, 60], "cuda"), cu_from_seqlens([50, 60, 60], "cuda")
+    for cu_q, cu_k in ((bad, good_k), (good_q, bad)):
+        out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 64, 64, causal=True)
+        if backward:
+            torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    torch.cuda.synchronize()
+
+
+def test_malformed_cache_indices_unchecked(monkeypatch):
+    _require(64, False)
+    monkeypatch.setenv("FLASH_ATTN_CHECK_DEVICE_VALUES", "0")
+    k_cache, v_cache = (randn(3, 32, 2, 64, dtype=DTYPE, device="cuda") for _ in range(2))
+    q = randn(3, 1, 4, 64, dtype=DTYPE, device="cuda")
+    k_new, v_new = (randn(3, 1, 2, 64, dtype=DTYPE, device="cuda") for _ in range(2))
+    lengths = torch.tensor([3, 1000, -7], dtype=torch.int32, device="cuda")
+    index = torch.tensor([2, 99, -5], dtype=torch.int32, device="cuda")
+    flash_attn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lengths,
+                                       cache_batch_idx=index)
+    torch.cuda.synchronize()

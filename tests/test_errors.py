@@ -10,6 +10,7 @@ from flash_attn import (
     flash_attn_kvpacked_func,
     flash_attn_qkvpacked_func,
     flash_attn_varlen_func,
+    flash_attn_with_kvcache,
 )
 from flash_attn.reference import cu_from_seqlens
 
@@ -243,23 +244,13 @@ def test_sdpa_mismatched_dtypes():
         flash_attn.scaled_dot_product_attention(q, k.double(), v)
 
 
-@pytest.mark.parametrize(
-    "shapes",
-    [
-        dict(batch=0),
-        dict(sq=0),
-        dict(sk=0),
-        dict(h=0, hk=0),
-        dict(d=0),
-    ],
-    ids=["batch", "seqlen_q", "seqlen_k", "heads", "headdim"],
-)
-def test_empty_tensors(shapes):
-    q, k, v = _qkv(**shapes)
-    pattern = r"(?i)empty|zero|size|numel|\b[qkv]\b|head ?dim|head_dim"
+def test_zero_head_dim_rejected():
+    """Empty batches, sequences and heads are valid (tests/test_empty_inputs.py); a head dim of 0 is not."""
+    q, k, v = _qkv(d=0)
+    pattern = r"(?i)head ?dim|head_dim"
     with pytest.raises(ERRORS, match=pattern):
         flash_attn_func(q, k, v)
-    with pytest.raises(ERRORS, match=pattern + "|query|key|value"):
+    with pytest.raises(ERRORS, match=pattern):
         flash_attn.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
 
 
@@ -274,3 +265,24 @@ def test_kvpacked_wrong_shape():
     kv = torch.randn(2, 8, 3, 2, 16)
     with pytest.raises(ERRORS, match=r"(?i)kv|shape|2"):
         flash_attn_kvpacked_func(q, kv)
+
+
+def test_kvcache_index_values_out_of_range():
+    q = torch.randn(3, 1, 2, 16)
+    k_cache, v_cache = torch.randn(3, 8, 2, 16), torch.randn(3, 8, 2, 16)
+    k_new = torch.randn(3, 1, 2, 16)
+    with pytest.raises(RuntimeError, match=r"cache_seqlens\[2\]=8 is outside \[0, 7\]"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, k_new, k_new, cache_seqlens=torch.tensor([0, 7, 8]))
+    with pytest.raises(RuntimeError, match=r"cache_batch_idx\[0\]=-1 is outside \[0, 2\]"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, cache_batch_idx=torch.tensor([-1, 0, 1], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"9 new rows .* do not fit a cache of 8 rows"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, torch.randn(3, 9, 2, 16), torch.randn(3, 9, 2, 16),
+                                cache_seqlens=0)
+
+
+def test_varlen_cu_seqlens_values_name_the_argument():
+    q, k, v, cu_q, cu_k = _varlen()
+    with pytest.raises(RuntimeError, match=r"cu_seqlens_k must be non-decreasing"):
+        flash_attn_varlen_func(q, k, v, cu_q, torch.tensor([0, 6, 4], dtype=torch.int32), 5, 6)
+    with pytest.raises(RuntimeError, match=r"cu_seqlens_q\[0\] must be 0; got -1"):
+        flash_attn_varlen_func(q, k, v, torch.tensor([-1, 3, 8], dtype=torch.int32), cu_k, 5, 6)

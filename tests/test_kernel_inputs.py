@@ -1,11 +1,11 @@
 # The CUDA kernel input contract's per-tensor decision (csrc/api/kernel_inputs.cpp), checked on CPU tensors
-# through flash_attn._C.kernel_input_action: head dims not a multiple of 8 are padded, tensors with a
+# through the extension's kernel_input_action: head dims not a multiple of 8 are padded, tensors with a
 # batch/row/head stride not a multiple of 8 or a base address not 16-byte aligned are copied, everything
 # else (contiguous tensors, slices of packed qkv / kv, transposed (B, H, S, D) views) is used as it is.
 import pytest
 import torch
 
-from flash_attn import _C
+from flash_attn._native import C as _C
 
 DT = torch.bfloat16
 

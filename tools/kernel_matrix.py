@@ -18,9 +18,13 @@ ARCH_PATHS = {
     "sm80": (80, 86, 89, 90),
     "sm90": (90,),
 }
-# Capabilities FLASH_ATTN_CUDA_ARCHS may name (each compiled to its own SASS).
+# Capabilities FLASH_ATTN_CUDA_ARCHS may name. `NN` compiles SASS for sm_NN; `compute_NN` embeds PTX only, which the
+# driver compiles at first use for any GPU of capability NN or newer (sm_100, sm_120: the portable path's PTX);
+# `NN+PTX` does both. The default embeds compute_80 PTX beside the SASS so GPUs newer than the SASS get a kernel.
 KNOWN_CAPABILITIES = (80, 86, 89, 90)
-DEFAULT_CUDA_ARCHS = "80;90"
+DEFAULT_CUDA_ARCHS = "80+PTX;90"
+ARCHS_KNOB = "FLASH_ATTN_CUDA_ARCHS"
+
 
 # (arch, direction) -> header that defines the launch template for that pair. A pair appears here only
 # once its kernel exists; until then a CUDA call fails with a message naming what is missing.
@@ -47,27 +51,73 @@ class KernelSpec:
         return f"{self.direction}_{self.arch}_{self.dtype}_hd{self.head_dim}_{self.mask}"
 
 
+@dataclasses.dataclass(frozen=True)
+class ArchTarget:
+    """One compute capability and what to embed for it: SASS, PTX or both."""
+
+    capability: int
+    sass: bool
+    ptx: bool
+
+
 def _split(value: str) -> list[str]:
     return [item.strip() for item in value.replace(",", ";").split(";") if item.strip()]
 
 
-def parse_capabilities(value: str) -> list[int]:
-    """FLASH_ATTN_CUDA_ARCHS ('80;90', 'sm_90', '9.0') -> sorted compute capabilities."""
-    caps = set()
+def _capability(item: str, text: str) -> int:
+    digits = text.lower().removeprefix("sm").removeprefix("_").removesuffix("a").replace(".", "")
+    if not digits.isdigit() or int(digits) not in KNOWN_CAPABILITIES:
+        raise ValueError(
+            f"{ARCHS_KNOB}: unknown arch {item!r}; use a capability from {';'.join(map(str, KNOWN_CAPABILITIES))} "
+            f"for SASS, compute_NN for PTX only, or NN+PTX for both (e.g. {ARCHS_KNOB}='{DEFAULT_CUDA_ARCHS}')")
+    return int(digits)
+
+
+def parse_arch_targets(value: str) -> list[ArchTarget]:
+    """FLASH_ATTN_CUDA_ARCHS ('80+PTX;90', 'sm_90', '9.0', 'compute_80') -> targets sorted by capability."""
+    sass: set[int] = set()
+    ptx: set[int] = set()
     for item in _split(value):
-        digits = item.lower().removeprefix("sm").removeprefix("_").removesuffix("a").replace(".", "")
-        if not digits.isdigit() or int(digits) not in KNOWN_CAPABILITIES:
-            raise ValueError(
-                f"FLASH_ATTN_CUDA_ARCHS: unknown arch {item!r}; choose from "
-                f"{';'.join(map(str, KNOWN_CAPABILITIES))} (e.g. FLASH_ATTN_CUDA_ARCHS='80;90')")
-        caps.add(int(digits))
-    return sorted(caps)
+        text = item.strip()
+        if text.lower().startswith("compute_"):
+            ptx.add(_capability(item, text[len("compute_"):]))
+        elif text.upper().endswith("+PTX"):
+            cap = _capability(item, text[:-len("+PTX")])
+            sass.add(cap)
+            ptx.add(cap)
+        else:
+            sass.add(_capability(item, text))
+    return [ArchTarget(cap, cap in sass, cap in ptx) for cap in sorted(sass | ptx)]
+
+
+def parse_capabilities(value: str) -> list[int]:
+    """The compute capabilities FLASH_ATTN_CUDA_ARCHS compiles for (SASS or PTX), sorted."""
+    return [target.capability for target in parse_arch_targets(value)]
 
 
 def gencode_flags(environ=os.environ) -> list[str]:
-    """nvcc -gencode flags: SASS for every requested capability."""
-    caps = parse_capabilities(environ.get("FLASH_ATTN_CUDA_ARCHS", DEFAULT_CUDA_ARCHS))
-    return [f"-gencode=arch=compute_{cap},code=sm_{cap}" for cap in caps]
+    """nvcc -gencode flags: SASS and/or PTX per requested capability (one flag each: no brackets, which a shell
+    could glob)."""
+    flags = []
+    for target in parse_arch_targets(environ.get(ARCHS_KNOB, DEFAULT_CUDA_ARCHS)):
+        codes = ([f"sm_{target.capability}"] if target.sass else []) + (
+            [f"compute_{target.capability}"] if target.ptx else [])
+        flags += [f"-gencode=arch=compute_{target.capability},code={code}" for code in codes]
+    return flags
+
+
+def visible_gpu_archs(capabilities: list[tuple[int, int]]) -> str:
+    """The FLASH_ATTN_CUDA_ARCHS value for the GPUs visible at build time: SASS for each known capability, the
+    portable path's PTX for newer ones (e.g. sm_100, sm_120); '' when none is sm80 or newer."""
+    items = []
+    oldest = min(KNOWN_CAPABILITIES)
+    for major, minor in sorted(set(capabilities)):
+        cap = major * 10 + minor
+        if cap in KNOWN_CAPABILITIES:
+            items.append(str(cap))
+        elif cap > oldest:
+            items.append(f"compute_{oldest}")
+    return ";".join(dict.fromkeys(items))
 
 
 def _parse_choice(knob: str, value: str, allowed: tuple, convert=str) -> list:
@@ -85,9 +135,9 @@ def _parse_choice(knob: str, value: str, allowed: tuple, convert=str) -> list:
 
 def selected_kernels(environ=os.environ) -> list[KernelSpec]:
     """The kernels this build compiles, after the build knobs:
-    FLASH_ATTN_CUDA_ARCHS ('80;90'), FLASH_ATTN_HEAD_DIMS ('64;128'), FLASH_ATTN_DTYPES ('bf16'),
+    FLASH_ATTN_CUDA_ARCHS ('80+PTX;90'), FLASH_ATTN_HEAD_DIMS ('64;128'), FLASH_ATTN_DTYPES ('bf16'),
     FLASH_ATTN_MASKS ('none;causal'), FLASH_ATTN_DIRECTIONS ('fwd')."""
-    caps = set(parse_capabilities(environ.get("FLASH_ATTN_CUDA_ARCHS", DEFAULT_CUDA_ARCHS)))
+    caps = set(parse_capabilities(environ.get(ARCHS_KNOB, DEFAULT_CUDA_ARCHS)))
     archs = [path for path, runs_on in ARCH_PATHS.items() if caps & set(runs_on)]
     head_dims = _parse_choice("FLASH_ATTN_HEAD_DIMS", environ.get("FLASH_ATTN_HEAD_DIMS", ""),
                               HEAD_DIM_BUCKETS, int) or list(HEAD_DIM_BUCKETS)

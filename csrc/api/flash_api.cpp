@@ -12,6 +12,7 @@
 #include "../dispatch/device_attributes.h"
 #include "../dispatch/registry.h"
 #include "flash_attn/bwd_workspace.h"
+#include "checked_values_cache.h"
 #include "error_message.h"
 #include "fwd_cuda_plan.h"
 #include "input_checks.h"
@@ -94,9 +95,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(
                       dropout_p, softmax_scale, window_left, window_right, bottom_right, softcap, alibi_slopes,
                       attn_bias, rng_state, seqused_k};
   CheckedCall call = check_call(kFwdOp, args);
-  const KernelInputs in = prepare_kernel_inputs(call, q, k, v);
   FwdParams& p = call.params;
   const auto lse_options = q.options().dtype(lse_dtype(q));
+  if (call.no_work) {
+    // Every row (if any) sees no key: O = 0, LSE = +inf, as torch's empty-input semantics; no kernel runs.
+    const std::vector<int64_t> lse_shape = call.varlen ? std::vector<int64_t>{p.shape.nheads_q, call.total_q}
+                                                       : std::vector<int64_t>{p.shape.batch, p.shape.nheads_q,
+                                                                              p.shape.seqlen_q};
+    const std::vector<int64_t> probs_shape = return_probs ? std::vector<int64_t>{p.shape.batch, p.shape.nheads_q,
+                                                                                 p.shape.seqlen_q, p.shape.seqlen_k}
+                                                          : std::vector<int64_t>{0};
+    return {at::zeros(q.sizes(), q.options()),
+            at::full(lse_shape, std::numeric_limits<double>::infinity(), lse_options),
+            at::zeros(probs_shape, q.options())};
+  }
+  const KernelInputs in = prepare_kernel_inputs(call, q, k, v);
   // Allocated in the kernel layout: contiguous, head dim padded like q's (the contract in params.h).
   at::Tensor out = call.varlen && call.unowned_rows_q ? at::zeros(in.q.sizes(), q.options())
                                                       : at::empty(in.q.sizes(), q.options());
@@ -157,6 +170,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
     dlse_c = dlse->to(lse_dtype(q)).contiguous();
   }
 
+  if (call.no_work) {
+    // The forward computed nothing (no query, key or sequence): every gradient is 0; no kernel runs.
+    const std::vector<int64_t> dbias_shape =
+        bias_requires_grad ? std::vector<int64_t>{call.params.shape.batch, call.params.shape.nheads_q,
+                                                  call.params.shape.seqlen_q, call.params.shape.seqlen_k}
+                           : std::vector<int64_t>{0};
+    return {at::zeros(q.sizes(), q.options()), at::zeros(k.sizes(), k.options()), at::zeros(v.sizes(), v.options()),
+            at::zeros(dbias_shape, q.options().dtype(lse_dtype(q)))};
+  }
   const KernelInputs in = prepare_kernel_inputs(call, q, k, v);
   BwdParams bp;
   bp.fwd = call.params;
@@ -238,6 +260,31 @@ std::string kernel_input_action(const at::Tensor& t) {
   return input_action_name(input_action(t));
 }
 
+// Checks that every value of an integer index tensor (cache_seqlens, cache_batch_idx) is in [low, high]: on CPU always,
+// on CUDA once per tensor version (checked_values_cache.h). Fails naming `op` and `name` and the first bad entry.
+void check_index_values(const at::Tensor& t, const std::string& op, const std::string& name, int64_t low,
+                        int64_t high) {
+  FLASH_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, op, ": ", name,
+              " must have dtype torch.int32 or torch.int64; got ", t.scalar_type());
+  const Requirement requirement{static_cast<int64_t>(CheckedArgument::kIndexRange), low, high};
+  std::optional<CheckedValues> remembered;
+  const std::optional<at::Tensor> host = values_to_check(t, requirement, remembered);
+  if (!host.has_value()) return;
+  const at::Tensor values = host->to(at::kLong).flatten();
+  const int64_t* data = values.data_ptr<int64_t>();
+  for (int64_t i = 0; i < values.numel(); ++i) {
+    FLASH_CHECK(data[i] >= low && data[i] <= high, op, ": ", name, "[", i, "]=", data[i], " is outside [", low, ", ",
+                high, "]", (high < low ? " (no value fits: the cache has too few rows for the new keys)" : ""));
+  }
+  remember_checked(t, requirement, CheckedValues{});
+}
+
+// The architecture the loaded kernels were compiled for on a CUDA device (device_attributes.h): 90 for sm_90 SASS,
+// 80 when the driver JIT-compiled compute_80 PTX, 0 without a loadable image or CUDA build.
+int64_t code_arch(int64_t device_index) {
+  return device_attributes(static_cast<int>(device_index)).code_arch;
+}
+
 pybind11::list built_kernels() {
   pybind11::list kernels;
   for (DType dtype : {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat64}) {
@@ -295,10 +342,18 @@ TORCH_LIBRARY_IMPL(flash_attn, CUDA, m) {
   m.impl("bwd", &flash::api::bwd);
 }
 
+#define FLASH_STRINGIZE_VALUE(x) #x
+#define FLASH_STRINGIZE(x) FLASH_STRINGIZE_VALUE(x)
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.doc() = "flash_attn native extension: registers torch.ops.flash_attn.* and the capability query";
+  module.attr("__version__") = FLASH_STRINGIZE(FLASH_ATTN_VERSION);  // setup.py's -DFLASH_ATTN_VERSION
   module.def("built_kernels", &flash::api::built_kernels, "Every compiled kernel as a list of dicts");
   module.def("is_supported", &flash::api::is_supported, "Whether a (device, dtype, head dim) runs here");
+  module.def("check_index_values", &flash::api::check_index_values,
+             "Checks that an index tensor's values lie in [low, high] (CUDA: once per tensor version)");
+  module.def("code_arch", &flash::api::code_arch,
+             "The architecture the loaded kernels were compiled for on a CUDA device (80: PTX or sm_80-class code)");
   module.def("kernel_input_action", &flash::api::kernel_input_action,
              "What the CUDA kernel input contract does to a q/k/v/out/dout tensor: use, copy or pad");
 }

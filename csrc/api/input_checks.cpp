@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "../dispatch/registry.h"
+#include "checked_values_cache.h"
 #include "error_message.h"
 
 namespace flash::api {
@@ -30,15 +31,13 @@ void check_cu_seqlens_layout(const char* op, const char* name, const at::Tensor&
               ". Convert with ", name, ".to(torch.int32).");
   FLASH_CHECK(cu.device() == like.device(), op, ": ", name, " must be on the same device as q (", like.device(),
               "); got ", cu.device());
-  FLASH_CHECK(cu.dim() == 1 && cu.size(0) >= 2, op, ": ", name,
-              " must be 1-D with batch_size + 1 >= 2 entries; got shape ", shape_str(cu));
+  FLASH_CHECK(cu.dim() == 1 && cu.size(0) >= 1, op, ": ", name,
+              " must be 1-D with batch_size + 1 >= 1 entries; got shape ", shape_str(cu));
 }
 
-// Validates the values of one host (CPU) cu_seqlens tensor and returns it contiguous. CUDA calls never come
-// here: reading device values would synchronise the host with the stream and break CUDA-graph capture.
-at::Tensor check_cu_seqlens_values(const char* op, const char* name, const at::Tensor& cu, int64_t total,
-                                   int64_t max_seqlen, const char* max_name, const char* tensor_name) {
-  at::Tensor host = cu.contiguous();
+// Validates the values of one host copy of a cu_seqlens tensor; returns its last entry.
+int64_t check_cu_seqlens_values(const char* op, const char* name, const at::Tensor& host, int64_t total,
+                                int64_t max_seqlen, const char* max_name, const char* tensor_name) {
   const int32_t* data = host.data_ptr<int32_t>();
   FLASH_CHECK(data[0] == 0, op, ": ", name, "[0] must be 0; got ", data[0]);
   int64_t longest = 0;
@@ -52,7 +51,22 @@ at::Tensor check_cu_seqlens_values(const char* op, const char* name, const at::T
               ")");
   FLASH_CHECK(max_seqlen >= longest, op, ": ", max_name, "=", max_seqlen,
               " is smaller than the longest sequence in ", name, " (", longest, "); pass the true maximum");
-  return host;
+  return data[host.size(0) - 1];
+}
+
+// Checks the values of cu_seqlens (on CPU always; on CUDA once per tensor version, checked_values_cache.h) and returns
+// its last entry, or nullopt when they went unchecked (CUDA-graph capture, or checks turned off).
+std::optional<int64_t> check_cu_seqlens(const char* op, const char* name, const at::Tensor& cu, int64_t total,
+                                        int64_t max_seqlen, const char* max_name, const char* tensor_name,
+                                        CheckedArgument argument) {
+  const Requirement requirement{static_cast<int64_t>(argument), total, max_seqlen};
+  std::optional<CheckedValues> remembered;
+  const std::optional<at::Tensor> host = values_to_check(cu, requirement, remembered);
+  if (remembered.has_value()) return remembered->last_value;
+  if (!host.has_value()) return std::nullopt;
+  const int64_t last = check_cu_seqlens_values(op, name, *host, total, max_seqlen, max_name, tensor_name);
+  remember_checked(cu, requirement, CheckedValues{last});
+  return last;
 }
 
 // Checks seqused_k of a dense call (int32 (batch,), on q's device) and returns it contiguous; its values, in
@@ -113,7 +127,6 @@ CheckedCall check_call(const char* op, const CallArgs& a) {
   const char* layout = call.varlen ? "(total_tokens, nheads, headdim)" : "(batch, seqlen, nheads, headdim)";
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"q", q}, {"k", k}, {"v", v}}) {
     FLASH_CHECK(t.dim() == rank, op, ": ", name, " must be ", rank, "-D ", layout, "; got shape ", shape_str(t));
-    FLASH_CHECK(t.numel() > 0, op, ": ", name, " must be non-empty; got shape ", shape_str(t));
     check_unit_last_stride(op, name, t);
   }
   FLASH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), op,
@@ -137,7 +150,9 @@ CheckedCall check_call(const char* op, const CallArgs& a) {
   FLASH_CHECK(k.sizes() == v.sizes(), op, ": k and v must have the same shape; got k=", shape_str(k),
               ", v=", shape_str(v));
   const int64_t nheads_q = q.size(-2), nheads_k = k.size(-2);
-  FLASH_CHECK(nheads_q % nheads_k == 0, op, ": nheads of q (", nheads_q, ") must be divisible by nheads of k/v (",
+  FLASH_CHECK(nheads_k > 0 || nheads_q == 0, op, ": k and v have no heads but q has ", nheads_q,
+              "; give k / v at least one head (nheads of q must be a multiple of it)");
+  FLASH_CHECK(nheads_k == 0 || nheads_q % nheads_k == 0, op, ": nheads of q (", nheads_q, ") must be divisible by nheads of k/v (",
               nheads_k, ") for MQA/GQA");
 
   FwdParams& p = call.params;
@@ -160,21 +175,17 @@ CheckedCall check_call(const char* op, const CallArgs& a) {
     p.shape.seqlen_k = a.max_seqlen_k;
     call.total_q = q.size(0);
     call.total_k = k.size(0);
-    if (q.is_cpu()) {
-      call.cu_seqlens_q_device =
-          check_cu_seqlens_values(op, "cu_seqlens_q", cu_q, q.size(0), a.max_seqlen_q, "max_seqlen_q", "q");
-      call.cu_seqlens_k_device =
-          check_cu_seqlens_values(op, "cu_seqlens_k", cu_k, k.size(0), a.max_seqlen_k, "max_seqlen_k", "k");
-      call.unowned_rows_q = call.cu_seqlens_q_device.data_ptr<int32_t>()[p.shape.batch] < call.total_q;
-      call.unowned_rows_k = call.cu_seqlens_k_device.data_ptr<int32_t>()[p.shape.batch] < call.total_k;
-    } else {
-      // On a GPU the values stay unread (as in Dao-AILab flash_attn): the kernels read cu_seqlens from device
-      // memory, and any row past cu_seqlens[-1] is assumed possible, so its outputs are zero-initialised.
-      call.cu_seqlens_q_device = cu_q.contiguous();
-      call.cu_seqlens_k_device = cu_k.contiguous();
-      call.unowned_rows_q = true;
-      call.unowned_rows_k = true;
-    }
+    call.cu_seqlens_q_device = cu_q.contiguous();
+    call.cu_seqlens_k_device = cu_k.contiguous();
+    const std::optional<int64_t> last_q = check_cu_seqlens(op, "cu_seqlens_q", call.cu_seqlens_q_device, call.total_q,
+                                                           a.max_seqlen_q, "max_seqlen_q", "q",
+                                                           CheckedArgument::kCuSeqlensQ);
+    const std::optional<int64_t> last_k = check_cu_seqlens(op, "cu_seqlens_k", call.cu_seqlens_k_device, call.total_k,
+                                                           a.max_seqlen_k, "max_seqlen_k", "k",
+                                                           CheckedArgument::kCuSeqlensK);
+    // Rows past cu_seqlens[-1] belong to no sequence; where the values went unchecked any row may be such a row.
+    call.unowned_rows_q = !last_q.has_value() || *last_q < call.total_q;
+    call.unowned_rows_k = !last_k.has_value() || *last_k < call.total_k;
     p.shape.cu_seqlens_q = call.cu_seqlens_q_device.data_ptr<int32_t>();
     p.shape.cu_seqlens_k = call.cu_seqlens_k_device.data_ptr<int32_t>();
   } else {
@@ -186,6 +197,9 @@ CheckedCall check_call(const char* op, const CallArgs& a) {
     call.total_q = q.size(0) * q.size(1);
     call.total_k = k.size(0) * k.size(1);
   }
+  p.shape.total_q = call.total_q;
+  p.shape.total_k = call.total_k;
+  call.no_work = q.numel() == 0 || k.numel() == 0 || p.shape.batch == 0;
   if (a.seqused_k.has_value()) {
     FLASH_CHECK(!call.varlen, op, ": seqused_k is only supported for dense calls (q, k, v of shape (batch, seqlen, "
                 "nheads, headdim)); got it together with cu_seqlens_q / cu_seqlens_k. Give each sequence's key "

@@ -18,10 +18,12 @@ struct CheckedCall {
   int64_t total_q = 0;  // rows of q (varlen) or batch * seqlen_q
   int64_t total_k = 0;
   // Varlen: whether q (k) may have rows past cu_seqlens[-1], which belong to no sequence, so the kernels never
-  // write them and their outputs / gradients must start at 0. Read from the values on CPU; always true for
-  // CUDA calls, whose cu_seqlens values are never read on the host (that would synchronise with the stream).
+  // write them and their outputs / gradients must start at 0. From the checked values; true where they went
+  // unchecked (CUDA-graph capture, or FLASH_ATTN_CHECK_DEVICE_VALUES=0).
   bool unowned_rows_q = false;
   bool unowned_rows_k = false;
+  // No query row, no key or no sequence: every output row (if any) is 0 with lse +inf, and no kernel runs.
+  bool no_work = false;
   at::Tensor cu_seqlens_q_device;  // varlen: what params.shape points at, on the call's device
   at::Tensor cu_seqlens_k_device;
   at::Tensor seqused_k_device;  // dense calls with seqused_k: what params.shape points at
@@ -48,9 +50,9 @@ struct CallArgs {
 };
 
 // Checks q, k, v and every option; fills params except the output pointers. cu_seqlens values (start at 0,
-// non-decreasing, within the tensors, max_seqlen >= every length) and seqused_k values (in [0, seqlen_k]) are
-// validated for CPU tensors only: for CUDA tensors only their dtype, device and shape are checked, so a CUDA
-// call never synchronises with the host.
+// non-decreasing, within the tensors, max_seqlen >= every length) are validated on CPU always and on CUDA once per
+// tensor version (checked_values_cache.h: one synchronisation the first time a tensor is seen, none under CUDA-graph
+// capture). seqused_k values (in [0, seqlen_k]) are validated for CPU tensors; the kernels clamp them on CUDA.
 CheckedCall check_call(const char* op, const CallArgs& args);
 
 DType to_dtype(at::ScalarType type);

@@ -15,6 +15,7 @@
 
 #include "flash_attn/common/mask.h"
 #include "flash_attn/common/philox.h"
+#include "flash_attn/common/seqlen.h"
 #include "row_ops.h"
 
 namespace flash::cpu {
@@ -102,10 +103,12 @@ SeqInfo seq_info(const FwdParams& p, int64_t b) {
   const AttentionShape& s = p.shape;
   SeqInfo info{};
   if (s.cu_seqlens_q != nullptr) {
-    info.q_row0 = s.cu_seqlens_q[b];
-    info.seqlen_q = s.cu_seqlens_q[b + 1] - info.q_row0;
-    info.k_row0 = s.cu_seqlens_k[b];
-    info.seqlen_k = s.cu_seqlens_k[b + 1] - info.k_row0;
+    const SequenceRows q_rows = varlen_rows(s.cu_seqlens_q, b, s.total_q, s.seqlen_q);
+    const SequenceRows k_rows = varlen_rows(s.cu_seqlens_k, b, s.total_k, s.seqlen_k);
+    info.q_row0 = q_rows.row0;
+    info.seqlen_q = q_rows.length;
+    info.k_row0 = k_rows.row0;
+    info.seqlen_k = k_rows.length;
   } else {
     info.seqlen_q = s.seqlen_q;
     info.seqlen_k = s.seqlen_k;

@@ -5,6 +5,8 @@
 
 #if defined(FLASH_WITH_CUDA)
 #include <cuda_runtime_api.h>
+
+#include "loaded_code_arch.h"
 #endif
 
 namespace flash {
@@ -23,6 +25,7 @@ DeviceAttributes query(int device) {
   cudaDeviceGetAttribute(&attributes.num_sms, cudaDevAttrMultiProcessorCount, device);
   cudaDeviceGetAttribute(&attributes.smem.per_block_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   cudaDeviceGetAttribute(&attributes.smem.per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+  attributes.code_arch = loaded_code_arch(device);
 #else
   (void)device;
 #endif

@@ -10,6 +10,9 @@ namespace flash {
 
 struct DeviceAttributes {
   int sm = 0;  // compute capability as major * 10 + minor
+  // The architecture the loaded kernels were compiled for (loaded_code_arch.h): sm90-only device code exists only
+  // where this is >= 90, whatever `sm` is.
+  int code_arch = 0;
   int num_sms = 0;
   sm80::SmemLimits smem{0, 0};
 };

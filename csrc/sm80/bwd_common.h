@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "flash_attn/bwd_workspace.h"
+#include "flash_attn/common/seqlen.h"
 #include "flash_attn/params.h"
 #include "flash_attn/ptx/cp_async_sm80.h"
 #include "flash_attn/ptx/ldmatrix_sm80.h"
@@ -193,7 +194,7 @@ __host__ __device__ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool f
   return tiles == BwdTiles::kFull ? bwd_full_tile_config(head_dim, features) : bwd_compact_tile_config(head_dim);
 }
 
-// Where one batch entry's rows start and how long its sequences are (varlen: from cu_seqlens).
+// Where one batch entry's rows start and how long its sequences are (varlen: from cu_seqlens, clamped by varlen_rows).
 struct SeqInfo {
   int64_t q_row0;
   int64_t k_row0;
@@ -205,10 +206,12 @@ struct SeqInfo {
 __device__ __forceinline__ SeqInfo seq_info(const AttentionShape& shape, int b) {
   SeqInfo info;
   if (shape.cu_seqlens_q != nullptr) {
-    info.q_row0 = shape.cu_seqlens_q[b];
-    info.k_row0 = shape.cu_seqlens_k[b];
-    info.seqlen_q = static_cast<int>(shape.cu_seqlens_q[b + 1] - info.q_row0);
-    info.seqlen_k = static_cast<int>(shape.cu_seqlens_k[b + 1] - info.k_row0);
+    const SequenceRows q_rows = varlen_rows(shape.cu_seqlens_q, b, shape.total_q, shape.seqlen_q);
+    const SequenceRows k_rows = varlen_rows(shape.cu_seqlens_k, b, shape.total_k, shape.seqlen_k);
+    info.q_row0 = q_rows.row0;
+    info.k_row0 = k_rows.row0;
+    info.seqlen_q = static_cast<int>(q_rows.length);
+    info.seqlen_k = static_cast<int>(k_rows.length);
     info.global_q_row0 = info.q_row0;
   } else {
     info.q_row0 = 0;

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "dispatch/device_attributes.h"
 #include "sm80/bwd_convert_kernel.h"
 #include "sm80/bwd_kernel.h"
 #include "sm80/bwd_preprocess_kernel.h"
@@ -45,16 +46,15 @@ inline int device_smem_optin() {
   return bytes;
 }
 
-// Whether the current device may run the kernels' sm90 code, which stages dQ for bulk reductions (bwd::bwd_stages_dq).
-// Below sm90 the staging kernels reduce from registers, so they get no staging memory and need no tensor map (at hd
+// Whether the kernels run their sm90 code on the current device, which stages dQ for bulk reductions
+// (bwd::bwd_stages_dq): compiled for sm90 (DeviceAttributes::code_arch; compute_80 PTX has no such code on any GPU).
+// Otherwise the staging kernels reduce from registers, so they get no staging memory and need no tensor map (at hd
 // 65-96, masked, the A100 thus keeps the plain full tile: 141 KB of its 163, not 165). Not a stream operation.
-constexpr int kBulkReduceMinMajor = 9;
+constexpr int kBulkReduceMinCodeArch = 90;
 inline bool device_reduces_in_bulk() {
   int device = 0;
-  int major = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-  return major >= kBulkReduceMinMajor;
+  return device_attributes(device).code_arch >= kBulkReduceMinCodeArch;
 }
 
 template <typename T, int kHeadDim, MaskKind kMask, bool kFeatures, bwd::BwdTiles kTiles>

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "flash_attn/params.h"
+#include "flash_attn/common/seqlen.h"
 #include "flash_attn/ptx/griddep_sm90.h"
 #include "sm80/fwd_tile_config.h"
 #include "sm80/kernel_common.h"
@@ -50,8 +51,9 @@ __global__ void __launch_bounds__(kCombineThreads) fwd_combine_kernel(const FwdP
   const int b = static_cast<int>(flat / (p.shape.seqlen_q * p.shape.nheads_q));
   int64_t q_row0 = 0;
   if (p.shape.cu_seqlens_q != nullptr) {
-    q_row0 = p.shape.cu_seqlens_q[b];
-    if (row >= p.shape.cu_seqlens_q[b + 1] - q_row0) return;
+    const SequenceRows q_rows = varlen_rows(p.shape.cu_seqlens_q, b, p.shape.total_q, p.shape.seqlen_q);
+    q_row0 = q_rows.row0;
+    if (row >= q_rows.length) return;
   }
   // Everything below reads what the split kernel wrote (launched as its dependent on sm90, see fwd_launch.h).
   ptx::wait_for_primary_grid();

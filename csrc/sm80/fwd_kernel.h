@@ -13,6 +13,7 @@
 #include "flash_attn/common/philox.h"
 #include "flash_attn/params.h"
 #include "flash_attn/ptx/cp_async_sm80.h"
+#include "flash_attn/common/seqlen.h"
 #include "flash_attn/ptx/griddep_sm90.h"
 #include "flash_attn/ptx/ldmatrix_sm80.h"
 #include "flash_attn/ptx/mma_sm80.h"
@@ -119,10 +120,12 @@ __device__ __forceinline__ FwdCta locate_cta(const FwdParams& p, uint3 item, uns
   cta.seqlen_q = static_cast<int>(shape.seqlen_q);
   cta.seqlen_k = static_cast<int>(shape.seqlen_k);
   if (shape.cu_seqlens_q != nullptr) {
-    cta.q_row0 = shape.cu_seqlens_q[cta.b];
-    cta.seqlen_q = shape.cu_seqlens_q[cta.b + 1] - static_cast<int>(cta.q_row0);
-    cta.k_row0 = shape.cu_seqlens_k[cta.b];
-    cta.seqlen_k = shape.cu_seqlens_k[cta.b + 1] - static_cast<int>(cta.k_row0);
+    const SequenceRows q_rows = varlen_rows(shape.cu_seqlens_q, cta.b, shape.total_q, shape.seqlen_q);
+    const SequenceRows k_rows = varlen_rows(shape.cu_seqlens_k, cta.b, shape.total_k, shape.seqlen_k);
+    cta.q_row0 = q_rows.row0;
+    cta.seqlen_q = static_cast<int>(q_rows.length);
+    cta.k_row0 = k_rows.row0;
+    cta.seqlen_k = static_cast<int>(k_rows.length);
   }
   cta.seqlen_k = static_cast<int>(used_keys(shape, cta.b, cta.seqlen_k));
   // Causal calls take their query tiles in reverse launch order: the block scheduler dispatches blockIdx.x

@@ -40,14 +40,15 @@ inline void require_fwd_shared_memory(int needed_bytes, int available_bytes, int
 
 // The K and V tensor maps of the TMA kernels (fwd_persistent_loads_kv_by_tma, fwd_loads_kv_by_tma): K and V as (head
 // dim, kv head, key, batch entry) in boxes of one segment x kBlockN keys, so rows past seqlen_k arrive as zeros. False
-// where a map cannot be made or would not zero those rows: below sm90, varlen (a sequence's rows run on into the next
+// where a map cannot be made or would not zero those rows: kernels compiled below sm90 (the GPU's `code_arch`, which is
+// 80 for compute_80 PTX even on a Hopper GPU), varlen (a sequence's rows run on into the next
 // one's), seqused_k (rows past the used keys hold data), or strides the encoder rejects.
 constexpr int kTmaSm = 90;
 template <typename T, int kHeadDim, FwdTileKind kKind = FwdTileKind::kStandard>
-bool make_fwd_kv_maps(FwdKvMaps& maps, const FwdParams& params, int sm) {
+bool make_fwd_kv_maps(FwdKvMaps& maps, const FwdParams& params, int code_arch) {
   constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, false, kKind);
   const AttentionShape& shape = params.shape;
-  if (sm < kTmaSm || shape.cu_seqlens_k != nullptr || shape.seqused_k != nullptr || shape.seqlen_k < 1) return false;
+  if (code_arch < kTmaSm || shape.cu_seqlens_k != nullptr || shape.seqused_k != nullptr || shape.seqlen_k < 1) return false;
   const CUtensorMapDataType data_type =
       std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const uint64_t dims[4] = {static_cast<uint64_t>(shape.head_dim), static_cast<uint64_t>(shape.nheads_k),
@@ -84,7 +85,7 @@ bool launch_fwd_persistent(const FwdParams& params, cudaStream_t stream, SmemLim
   constexpr int64_t kMaxItems = int64_t{1} << 31;  // item + gridDim.x stays below 2^32
   if (ctas <= 0 || items <= ctas || items >= kMaxItems) return false;
   FwdKvMaps maps{};
-  if (fwd_persistent_loads_kv_by_tma(kHeadDim) && !make_fwd_kv_maps<T, kHeadDim>(maps, params, device.sm)) {
+  if (fwd_persistent_loads_kv_by_tma(kHeadDim) && !make_fwd_kv_maps<T, kHeadDim>(maps, params, device.code_arch)) {
     return false;
   }
   auto* kernel = fwd_persistent_kernel<T, kHeadDim>;
@@ -111,7 +112,7 @@ bool launch_fwd_tma_kernel(const FwdParams& params, cudaStream_t stream, SmemLim
   constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, false, kKind);
   constexpr int kSmemBytes = fwd_tma_smem_bytes(kHeadDim, kKind, sizeof(T));
   FwdKvMaps maps{};
-  if (kSmemBytes > limits.per_block_optin || !make_fwd_kv_maps<T, kHeadDim, kKind>(maps, params, device.sm)) {
+  if (kSmemBytes > limits.per_block_optin || !make_fwd_kv_maps<T, kHeadDim, kKind>(maps, params, device.code_arch)) {
     return false;
   }
   auto* kernel = fwd_tma_kernel<T, kHeadDim, kMask, kKind>;
@@ -145,7 +146,7 @@ void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits 
   kernel<<<grid, kTile.warps * kWarpSize, kSmemBytes, stream>>>(params);
 }
 
-// The combine kernel of a split call. On sm90+ it is a programmatic dependent launch: its CTAs start while the split
+// The combine kernel of a split call. Compiled for sm90+ (DeviceAttributes::code_arch) it is a programmatic dependent launch: its CTAs start while the split
 // kernel runs (the decode kernels allow it from their first instruction) and wait in wait_for_primary_grid() for its
 // results, instead of being launched only after the split kernel has drained (fwd_combine_kernel.h).
 constexpr int kPdlSm = 90;
@@ -205,7 +206,7 @@ void run_fwd(const FwdParams& params, void* stream_ptr) {
         break;
     }
   }
-  if (params.num_splits > 1) launch_fwd_combine<T, kHeadDim>(params, stream, device.sm >= kPdlSm);
+  if (params.num_splits > 1) launch_fwd_combine<T, kHeadDim>(params, stream, device.code_arch >= kPdlSm);
 }
 
 }  // namespace flash::sm80

@@ -14,6 +14,7 @@
 
 #include "flash_attn/common/mask.h"
 #include "flash_attn/common/philox.h"
+#include "flash_attn/common/seqlen.h"
 #include "sm80/kernel_common.h"
 
 namespace flash::sm80 {
@@ -40,10 +41,12 @@ __global__ void __launch_bounds__(kProbsThreads) probs_kernel(const FwdParams p)
   const int h = blockIdx.y;
   int64_t q_row0 = 0, k_row0 = 0, seqlen_q = shape.seqlen_q, seqlen_k = shape.seqlen_k;
   if (shape.cu_seqlens_q != nullptr) {
-    q_row0 = shape.cu_seqlens_q[b];
-    seqlen_q = shape.cu_seqlens_q[b + 1] - q_row0;
-    k_row0 = shape.cu_seqlens_k[b];
-    seqlen_k = shape.cu_seqlens_k[b + 1] - k_row0;
+    const SequenceRows q_rows = varlen_rows(shape.cu_seqlens_q, b, shape.total_q, shape.seqlen_q);
+    const SequenceRows k_rows = varlen_rows(shape.cu_seqlens_k, b, shape.total_k, shape.seqlen_k);
+    q_row0 = q_rows.row0;
+    seqlen_q = q_rows.length;
+    k_row0 = k_rows.row0;
+    seqlen_k = k_rows.length;
   }
   seqlen_k = used_keys(shape, b, seqlen_k);
   const int64_t row_begin = static_cast<int64_t>(blockIdx.x) * kProbsRows;

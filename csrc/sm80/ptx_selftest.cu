@@ -4,6 +4,8 @@
 // rather than deep inside an attention kernel.
 #include "sm80/ptx_selftest.h"
 
+#include "dispatch/device_attributes.h"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -248,17 +250,13 @@ __global__ void stmatrix_x4_kernel(const uint32_t* regs, uint16_t* tile) {
 
 cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
-// Compute capability major of the current device, 0 when it cannot be read.
-int device_major() {
+// Whether this extension's kernels carry their sm90 code on the current device (DeviceAttributes::code_arch): not
+// on GPUs before Hopper, and not where the driver runs them from compute_80 PTX.
+constexpr int kHopperCodeArch = 90;
+bool runs_sm90_code() {
   int device = 0;
-  int major = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-    return 0;
-  }
-  return major;
+  return cudaGetDevice(&device) == cudaSuccess && device_attributes(device).code_arch >= kHopperCodeArch;
 }
-constexpr int kHopperMajor = 9;
 
 }  // namespace
 
@@ -307,13 +305,13 @@ void cp_async_4(const int32_t* words, const int32_t* valid, int32_t* dst, void* 
 }
 
 bool red_add_v4_f32(float* dst, const float* added, const float* extra, const int32_t* valid, void* stream) {
-  if (device_major() < kHopperMajor) return false;
+  if (!runs_sm90_code()) return false;
   red_add_v4_kernel<<<1, kWarpLanes, 0, as_stream(stream)>>>(dst, added, extra, valid);
   return true;
 }
 
 bool bulk_reduce_add_2d(float* dst, const float* box, int col, int row, void* stream) {
-  if (device_major() < kHopperMajor) return false;
+  if (!runs_sm90_code()) return false;
   TensorMapArg map{};
   if (!encode_fp32_map_2d(map, dst, kBulkCols, kBulkRows, kBulkCols * sizeof(float), kBulkBoxCols, kBulkBoxRows)) {
     return false;
@@ -323,7 +321,7 @@ bool bulk_reduce_add_2d(float* dst, const float* box, int col, int row, void* st
 }
 
 bool tma_load_4d(const uint16_t* src, const int32_t* where, uint16_t* dst, void* stream) {
-  if (device_major() < kHopperMajor) return false;
+  if (!runs_sm90_code()) return false;
   TensorMapArg map{};
   constexpr uint64_t kElemBytes = sizeof(uint16_t);
   const uint64_t dims[4] = {kTmaCols, kTmaHeads, kTmaRows, kTmaBatch};
@@ -336,13 +334,13 @@ bool tma_load_4d(const uint16_t* src, const int32_t* where, uint16_t* dst, void*
 }
 
 bool stmatrix_x4(const uint32_t* regs, uint16_t* tile, void* stream) {
-  if (device_major() < kHopperMajor) return false;
+  if (!runs_sm90_code()) return false;
   stmatrix_x4_kernel<<<1, kWarpLanes, 0, as_stream(stream)>>>(regs, tile);
   return true;
 }
 
 bool griddep(const int32_t* words, int32_t* scratch, int32_t* dst, void* stream) {
-  if (device_major() < kHopperMajor) return false;
+  if (!runs_sm90_code()) return false;
   int32_t* data = scratch;
   int32_t* started = scratch + kWarpLanes;
   int32_t* saw_started = started + 1;

@@ -13,8 +13,9 @@
 //     8-element (16-byte) chunk of a row can be moved with one vector load or store;
 //   - out, dq, dk, dv are allocated by the host contiguous; for varlen calls they (and softmax_lse) are
 //     pre-initialised for rows past cu_seqlens[-1], which no sequence owns, so kernels write only owned rows;
-//   - cu_seqlens, seqused_k and rng_state are device pointers whose values the host never read (CUDA-graph
-//     capture): kernels read them from device memory, and their values are not validated on CUDA.
+//   - cu_seqlens, seqused_k and rng_state are device pointers that kernels read from device memory; the host checks
+//     cu_seqlens values at most once per tensor (csrc/api/seqlens_validation.h), never under CUDA-graph capture, so
+//     kernels clamp every value they read (varlen_rows, used_keys) and stay inside the tensors whatever it is.
 #pragma once
 
 #include <cstdint>
@@ -51,9 +52,13 @@ struct AttentionShape {
   // Dense calls: the sequence lengths. Varlen calls: the largest per-sequence length.
   int64_t seqlen_q = 0;
   int64_t seqlen_k = 0;
-  // Varlen calls: int32 prefix sums of the sequence lengths (batch + 1 entries); null for dense calls.
+  // Varlen calls: int32 prefix sums of the sequence lengths (batch + 1 entries); null for dense calls. Kernels read
+  // them through varlen_rows() (common/seqlen.h), which clamps them to total_q / total_k rows and the max lengths.
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;
+  // Varlen calls: the rows of q (out, dq) and of k / v (dk, dv); batch * seqlen for dense calls.
+  int64_t total_q = 0;
+  int64_t total_k = 0;
   // Dense calls only (null otherwise): int32 (batch,) count of keys each sequence uses, its first seqused_k[b]
   // rows of k / v (a KV cache's filled length). Masks and ALiBi align to that length as varlen does to
   // cu_seqlens_k; kernels clamp it to [0, seqlen_k]. Read on the device, never by the host (graph capture).
