@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import flash_attn
+from flash_attn import _native
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 PROBE_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
@@ -130,6 +131,15 @@ def describe_support(grid: dict) -> str:
     return "supported: " + "; ".join(parts)
 
 
+def describe_code(index: int) -> str:
+    """Which compiled code the driver loaded for this GPU: SASS for its own arch, or PTX it compiled at first use."""
+    code, binary = _native.C.loaded_code(index)
+    if code == binary:
+        return f"; kernels from sm_{binary} SASS"
+    return (f"; kernels from compute_{code} PTX, compiled by the driver for sm_{binary} at first use (cached "
+            f"between runs)")
+
+
 def list_devices() -> list:
     """Prints the devices here; returns (device, support grid) for each."""
     print("devices:")
@@ -144,7 +154,8 @@ def list_devices() -> list:
             device = torch.device("cuda", index)
             major, minor = torch.cuda.get_device_capability(index)
             grid = supported_grid(device)
-            print(f"  {device}: {torch.cuda.get_device_name(index)}, sm_{major}{minor}; {describe_support(grid)}")
+            print(f"  {device}: {torch.cuda.get_device_name(index)}, sm_{major}{minor}; {describe_support(grid)}"
+                  f"{describe_code(index) if grid else ''}")
             devices.append((device, grid))
     else:
         print("  cuda: none available")
@@ -331,7 +342,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-bench", action="store_true", help="skip the speed comparison")
     args = parser.parse_args(argv)
 
-    print(f"flash_attn {flash_attn.__version__} ({Path(flash_attn.__file__).parent})")
+    print(f"flash_attn {flash_attn.__version__} ({Path(flash_attn.__file__).parent}; extension "
+          f"{_native.C.__file__})")
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, Python {platform.python_version()}")
     print_built_kernels()
     devices = [(device, grid) for device, grid in list_devices() if grid]

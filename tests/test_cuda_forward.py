@@ -26,7 +26,7 @@ HEAD_DIMS = [32, 40, 64, 96, 120, 128, 160, 192, 200, 256]
 
 def _runs_sm90_code():
     """The kernels carry their sm90 code (TMA loads) here: a Hopper GPU and SASS for sm_90, not compute_80 PTX."""
-    return C.code_arch(torch.cuda.current_device()) >= 90
+    return C.loaded_code(torch.cuda.current_device())[0] >= 90
 
 
 def _require(dtype, head_dim):

@@ -25,7 +25,7 @@ def _has_cuda_build():
 
 def _lacks_sm90_code():
     """No GPU, a GPU before Hopper, or kernels running from compute_80 PTX (which has no sm90 instructions)."""
-    return not torch.cuda.is_available() or C.code_arch(torch.cuda.current_device()) < 90
+    return not torch.cuda.is_available() or C.loaded_code(torch.cuda.current_device())[0] < 90
 
 
 pytestmark = pytest.mark.skipif(

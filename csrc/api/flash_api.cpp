@@ -279,10 +279,11 @@ void check_index_values(const at::Tensor& t, const std::string& op, const std::s
   remember_checked(t, requirement, CheckedValues{});
 }
 
-// The architecture the loaded kernels were compiled for on a CUDA device (device_attributes.h): 90 for sm_90 SASS,
-// 80 when the driver JIT-compiled compute_80 PTX, 0 without a loadable image or CUDA build.
-int64_t code_arch(int64_t device_index) {
-  return device_attributes(static_cast<int>(device_index)).code_arch;
+// The loaded kernels on a CUDA device (device_attributes.h): (code arch, binary arch), e.g. (90, 90) for sm_90 SASS,
+// (80, 90) where the driver JIT-compiled compute_80 PTX on an H200; (0, 0) without a loadable image or CUDA build.
+std::tuple<int64_t, int64_t> loaded_code(int64_t device_index) {
+  const DeviceAttributes attributes = device_attributes(static_cast<int>(device_index));
+  return {attributes.code_arch, attributes.binary_arch};
 }
 
 pybind11::list built_kernels() {
@@ -352,8 +353,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("is_supported", &flash::api::is_supported, "Whether a (device, dtype, head dim) runs here");
   module.def("check_index_values", &flash::api::check_index_values,
              "Checks that an index tensor's values lie in [low, high] (CUDA: once per tensor version)");
-  module.def("code_arch", &flash::api::code_arch,
-             "The architecture the loaded kernels were compiled for on a CUDA device (80: PTX or sm_80-class code)");
+  module.def("loaded_code", &flash::api::loaded_code,
+             "(code arch, binary arch) of the kernels loaded on a CUDA device: (80, 90) = compute_80 PTX JIT-compiled");
   module.def("kernel_input_action", &flash::api::kernel_input_action,
              "What the CUDA kernel input contract does to a q/k/v/out/dout tensor: use, copy or pad");
 }

@@ -25,7 +25,9 @@ DeviceAttributes query(int device) {
   cudaDeviceGetAttribute(&attributes.num_sms, cudaDevAttrMultiProcessorCount, device);
   cudaDeviceGetAttribute(&attributes.smem.per_block_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   cudaDeviceGetAttribute(&attributes.smem.per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
-  attributes.code_arch = loaded_code_arch(device);
+  const LoadedCode code = loaded_code(device);
+  attributes.code_arch = code.code_arch;
+  attributes.binary_arch = code.binary_arch;
 #else
   (void)device;
 #endif

@@ -13,6 +13,7 @@ struct DeviceAttributes {
   // The architecture the loaded kernels were compiled for (loaded_code_arch.h): sm90-only device code exists only
   // where this is >= 90, whatever `sm` is.
   int code_arch = 0;
+  int binary_arch = 0;  // the SASS arch the GPU runs (its own where the driver JIT-compiled PTX)
   int num_sms = 0;
   sm80::SmemLimits smem{0, 0};
 };
