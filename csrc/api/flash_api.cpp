@@ -52,11 +52,20 @@ at::ScalarType lse_dtype(const at::Tensor& q) {
 #endif
 }
 
+// Whether the driver found code of this build it can run on the device (SASS for its arch, or PTX it can compile):
+// a build with SASS only for older GPUs (e.g. FLASH_ATTN_CUDA_ARCHS=90 on an sm_100 GPU) has none.
+bool device_runs_this_build(const at::Device& device) { return device_attributes(device.index()).code_arch > 0; }
+
 // Runs the CUDA kernel for this call on the current stream, or fails naming what is missing.
 void launch_cuda(const FwdParams& params, const BwdParams* bwd_params, const at::Device& device) {
   const Direction direction = bwd_params == nullptr ? Direction::kForward : Direction::kBackward;
   const KernelEntry* entry = find_kernel(device_sm(device), params, direction);
   if (entry == nullptr) fail_no_cuda_kernel(params, device, direction);
+#if defined(FLASH_WITH_CUDA)
+  FLASH_CHECK(device_runs_this_build(device), "flash_attn: this build has no code that GPU sm", device_sm(device),
+              " can run (its kernels were compiled as SASS for other GPUs, without PTX). Rebuild with "
+              "FLASH_ATTN_CUDA_ARCHS including compute_80 (the default) or this GPU's arch, or run on CPU tensors.");
+#endif
 #if defined(FLASH_WITH_CUDA)
   const c10::cuda::CUDAGuard guard(device);
   void* stream = c10::cuda::getCurrentCUDAStream().stream();
@@ -248,8 +257,8 @@ bool is_supported(const std::string& device_type, int64_t device_index, const st
   const DType d = dtype_from_name(dtype);
   if (device_type == "cpu") return cpu_supports(d, head_dim);
   if (device_type != "cuda" || d == DType::kFloat32 || d == DType::kFloat64) return false;
-  const int sm = device_sm(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index)));
-  return cuda_supports(sm, d, head_dim, backward);
+  const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index));
+  return device_runs_this_build(device) && cuda_supports(device_sm(device), d, head_dim, backward);
 }
 
 // The kernel input contract's action for one tensor ("use", "copy" or "pad"), on any device: lets the tests

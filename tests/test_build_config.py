@@ -1,0 +1,87 @@
+# The build's arch selection (tools/kernel_matrix.py) and the extension loader (flash_attn/_native.py), without a GPU:
+# FLASH_ATTN_CUDA_ARCHS entries become SASS / PTX -gencode flags, the default embeds compute_80 PTX for GPUs newer
+# than the SASS, a visible GPU narrows the default to its own arch; a source tree without (or with a mismatched)
+# compiled extension raises an ImportError that says what to run.
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import kernel_matrix  # noqa: E402
+
+
+def _flags(archs):
+    return kernel_matrix.gencode_flags({kernel_matrix.ARCHS_KNOB: archs})
+
+
+def test_default_archs_embed_portable_ptx():
+    flags = kernel_matrix.gencode_flags({})
+    assert "-gencode=arch=compute_80,code=sm_80" in flags
+    assert "-gencode=arch=compute_80,code=compute_80" in flags
+    assert "-gencode=arch=compute_90,code=sm_90" in flags
+    assert not any("[" in flag for flag in flags)  # nothing a shell could glob
+
+
+@pytest.mark.parametrize("archs, expected", [
+    ("90", ["-gencode=arch=compute_90,code=sm_90"]),
+    ("sm_90a", ["-gencode=arch=compute_90,code=sm_90"]),
+    ("8.6", ["-gencode=arch=compute_86,code=sm_86"]),
+    ("compute_80", ["-gencode=arch=compute_80,code=compute_80"]),
+    ("80+PTX", ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_80,code=compute_80"]),
+    ("90;compute_80", ["-gencode=arch=compute_80,code=compute_80", "-gencode=arch=compute_90,code=sm_90"]),
+])
+def test_arch_entries(archs, expected):
+    assert _flags(archs) == expected
+
+
+def test_ptx_only_build_selects_the_portable_kernels():
+    environ = {kernel_matrix.ARCHS_KNOB: "compute_80", "FLASH_ATTN_HEAD_DIMS": "64", "FLASH_ATTN_DTYPES": "bf16"}
+    specs = kernel_matrix.selected_kernels(environ)
+    assert specs and {spec.arch for spec in specs} == {"sm80"}
+
+
+@pytest.mark.parametrize("archs", ["75", "compute_70", "sm_100", "abc"])
+def test_unknown_arch_names_the_knob(archs):
+    with pytest.raises(ValueError, match=kernel_matrix.ARCHS_KNOB):
+        _flags(archs)
+
+
+@pytest.mark.parametrize("capabilities, expected", [
+    ([(9, 0)], "90"),
+    ([(8, 0), (8, 6)], "80;86"),
+    ([(10, 0)], "compute_80"),
+    ([(12, 0), (9, 0)], "90;compute_80"),
+    ([(7, 5)], ""),
+])
+def test_visible_gpu_archs(capabilities, expected):
+    assert kernel_matrix.visible_gpu_archs(capabilities) == expected
+
+
+def _import_in_subprocess(prelude):
+    """Imports flash_attn from this source tree in a fresh interpreter after `prelude`; returns (exit code, stderr)."""
+    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); {prelude}; import flash_attn"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return result.returncode, result.stderr
+
+
+def test_source_tree_without_extension_says_what_to_run():
+    code, stderr = _import_in_subprocess("sys.modules['flash_attn_C'] = None")
+    assert code != 0
+    assert "ImportError" in stderr and "pip install --no-build-isolation ." in stderr
+    assert "is not installed" in stderr
+
+
+def test_extension_from_another_version_is_refused():
+    code, stderr = _import_in_subprocess(
+        "import types; fake = types.ModuleType('flash_attn_C'); fake.__version__ = '0.0.1'; "
+        "fake.__file__ = 'elsewhere'; sys.modules['flash_attn_C'] = fake")
+    assert code != 0
+    assert "was built from flash_attn 0.0.1" in stderr and "pip install --no-build-isolation ." in stderr
+
+
+def test_source_tree_finds_the_installed_extension():
+    code, stderr = _import_in_subprocess("pass")
+    assert code == 0, stderr
