@@ -5,6 +5,8 @@
 # dim, 0 skips the benchmarks; SANITIZE_S=n also runs tools/sanitize.sh under that limit; BENCH_SEQLENS narrows).
 # The results JSONs record `git rev-parse HEAD`; the device machine's copy of .git can be older than the tree it
 # gets, so pass FLASH_ATTN_COMMIT=<the local HEAD> in the device command when the JSONs are to be committed.
+# INSTALL_MODE=regular installs as the README does (`pip install .`, tests run from the checkout against the installed
+# extension) instead of the editable install; FLASH_ATTN_CUDA_ARCHS unset builds for the visible GPU (setup.py).
 set -uo pipefail
 OUT="${OUT:-/tmp/gpu_validate}"; mkdir -p "$OUT"
 # Bench logs stay beside, not in, $OUT: the device tool returns at most 8 files.
@@ -13,10 +15,12 @@ BUILD_S="${1:-200}"; TESTS_S="${2:-170}"; BENCH_S="${3:-150}"; REP_MS="${REP_MS:
 # BENCH_IMPLS narrows the peers for a quicker iteration run (the committed results use the default).
 BENCH_IMPLS="${BENCH_IMPLS:-flash_attn,sdpa_flash,sdpa_cudnn,sdpa_efficient}"
 BENCH_SEQLENS="${BENCH_SEQLENS:-512,1024,2048,4096,8192,16384}"  # BENCHMARKS.md's six lengths
-export MAX_JOBS="${MAX_JOBS:-16}" FLASH_ATTN_CUDA_ARCHS="${FLASH_ATTN_CUDA_ARCHS:-90}" PYTHONUNBUFFERED=1
+export MAX_JOBS="${MAX_JOBS:-16}" PYTHONUNBUFFERED=1
+INSTALL_ARGS=(-e .)
+[ "${INSTALL_MODE:-editable}" = regular ] && INSTALL_ARGS=(.)
 
 start=$(date +%s)
-timeout "$BUILD_S" python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1
+timeout "$BUILD_S" python3 -m pip install -v --no-build-isolation --no-deps "${INSTALL_ARGS[@]}" > "$OUT/build.log" 2>&1
 build_rc=$?
 build_s=$(( $(date +%s) - start ))
 if [ "$build_rc" -ne 0 ]; then grep -E "error|Error" "$OUT/build.log" | head -30; echo "BUILD FAILED rc=$build_rc after ${build_s}s"; exit 1; fi
