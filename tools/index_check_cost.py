@@ -68,7 +68,7 @@ def decode_step(layers):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="Cost of the once-per-tensor index value checks")
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args()
