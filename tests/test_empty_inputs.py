@@ -47,8 +47,10 @@ def _no_kernel_launch(device, fn):
 
 
 def _torch_sdpa(query, key, value, **kwargs):
-    """torch's own result for the same empty call, NaN (0/0 rows) as 0; None where this torch returns nothing for
-    such a shape (torch 2.11's CPU SDPA returns None for a batch or head count of 0)."""
+    """torch's own result for the same empty call, NaN (0/0 rows) as 0; None for a batch or head count of 0, where
+    torch 2.11's SDPA is no reference (it returned None for batch 0 and died of SIGFPE for 0 heads with enable_gqa)."""
+    if query.shape[0] == 0 or query.shape[1] == 0:
+        return None
     result = F.scaled_dot_product_attention(query, key, value, enable_gqa=True, **kwargs)
     return None if result is None else result.nan_to_num(0.0)
 
