@@ -1,0 +1,136 @@
+# Sequence-parallel engines on this package, unchanged: yunchang (pinned in .ci/run) with attn_type=AttnType.FA calls
+# flash_attn.flash_attn_interface's _flash_attn_forward / _flash_attn_backward per key block and merges the blocks by
+# their LSE. Ring (basic and zigzag), Ulysses and the hybrid LongContextAttention run in 2 and 4 processes on the gloo
+# backend with CPU tensors in bf16 and fp16, causal and not, GQA; forward and backward of each rank's shard are
+# checked against single-process attention with the FA rule (fp64 ground truth, the same naive attention in the
+# low precision as the yardstick). On a GPU the same engines run in one process (world size 1, NCCL) on CUDA
+# tensors; and the README's example (tools/sequence_parallel_example.py) runs under torchrun. Not fp32: yunchang's basic ring converts its dq buffer with .to(torch.float32),
+# which aliases the buffer when it is fp32 already, so its fp32 backward double-counts.
+import functools
+import os
+import pathlib
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import flash_attn
+from flash_attn.reference import attention_ref
+from helpers import assert_close_fa, randn, reference_pair
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+yunchang = pytest.importorskip("yunchang")
+
+WORLD_SIZES = (2, 4)
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+BATCH, HEADS, KV_HEADS, HEAD_DIM = 2, 8, 4, 32
+ROWS_PER_CHUNK = 8  # zigzag cuts the sequence into 2 x ring-degree chunks
+# name -> (ulysses degree, ring degree) as functions of the world size, and the ring implementation. Zigzag rings
+# balance causal work and refuse non-causal calls, so they run causal only.
+ENGINES = {
+    "ring_basic": (lambda ws: 1, lambda ws: ws, "basic"),
+    "ring_zigzag": (lambda ws: 1, lambda ws: ws, "zigzag"),
+    "ulysses": (lambda ws: ws, lambda ws: 1, "basic"),
+    "hybrid_basic": (lambda ws: 2 if ws >= 4 else 1, lambda ws: ws // 2 if ws >= 4 else ws, "basic"),
+    "hybrid_zigzag": (lambda ws: 2 if ws >= 4 else 1, lambda ws: ws // 2 if ws >= 4 else ws, "zigzag"),
+}
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _attention(engine, world_size, q, k, v, causal):
+    """One engine's attention over this rank's shards, through its public entry point."""
+    from yunchang import LongContextAttention, UlyssesAttention
+    from yunchang.kernels import AttnType
+    from yunchang.ring import ring_flash_attn_func, zigzag_ring_flash_attn_func
+
+    kwargs = dict(dropout_p=0.0, causal=causal, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                  deterministic=False, return_attn_probs=False)
+    if engine == "ring_basic":
+        return ring_flash_attn_func(q, k, v, attn_type=AttnType.FA, **kwargs)
+    if engine == "ring_zigzag":
+        return zigzag_ring_flash_attn_func(q, k, v, attn_type=AttnType.FA, **kwargs)
+    if engine == "ulysses":
+        return UlyssesAttention(attn_type=AttnType.FA)(q, k, v, **kwargs)
+    ring_impl = ENGINES[engine][2]
+    return LongContextAttention(ring_impl_type=ring_impl, attn_type=AttnType.FA)(q, k, v, **kwargs)
+
+
+def _check_engine(engine, rank, world_size, dtype, causal, device):
+    from yunchang import EXTRACT_FUNC_DICT, set_seq_parallel_pg
+
+    ulysses_degree, ring_degree = ENGINES[engine][0](world_size), ENGINES[engine][1](world_size)
+    set_seq_parallel_pg(ulysses_degree, ring_degree, rank, world_size)
+    extract = functools.partial(EXTRACT_FUNC_DICT[ENGINES[engine][2]], rank=rank, world_size=world_size,
+                                rd=ring_degree, ud=ulysses_degree)
+    seqlen = 2 * ROWS_PER_CHUNK * world_size
+    torch.manual_seed(0)  # every rank draws the same global tensors
+    q = randn(BATCH, seqlen, HEADS, HEAD_DIM, dtype=dtype, device=device)
+    k = randn(BATCH, seqlen, KV_HEADS, HEAD_DIM, dtype=dtype, device=device)
+    v = randn(BATCH, seqlen, KV_HEADS, HEAD_DIM, dtype=dtype, device=device)
+    dout = randn(BATCH, seqlen, HEADS, HEAD_DIM, dtype=dtype, device=device)
+    local = [extract(t).detach().clone().requires_grad_() for t in (q, k, v)]
+    out = _attention(engine, world_size, *local, causal=causal)
+    grads = torch.autograd.grad(out, local, extract(dout))
+    truth, naive = reference_pair(functools.partial(attention_ref, causal=causal),
+                                  tuple(t.cpu() for t in (q, k, v)), dout.cpu())
+    grads = [g.cpu() for g in grads]
+    out = out.cpu()
+    checks = [("out", out, truth[0], naive[0], 2)] + [
+        (f"d{name}", g, gt, gn, 3) for name, g, gt, gn in zip("qkv", grads, truth[2], naive[2])]
+    for name, ours, exact, low, mult in checks:
+        try:
+            assert_close_fa(ours, extract(exact), extract(low), mult)
+        except AssertionError as error:
+            raise AssertionError(f"{engine} rank {rank}/{world_size} {dtype} causal={causal} {name}: {error}") from None
+
+
+def _worker(rank, world_size, port, engine, device):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    backend = "nccl" if device == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        for dtype in DTYPES.values():
+            for causal in (True,) if ENGINES[engine][2] == "zigzag" else (False, True):
+                _check_engine(engine, rank, world_size, dtype, causal, device)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", list(ENGINES))
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_yunchang_engine_matches_single_process(world_size, engine):
+    mp.spawn(_worker, args=(world_size, _free_port(), engine, "cpu"), nprocs=world_size, join=True)
+
+
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_yunchang_engine_on_cuda_world_size_1(engine):
+    """The same engine calls on CUDA tensors in one process: every block goes through our CUDA kernels."""
+    if not (torch.cuda.is_available() and flash_attn.is_supported("cuda", torch.bfloat16, HEAD_DIM)
+            and flash_attn.is_supported("cuda", torch.float16, HEAD_DIM)):
+        pytest.skip("needs a GPU with bf16 and fp16 CUDA kernels for head dim 32")
+    mp.spawn(_worker, args=(1, _free_port(), engine, "cuda"), nprocs=1, join=True)
+
+
+@pytest.mark.slow
+def test_readme_example_runs():
+    """README, "Long context across GPUs": the example under torchrun, 2 processes (gloo on CPU here)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port",
+               str(_free_port()), str(ROOT / "tools" / "sequence_parallel_example.py"), "--seqlen", "256"]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    errors = [float(x) for x in re.findall(r"(?:out|dq|dk|dv) ([0-9.e+-]+)", result.stdout)]
+    assert len(errors) == 4 and max(errors) < 5e-2, result.stdout
