@@ -127,7 +127,8 @@ def test_yunchang_engine_on_cuda_world_size_1(engine):
 @pytest.mark.slow
 def test_readme_example_runs():
     """README, "Long context across GPUs": the example under torchrun, 2 processes (gloo on CPU here)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)  # the checkout first
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port",
                str(_free_port()), str(ROOT / "tools" / "sequence_parallel_example.py"), "--seqlen", "256"]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
