@@ -10,6 +10,7 @@ import torch
 
 from ._native import C
 from .interface import _window, attention
+from .layers.rotary import apply_rotary_emb
 
 _NAME = "flash_attn_with_kvcache"
 
@@ -17,8 +18,28 @@ _NAME = "flash_attn_with_kvcache"
 def _reject(**features):
     for name, value in features.items():
         if value is not None:
-            raise NotImplementedError(f"{_NAME}: {name} is not supported yet; apply rotary embeddings / left "
-                                      f"padding / paging before the call and pass {name}=None")
+            raise NotImplementedError(f"{_NAME}: {name} is not supported yet; apply left padding / paging before "
+                                      f"the call and pass {name}=None")
+
+
+def _rotate(q, k, rotary_cos, rotary_sin, lengths, interleaved, causal_or_local, cache_rows):
+    """Dao's rotary rule: the new keys at their positions lengths[b] + i; the queries at lengths[b] + i when the
+    call is causal or local, otherwise all at lengths[b] (they are taken as one position)."""
+    if rotary_cos is None or rotary_sin is None:
+        raise ValueError(f"{_NAME}: rotary_cos and rotary_sin must be given together")
+    if k is None:
+        raise ValueError(f"{_NAME}: rotary_cos / rotary_sin need the new k and v (rotary applies to the appended keys "
+                         "and the queries)")
+    if rotary_cos.shape[0] < cache_rows:
+        raise ValueError(f"{_NAME}: rotary_cos / rotary_sin have {rotary_cos.shape[0]} rows for a cache of "
+                         f"{cache_rows}; they must cover every cache position")
+    k = apply_rotary_emb(k, rotary_cos, rotary_sin, interleaved=interleaved, seqlen_offsets=lengths)
+    if causal_or_local:
+        return apply_rotary_emb(q, rotary_cos, rotary_sin, interleaved=interleaved, seqlen_offsets=lengths), k
+    batch, seqlen_q, nheads, head_dim = q.shape
+    one_position = q.reshape(batch, 1, seqlen_q * nheads, head_dim)
+    rotated = apply_rotary_emb(one_position, rotary_cos, rotary_sin, interleaved=interleaved, seqlen_offsets=lengths)
+    return rotated.reshape(q.shape), k
 
 
 def _check_values(name, tensor, low, high):
@@ -86,8 +107,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     torch.no_grad()) the op reads each sequence's length directly (seqused_k) and visits only its keys; otherwise
     the lengths become a float32 bias of batch x seqlen_q x seqlen_cache (x nheads with ALiBi) that the
     backward can differentiate through."""
-    del rotary_interleaved, num_splits  # only meaningful with rotary embeddings / Dao's split kernel
-    _reject(rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_leftpad=cache_leftpad, block_table=block_table)
+    del num_splits  # a performance hint of Dao's split kernel
+    _reject(cache_leftpad=cache_leftpad, block_table=block_table)
     if (k is None) != (v is None):
         raise ValueError(f"{_NAME}: k and v must be given together or both omitted")
     if k is not None and cache_seqlens is None:
@@ -112,13 +133,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise ValueError(f"{_NAME}: cache_batch_idx indexes an empty cache (k_cache.shape[0] == 0)")
         _check_values("cache_batch_idx", cache_batch_idx, 0, cache_entries - 1)
         entries = cache_batch_idx.to(device=q.device, dtype=torch.int64).clamp(0, max(cache_entries - 1, 0))
+    window = _window(window_size, causal)
+    if rotary_cos is not None or rotary_sin is not None:
+        q, k = _rotate(q, k, rotary_cos, rotary_sin, lengths, rotary_interleaved, window != (-1, -1), cache_rows)
     if k is not None:
         rows = lengths.view(-1, 1) + torch.arange(k.shape[1], device=q.device).view(1, -1)
         k_cache[entries.view(-1, 1), rows] = k
         v_cache[entries.view(-1, 1), rows] = v
         lengths = lengths + k.shape[1]
     keys, values = (k_cache, v_cache) if cache_batch_idx is None else (k_cache[entries], v_cache[entries])
-    window = _window(window_size, causal)
     if _needs_grad(q, keys, values, alibi_slopes):
         bias = _bias(lengths, seqlen_q, cache_rows, window, nheads, alibi_slopes)
         out, lse, _ = attention(q, keys, values, softmax_scale=softmax_scale, softcap=softcap, attn_bias=bias,

@@ -92,7 +92,7 @@ def test_kvcache_without_append_and_batch_idx(device):
         flash_attn_with_kvcache(q, k_cache[:1], v_cache[:1])
 
 
-@pytest.mark.parametrize("name", ["rotary_cos", "rotary_sin", "cache_leftpad", "block_table"])
+@pytest.mark.parametrize("name", ["cache_leftpad", "block_table"])
 def test_kvcache_unsupported_options_raise(name):
     q, k_cache, v_cache = randn(1, 1, 2, 16), randn(1, 8, 2, 16), randn(1, 8, 2, 16)
     with pytest.raises(NotImplementedError, match=name):
@@ -251,3 +251,12 @@ def test_kvcache_native_cuda_graph():
     torch.cuda.synchronize()
     replayed = static_out.clone()
     assert torch.equal(replayed, step())
+
+
+@pytest.mark.parametrize("name", ["rotary_cos", "rotary_sin"])
+def test_kvcache_rotary_needs_both_tables(name):
+    """rotary_cos / rotary_sin (tests/test_rotary.py) come as a pair."""
+    q, k_cache, v_cache = randn(1, 1, 2, 16), randn(1, 8, 2, 16), randn(1, 8, 2, 16)
+    k = randn(1, 1, 2, 16)
+    with pytest.raises(ValueError, match="rotary_cos and rotary_sin must be given together"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, k, k, cache_seqlens=4, **{name: torch.zeros(8, 8)})

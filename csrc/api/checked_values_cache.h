@@ -17,7 +17,7 @@ namespace flash::api {
 using Requirement = std::array<int64_t, 3>;
 
 // Distinct first entries of Requirement per checked argument.
-enum class CheckedArgument : int64_t { kCuSeqlensQ, kCuSeqlensK, kIndexRange };
+enum class CheckedArgument : int64_t { kCuSeqlensQ, kCuSeqlensK, kIndexRange, kRotaryCuSeqlens };
 
 // The outcome of a remembered check: the last value (cu_seqlens[-1] says whether rows past it exist).
 struct CheckedValues {

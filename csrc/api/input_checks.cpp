@@ -54,21 +54,6 @@ int64_t check_cu_seqlens_values(const char* op, const char* name, const at::Tens
   return data[host.size(0) - 1];
 }
 
-// Checks the values of cu_seqlens (on CPU always; on CUDA once per tensor version, checked_values_cache.h) and returns
-// its last entry, or nullopt when they went unchecked (CUDA-graph capture, or checks turned off).
-std::optional<int64_t> check_cu_seqlens(const char* op, const char* name, const at::Tensor& cu, int64_t total,
-                                        int64_t max_seqlen, const char* max_name, const char* tensor_name,
-                                        CheckedArgument argument) {
-  const Requirement requirement{static_cast<int64_t>(argument), total, max_seqlen};
-  std::optional<CheckedValues> remembered;
-  const std::optional<at::Tensor> host = values_to_check(cu, requirement, remembered);
-  if (remembered.has_value()) return remembered->last_value;
-  if (!host.has_value()) return std::nullopt;
-  const int64_t last = check_cu_seqlens_values(op, name, *host, total, max_seqlen, max_name, tensor_name);
-  remember_checked(cu, requirement, CheckedValues{last});
-  return last;
-}
-
 // Checks seqused_k of a dense call (int32 (batch,), on q's device) and returns it contiguous; its values, in
 // [0, seqlen_k], are read only for CPU tensors (on CUDA the kernels clamp them instead of the host reading them).
 at::Tensor check_seqused_k(const char* op, const at::Tensor& used, const at::Tensor& q, int64_t batch,
@@ -90,6 +75,21 @@ at::Tensor check_seqused_k(const char* op, const at::Tensor& used, const at::Ten
 }
 
 }  // namespace
+
+// Checks the values of cu_seqlens (on CPU always; on CUDA once per tensor version, checked_values_cache.h) and returns
+// its last entry, or nullopt when they went unchecked (CUDA-graph capture, or checks turned off).
+std::optional<int64_t> check_cu_seqlens(const char* op, const char* name, const at::Tensor& cu, int64_t total,
+                                        int64_t max_seqlen, const char* max_name, const char* tensor_name,
+                                        CheckedArgument argument) {
+  const Requirement requirement{static_cast<int64_t>(argument), total, max_seqlen};
+  std::optional<CheckedValues> remembered;
+  const std::optional<at::Tensor> host = values_to_check(cu, requirement, remembered);
+  if (remembered.has_value()) return remembered->last_value;
+  if (!host.has_value()) return std::nullopt;
+  const int64_t last = check_cu_seqlens_values(op, name, *host, total, max_seqlen, max_name, tensor_name);
+  remember_checked(cu, requirement, CheckedValues{last});
+  return last;
+}
 
 DType to_dtype(at::ScalarType type) {
   switch (type) {

@@ -7,6 +7,7 @@
 
 #include <optional>
 
+#include "checked_values_cache.h"
 #include "flash_attn/params.h"
 
 namespace flash::api {
@@ -56,6 +57,13 @@ struct CallArgs {
 CheckedCall check_call(const char* op, const CallArgs& args);
 
 DType to_dtype(at::ScalarType type);
+
+// Checks the values of a cu_seqlens tensor (start at 0, non-decreasing, last entry <= total, no length above
+// max_seqlen): on CPU always, on CUDA once per tensor version (checked_values_cache.h). Returns its last entry, or
+// nullopt when the values went unchecked (CUDA-graph capture, or checks turned off).
+std::optional<int64_t> check_cu_seqlens(const char* op, const char* name, const at::Tensor& cu, int64_t total,
+                                        int64_t max_seqlen, const char* max_name, const char* tensor_name,
+                                        CheckedArgument argument);
 
 // Element strides of a (batch, seqlen, heads, dim) tensor, or of a varlen (total, heads, dim) one.
 TensorStrides strides_of(const at::Tensor& t, bool varlen);

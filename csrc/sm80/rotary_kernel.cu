@@ -1,0 +1,86 @@
+// rotary_kernel: one CTA per (sequence, row); its threads stride over the row's (head, pair) items and, when out is not
+// x, over the columns past rotary_dim. The rule per pair is common/rotary.h's, shared with the CPU implementation.
+#include "sm80/rotary_kernel.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "flash_attn/common/rotary.h"
+#include "sm80/kernel_common.h"
+
+namespace flash::sm80 {
+namespace {
+
+constexpr int kRotaryThreads = 128;
+
+template <typename T>
+__device__ __forceinline__ float load_float(const T* p) {
+  return to_float(*p);
+}
+template <>
+__device__ __forceinline__ float load_float<float>(const float* p) {
+  return *p;
+}
+template <typename T>
+__device__ __forceinline__ void store_float(T* p, float value) {
+  *p = from_float<T>(value);
+}
+template <>
+__device__ __forceinline__ void store_float<float>(float* p, float value) {
+  *p = value;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kRotaryThreads) rotary_kernel(const RotaryParams p) {
+  const int64_t b = blockIdx.x / p.seqlen;
+  const int64_t row = blockIdx.x % p.seqlen;
+  const int64_t x_row = rotary_row_offset(p, p.x_strides, b, row);
+  if (x_row < 0) return;
+  const int64_t out_row = rotary_row_offset(p, p.out_strides, b, row);
+  const int64_t position = rotary_position(p, b, row);
+  const bool rotated = rotary_position_in_table(p, position);
+  const T* x = static_cast<const T*>(p.x) + x_row;
+  T* out = static_cast<T*>(p.out) + out_row;
+  const T* cos = static_cast<const T*>(p.cos) + (rotated ? position * p.cos_row_stride : 0);
+  const T* sin = static_cast<const T*>(p.sin) + (rotated ? position * p.sin_row_stride : 0);
+  const int64_t pairs = p.rotary_dim / 2;
+  for (int64_t item = threadIdx.x; item < p.nheads * pairs; item += kRotaryThreads) {
+    const int64_t h = item / pairs, i = item % pairs;
+    const RotaryPair pair = rotary_pair(p, i);
+    const T* src = x + h * p.x_strides.head;
+    T* dst = out + h * p.out_strides.head;
+    float x1 = load_float(src + pair.first);
+    float x2 = load_float(src + pair.second);
+    if (rotated) rotate_pair<float>(x1, x2, load_float(cos + i), load_float(sin + i), p.conjugate);
+    store_float(dst + pair.first, x1);
+    store_float(dst + pair.second, x2);
+  }
+  if (p.out == p.x) return;
+  const int64_t rest = p.head_dim - p.rotary_dim;
+  for (int64_t item = threadIdx.x; item < p.nheads * rest; item += kRotaryThreads) {
+    const int64_t h = item / rest, d = p.rotary_dim + item % rest;
+    out[h * p.out_strides.head + d] = x[h * p.x_strides.head + d];
+  }
+}
+
+template <typename T>
+void launch(const RotaryParams& params, cudaStream_t stream) {
+  const int64_t rows = params.batch * params.seqlen;
+  if (rows == 0 || params.nheads == 0) return;
+  rotary_kernel<T><<<static_cast<unsigned>(rows), kRotaryThreads, 0, stream>>>(params);
+}
+
+}  // namespace
+
+bool launch_rotary(const RotaryParams& params, void* stream) {
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  switch (params.dtype) {
+    case DType::kFloat16: launch<__half>(params, cuda_stream); return true;
+    case DType::kBFloat16: launch<__nv_bfloat16>(params, cuda_stream); return true;
+    case DType::kFloat32: launch<float>(params, cuda_stream); return true;
+    default: return false;
+  }
+}
+
+}  // namespace flash::sm80
