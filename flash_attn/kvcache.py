@@ -1,8 +1,10 @@
 """flash_attn_with_kvcache: Dao-AILab's decoding entry point (attention of new queries over a KV cache, with
 the new keys/values appended to the cache in place), on flash_attn's fwd op. The per-sequence cache lengths go
 to the op as seqused_k (the kernels stop at each sequence's length and align masks and ALiBi to it); calls that
-need gradients, which seqused_k has none of, fold the lengths into an additive float32 bias instead. Either way
-no length is read on the host, so the call can be captured in a CUDA graph."""
+need gradients, which seqused_k has none of, fold the lengths into an additive float32 bias instead. Index values
+(cache_seqlens, cache_batch_idx, block_table) are checked once per tensor version and clamped on the device, never
+read under capture, so the call can be captured in a CUDA graph. Paged caches (block_table) are gathered into a
+contiguous copy per call for now."""
 
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ _NAME = "flash_attn_with_kvcache"
 def _reject(**features):
     for name, value in features.items():
         if value is not None:
-            raise NotImplementedError(f"{_NAME}: {name} is not supported yet; apply left padding / paging before "
-                                      f"the call and pass {name}=None")
+            raise NotImplementedError(f"{_NAME}: {name} is not supported yet; remove the left padding before the "
+                                      f"call and pass {name}=None")
 
 
 def _rotate(q, k, rotary_cos, rotary_sin, lengths, interleaved, causal_or_local, cache_rows):
@@ -93,6 +95,35 @@ def _bias(lengths, seqlen_q, cache_rows, window, nheads, alibi_slopes):
     return bias - slopes * distance.abs().unsqueeze(1).to(torch.float32)
 
 
+def _paged_layout(block_table, batch, k_cache):
+    """Checks block_table (batch, blocks per sequence) against a paged cache (num_blocks, page_size, nheads_k,
+    headdim) and returns it as clamped int64 indices."""
+    if block_table.dim() != 2 or block_table.shape[0] != batch:
+        raise ValueError(f"{_NAME}: block_table must be (batch, max_blocks_per_sequence) with batch = {batch}; got "
+                         f"shape {tuple(block_table.shape)}")
+    num_blocks = k_cache.shape[0]
+    if block_table.numel() > 0 and num_blocks == 0:
+        raise ValueError(f"{_NAME}: block_table indexes an empty paged cache (k_cache.shape[0] == 0)")
+    _check_values("block_table", block_table, 0, num_blocks - 1)
+    return block_table.to(dtype=torch.int64).clamp(0, max(num_blocks - 1, 0))
+
+
+def _locate(rows, entries, pages, page_size):
+    """Cache coordinates of logical rows (batch, n): (entry, row) of a contiguous cache, or (block, offset) of a
+    paged one."""
+    if pages is None:
+        return entries.view(-1, 1).expand_as(rows), rows
+    return pages.gather(1, rows // page_size), rows % page_size
+
+
+def _sequence_view(cache, entries, pages, contiguous):
+    """(batch, cache rows, nheads_k, headdim): the cache as each sequence sees it (the cache itself when sequence b
+    is entry b; otherwise gathered, a copy, through cache_batch_idx or the pages)."""
+    if pages is not None:
+        return cache[pages].flatten(1, 2)
+    return cache if contiguous else cache[entries]
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -101,25 +132,41 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     headdim): sequence b uses the first cache_seqlens[b] rows of cache entry cache_batch_idx[b] (default b),
     after k / v (batch, seqlen_new, nheads_k, headdim), if given, are written in place at rows
     cache_seqlens[b] ... cache_seqlens[b] + seqlen_new - 1. causal / window_size align the queries to the end of
-    each sequence. rotary embeddings, cache_leftpad and block_table are not supported (NotImplementedError);
-    num_splits is a performance hint of Dao's kernel and is ignored. Returns out, or (out, softmax_lse (batch,
-    nheads, seqlen_q)) when return_softmax_lse. An inference API: with no input requiring grad (or under
-    torch.no_grad()) the op reads each sequence's length directly (seqused_k) and visits only its keys; otherwise
-    the lengths become a float32 bias of batch x seqlen_q x seqlen_cache (x nheads with ALiBi) that the
+    each sequence.
+
+    block_table (batch, max_blocks) int32 makes the caches paged, (num_blocks, page_size, nheads_k, headdim) with
+    any page_size >= 1: row p of sequence b is row p % page_size of block block_table[b, p // page_size]. This
+    version gathers each sequence's pages into a contiguous copy before the kernel (a paged kernel is to come).
+
+    rotary_cos / rotary_sin (seqlen_ro >= cache rows, rotary_dim / 2), with k / v: the new keys are rotated at
+    positions cache_seqlens[b] + i before they are written, the queries at cache_seqlens[b] + i when causal or local
+    and at cache_seqlens[b] otherwise (rotary_interleaved: GPT-J pairs). cache_leftpad is not supported
+    (NotImplementedError); num_splits is a performance hint of Dao's kernel and is ignored. Returns out, or (out,
+    softmax_lse (batch, nheads, seqlen_q)) when return_softmax_lse. An inference API: with no input requiring grad
+    (or under torch.no_grad()) the op reads each sequence's length directly (seqused_k) and visits only its keys;
+    otherwise the lengths become a float32 bias of batch x seqlen_q x seqlen_cache (x nheads with ALiBi) that the
     backward can differentiate through."""
     del num_splits  # a performance hint of Dao's split kernel
-    _reject(cache_leftpad=cache_leftpad, block_table=block_table)
+    _reject(cache_leftpad=cache_leftpad)
     if (k is None) != (v is None):
         raise ValueError(f"{_NAME}: k and v must be given together or both omitted")
     if k is not None and cache_seqlens is None:
         raise ValueError(f"{_NAME}: appending k / v needs cache_seqlens (where each sequence's new rows go)")
     batch, seqlen_q, nheads = q.shape[0], q.shape[1], q.shape[2]
+    pages = None
+    page_size = k_cache.shape[1]
     cache_entries, cache_rows = k_cache.shape[0], k_cache.shape[1]
+    if block_table is not None:
+        if cache_batch_idx is not None:
+            raise ValueError(f"{_NAME}: block_table and cache_batch_idx cannot be combined (as in Dao's); put the "
+                             "entry's pages in block_table instead")
+        pages = _paged_layout(block_table.to(q.device), batch, k_cache)
+        cache_rows = pages.shape[1] * page_size
     new_rows = 0 if k is None else k.shape[1]
     if new_rows > cache_rows:
-        raise ValueError(f"{_NAME}: {new_rows} new rows (k.shape[1]) do not fit a cache of {cache_rows} rows "
-                         "(k_cache.shape[1])")
-    if cache_batch_idx is None and cache_entries != batch:
+        raise ValueError(f"{_NAME}: {new_rows} new rows (k.shape[1]) do not fit a cache of {cache_rows} rows per "
+                         "sequence")
+    if pages is None and cache_batch_idx is None and cache_entries != batch:
         raise ValueError(f"{_NAME}: k_cache has {cache_entries} entries for a batch of {batch}; pass "
                          "cache_batch_idx to say which cache entry each sequence uses")
     lengths = _cache_lengths(cache_seqlens, batch, cache_rows, new_rows, q.device)
@@ -138,10 +185,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         q, k = _rotate(q, k, rotary_cos, rotary_sin, lengths, rotary_interleaved, window != (-1, -1), cache_rows)
     if k is not None:
         rows = lengths.view(-1, 1) + torch.arange(k.shape[1], device=q.device).view(1, -1)
-        k_cache[entries.view(-1, 1), rows] = k
-        v_cache[entries.view(-1, 1), rows] = v
+        first, second = _locate(rows, entries, pages, page_size)
+        k_cache[first, second] = k
+        v_cache[first, second] = v
         lengths = lengths + k.shape[1]
-    keys, values = (k_cache, v_cache) if cache_batch_idx is None else (k_cache[entries], v_cache[entries])
+    contiguous = cache_batch_idx is None
+    keys = _sequence_view(k_cache, entries, pages, contiguous)
+    values = _sequence_view(v_cache, entries, pages, contiguous)
     if _needs_grad(q, keys, values, alibi_slopes):
         bias = _bias(lengths, seqlen_q, cache_rows, window, nheads, alibi_slopes)
         out, lse, _ = attention(q, keys, values, softmax_scale=softmax_scale, softcap=softcap, attn_bias=bias,

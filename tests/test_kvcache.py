@@ -92,7 +92,7 @@ def test_kvcache_without_append_and_batch_idx(device):
         flash_attn_with_kvcache(q, k_cache[:1], v_cache[:1])
 
 
-@pytest.mark.parametrize("name", ["cache_leftpad", "block_table"])
+@pytest.mark.parametrize("name", ["cache_leftpad"])
 def test_kvcache_unsupported_options_raise(name):
     q, k_cache, v_cache = randn(1, 1, 2, 16), randn(1, 8, 2, 16), randn(1, 8, 2, 16)
     with pytest.raises(NotImplementedError, match=name):

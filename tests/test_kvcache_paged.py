@@ -1,0 +1,96 @@
+# flash_attn_with_kvcache over a paged cache (block_table, any page size >= 1): the same outputs, softmax_lse and cache
+# contents as over the contiguous cache the pages spell out, bitwise (the kernel sees the same keys), on CPU and CUDA;
+# page sizes 1, 7 (not a power of two), 16, 64 and 256, lengths that are multiples of nothing, pages in shuffled order
+# with unused blocks between them, GQA, appends crossing page boundaries, causal and windowed, rotary; bad block
+# indices raise naming the argument.
+import pytest
+import torch
+
+import flash_attn
+from flash_attn import flash_attn_with_kvcache
+from helpers import randn
+
+HEAD_DIM = 64
+
+
+def _dtype(device):
+    return torch.bfloat16 if device == "cuda" else torch.float32
+
+
+def _require_forward(device):
+    if not flash_attn.is_supported(device, _dtype(device), HEAD_DIM, backward=False):
+        pytest.skip(f"no {device} forward kernel for head dim {HEAD_DIM}")
+
+
+def _paged(contiguous, page_size, spare_blocks, generator):
+    """Scatters a contiguous cache (batch, rows, heads, dim) into shuffled pages of a larger pool; returns the pool
+    and the block table."""
+    batch, rows = contiguous.shape[:2]
+    per_sequence = rows // page_size
+    pool_blocks = batch * per_sequence + spare_blocks
+    order = torch.randperm(pool_blocks, generator=generator)[:batch * per_sequence].view(batch, per_sequence)
+    pool = torch.randn(pool_blocks, page_size, *contiguous.shape[2:], generator=generator).to(contiguous)
+    pool[order.flatten()] = contiguous.reshape(batch * per_sequence, page_size, *contiguous.shape[2:])
+    return pool, order.to(torch.int32).to(contiguous.device)
+
+
+@pytest.mark.parametrize("page_size", [1, 7, 16, 64, 256])
+@pytest.mark.parametrize("window", ["causal", "local", "none"])
+def test_paged_equals_contiguous(page_size, window, device):
+    _require_forward(device)
+    dtype = _dtype(device)
+    generator = torch.Generator().manual_seed(page_size)
+    batch, seqlen_q, new, h, hk = 3, 2, 3, 4, 2
+    rows = page_size * max(1, 300 // page_size)
+    lengths = torch.tensor([rows - new, 5, rows // 3 + 1], dtype=torch.int32, device=device)
+    q = randn(batch, seqlen_q, h, HEAD_DIM, dtype=dtype, device=device)
+    k_new, v_new = (randn(batch, new, hk, HEAD_DIM, dtype=dtype, device=device) for _ in range(2))
+    k_cache, v_cache = (randn(batch, rows, hk, HEAD_DIM, dtype=dtype, device=device) for _ in range(2))
+    k_pool, table = _paged(k_cache, page_size, 5, generator)
+    v_pool = torch.empty_like(k_pool)
+    v_pool[table.long().flatten()] = v_cache.reshape(-1, page_size, hk, HEAD_DIM)
+    kwargs = {"causal": dict(causal=True), "local": dict(window_size=(17, 0)), "none": {}}[window]
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lengths,
+                                       return_softmax_lse=True, **kwargs)
+    paged_out, paged_lse = flash_attn_with_kvcache(q, k_pool, v_pool, k_new, v_new, cache_seqlens=lengths,
+                                                   block_table=table, return_softmax_lse=True, **kwargs)
+    assert torch.equal(out, paged_out) and torch.equal(lse, paged_lse)
+    assert torch.equal(k_pool[table.long()].flatten(1, 2), k_cache)
+    assert torch.equal(v_pool[table.long()].flatten(1, 2), v_cache)
+
+
+def test_paged_with_rotary(device):
+    _require_forward(device)
+    dtype = _dtype(device)
+    generator = torch.Generator().manual_seed(0)
+    batch, rows, page_size, h, hk = 2, 48, 16, 4, 2
+    q = randn(batch, 1, h, HEAD_DIM, dtype=dtype, device=device)
+    k_new, v_new = (randn(batch, 1, hk, HEAD_DIM, dtype=dtype, device=device) for _ in range(2))
+    k_cache, v_cache = (randn(batch, rows, hk, HEAD_DIM, dtype=dtype, device=device) for _ in range(2))
+    k_pool, table = _paged(k_cache, page_size, 2, generator)
+    v_pool = torch.empty_like(k_pool)
+    v_pool[table.long().flatten()] = v_cache.reshape(-1, page_size, hk, HEAD_DIM)
+    angles = torch.rand(rows, 16) * 6.3
+    cos, sin = angles.cos().to(dtype).to(device), angles.sin().to(dtype).to(device)
+    lengths = torch.tensor([31, 16], dtype=torch.int32, device=device)
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cos, sin, cache_seqlens=lengths, causal=True)
+    paged = flash_attn_with_kvcache(q, k_pool, v_pool, k_new, v_new, cos, sin, cache_seqlens=lengths,
+                                    block_table=table, causal=True)
+    assert torch.equal(out, paged)
+    assert torch.equal(k_pool[table.long()].flatten(1, 2), k_cache)
+
+
+def test_block_table_refusals(device):
+    _require_forward(device)
+    dtype = _dtype(device)
+    q = randn(2, 1, 4, HEAD_DIM, dtype=dtype, device=device)
+    pool = randn(6, 16, 2, HEAD_DIM, dtype=dtype, device=device)
+    lengths = torch.tensor([3, 9], dtype=torch.int32, device=device)
+    bad = torch.tensor([[0, 1], [2, 6]], dtype=torch.int32, device=device)
+    with pytest.raises(RuntimeError, match=r"block_table\[3\]=6 is outside \[0, 5\]"):
+        flash_attn_with_kvcache(q, pool, pool, cache_seqlens=lengths, block_table=bad)
+    with pytest.raises(ValueError, match="block_table must be"):
+        flash_attn_with_kvcache(q, pool, pool, cache_seqlens=lengths, block_table=bad[:1])
+    with pytest.raises(ValueError, match="cannot be combined"):
+        flash_attn_with_kvcache(q, pool, pool, cache_seqlens=lengths, block_table=bad.clamp(max=5),
+                                cache_batch_idx=torch.tensor([0, 1], device=device))
