@@ -24,6 +24,12 @@ from .interface import (  # noqa: F401  (re-exported: the public functions of Da
 from .kvcache import flash_attn_with_kvcache  # noqa: F401
 from .ops import new_rng_state
 
+__all__ = [
+    "flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache",
+    "_flash_attn_forward", "_flash_attn_backward", "_flash_attn_varlen_forward", "_flash_attn_varlen_backward",
+]
+
 # Dao's softmax_d rows are padded to a multiple of this (its kernels' row block); varlen adds one block per sequence.
 _SOFTMAX_D_ROW_BLOCK = 128
 _RNG_STATE_SIZE = 2  # int64 [seed, offset]

@@ -167,3 +167,13 @@ def check_kvcache_cuda_matches_cpu(lengths, seqlen_q, rows, nheads, nheads_k, he
     assert not torch.isnan(out_cuda).any() and not torch.isnan(lse_cuda).any()
     torch.testing.assert_close(out_cuda.cpu().float(), out_cpu.float(), atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(lse_cuda.cpu(), lse_cpu, atol=1e-3, rtol=1e-3)
+
+
+def no_host_sync(fn):
+    """Runs fn with torch's CUDA sync debug mode set to "error": any host synchronisation inside raises."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        return fn()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

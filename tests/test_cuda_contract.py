@@ -12,7 +12,7 @@ from torch.profiler import ProfilerActivity, profile
 import flash_attn
 from flash_attn import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func
 from flash_attn.reference import attention_ref, attention_varlen_ref, cu_from_seqlens
-from helpers import assert_close_fa, randn, reference_pair
+from helpers import assert_close_fa, no_host_sync, randn, reference_pair
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 DTYPE = torch.bfloat16
@@ -91,27 +91,18 @@ def test_head_dim_padding_backward(head_dim):
         assert_close_fa(g.cpu(), gt, gn, 3)
 
 
-def _no_sync(fn):
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        return fn()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-
-
 @pytest.mark.parametrize("dropout_p", [0.0, 0.2])
 def test_no_host_sync_dense_and_varlen(dropout_p):
     _require(64)
     q = randn(2, 70, 4, 64, dtype=DTYPE, device="cuda")
     k, v = randn(2, 90, 2, 64, dtype=DTYPE, device="cuda"), randn(2, 90, 2, 64, dtype=DTYPE, device="cuda")
-    _no_sync(lambda: flash_attn_func(q, k, v, dropout_p=dropout_p, causal=True))
+    no_host_sync(lambda: flash_attn_func(q, k, v, dropout_p=dropout_p, causal=True))
     cu_q, cu_k = cu_from_seqlens([30, 0, 33], "cuda"), cu_from_seqlens([50, 7, 40], "cuda")
     qv, kv, vv = q.view(140, 4, 64), k.view(180, 2, 64), v.view(180, 2, 64)
     # The first call with these cu_seqlens checks their values (one synchronisation per tensor version,
     # tests/test_cuda_index_values.py); every later call with them runs without one.
     flash_attn_varlen_func(qv, kv, vv, cu_q, cu_k, 33, 50, dropout_p=dropout_p)
-    out = _no_sync(lambda: flash_attn_varlen_func(qv, kv, vv, cu_q, cu_k, 33, 50, dropout_p=dropout_p))
+    out = no_host_sync(lambda: flash_attn_varlen_func(qv, kv, vv, cu_q, cu_k, 33, 50, dropout_p=dropout_p))
     assert out[63:].abs().max() == 0  # rows past cu_seqlens_q[-1] = 63 are zero-initialised
     if dropout_p == 0.0:
         ref = attention_varlen_ref(qv.cpu(), kv.cpu(), vv.cpu(), cu_q.cpu(), cu_k.cpu(), compute_dtype=torch.float64)
@@ -124,7 +115,7 @@ def test_no_host_sync_backward():
     q, k, v = (randn(2, 70, 2, 64, dtype=DTYPE, device="cuda", requires_grad=True) for _ in range(3))
     out = flash_attn_func(q, k, v, dropout_p=0.1, causal=True)
     dout = torch.randn_like(out)
-    _no_sync(lambda: torch.autograd.grad(out, (q, k, v), dout))
+    no_host_sync(lambda: torch.autograd.grad(out, (q, k, v), dout))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -10,7 +10,7 @@ import torch
 import flash_attn
 from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 from flash_attn.reference import cu_from_seqlens
-from helpers import randn
+from helpers import no_host_sync, randn
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 DTYPE = torch.bfloat16
@@ -39,15 +39,6 @@ def _varlen_inputs(requires_grad=False):
     return q, k, v, cu_k
 
 
-def _no_sync(fn):
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        return fn()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-
-
 @pytest.mark.parametrize("case", list(BAD_CU_SEQLENS), ids=list(BAD_CU_SEQLENS))
 def test_invalid_cu_seqlens_raise_naming_the_argument(case):
     _require()
@@ -69,7 +60,7 @@ def test_values_are_read_once_per_tensor_version():
     q, k, v, cu_k = _varlen_inputs()
     cu_q = cu_from_seqlens([50, 50, 60], "cuda")
     first = flash_attn_varlen_func(q, k, v, cu_q, cu_k, MAX_SEQLEN, MAX_SEQLEN)  # checks (one synchronisation)
-    again = _no_sync(lambda: flash_attn_varlen_func(q, k, v, cu_q, cu_k, MAX_SEQLEN, MAX_SEQLEN))
+    again = no_host_sync(lambda: flash_attn_varlen_func(q, k, v, cu_q, cu_k, MAX_SEQLEN, MAX_SEQLEN))
     assert torch.equal(first, again)
     # Another requirement (max_seqlen) is a new check; an in-place change is too, and a bad one is caught.
     flash_attn_varlen_func(q, k, v, cu_q, cu_k, MAX_SEQLEN + 1, MAX_SEQLEN)
@@ -83,7 +74,7 @@ def test_checks_can_be_turned_off(monkeypatch):
     q, k, v, cu_k = _varlen_inputs()
     cu_q = cu_from_seqlens([50, 50, 60], "cuda")
     monkeypatch.setenv("FLASH_ATTN_CHECK_DEVICE_VALUES", "0")
-    _no_sync(lambda: flash_attn_varlen_func(q, k, v, cu_q, cu_k, MAX_SEQLEN, MAX_SEQLEN))
+    no_host_sync(lambda: flash_attn_varlen_func(q, k, v, cu_q, cu_k, MAX_SEQLEN, MAX_SEQLEN))
 
 
 @pytest.mark.parametrize("case", list(BAD_CU_SEQLENS), ids=list(BAD_CU_SEQLENS))

@@ -3,7 +3,6 @@
 # flash_attn_func / flash_attn_varlen_func (outputs, LSE, gradients, dropout through rng_state), Dao's return shapes
 # (softmax_d, rng_state), gradients written into the given buffers, the backward using the out and LSE it is handed
 # (two key blocks merged by LSE give the exact gradients), torch.library.opcheck of the custom ops, and the refusals.
-import functools
 
 import pytest
 import torch
