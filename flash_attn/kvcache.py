@@ -17,13 +17,6 @@ from .layers.rotary import apply_rotary_emb
 _NAME = "flash_attn_with_kvcache"
 
 
-def _reject(**features):
-    for name, value in features.items():
-        if value is not None:
-            raise NotImplementedError(f"{_NAME}: {name} is not supported yet; remove the left padding before the "
-                                      f"call and pass {name}=None")
-
-
 def _rotate(q, k, rotary_cos, rotary_sin, lengths, interleaved, causal_or_local, cache_rows):
     """Dao's rotary rule: the new keys at their positions lengths[b] + i; the queries at lengths[b] + i when the
     call is causal or local, otherwise all at lengths[b] (they are taken as one position)."""
@@ -116,11 +109,31 @@ def _locate(rows, entries, pages, page_size):
     return pages.gather(1, rows // page_size), rows % page_size
 
 
-def _sequence_view(cache, entries, pages, contiguous):
-    """(batch, cache rows, nheads_k, headdim): the cache as each sequence sees it (the cache itself when sequence b
-    is entry b; otherwise gathered, a copy, through cache_batch_idx or the pages)."""
+def _left_padding(cache_leftpad, batch, cache_rows, pages, device):
+    """(batch,) int64 first cache row of each sequence (checked, clamped), or None without left padding."""
+    if cache_leftpad is None:
+        return None
+    if pages is not None:
+        raise NotImplementedError(f"{_NAME}: cache_leftpad together with block_table is not supported (nor in Dao's); "
+                                  "leave the padding out of the pages instead")
+    if cache_leftpad.shape != (batch,):
+        raise ValueError(f"{_NAME}: cache_leftpad must be a (batch,) = ({batch},) tensor; got shape "
+                         f"{tuple(cache_leftpad.shape)}")
+    _check_values("cache_leftpad", cache_leftpad, 0, cache_rows)
+    return cache_leftpad.to(device=device, dtype=torch.int64).clamp(0, cache_rows)
+
+
+def _sequence_view(cache, entries, pages, first_row, contiguous):
+    """(batch, cache rows, nheads_k, headdim): the cache as each sequence sees it, its key 0 first (the cache itself
+    when sequence b is entry b from row 0; otherwise gathered, a copy, through cache_batch_idx, the pages or the left
+    padding). Rows past a sequence's end are whatever the cache holds there: the kernels never read them."""
     if pages is not None:
         return cache[pages].flatten(1, 2)
+    if first_row is not None:
+        rows = cache.shape[1]
+        logical = torch.arange(rows, device=cache.device).view(1, -1)
+        physical = (first_row.view(-1, 1) + logical).clamp(max=max(rows - 1, 0))
+        return cache[entries.view(-1, 1), physical]
     return cache if contiguous else cache[entries]
 
 
@@ -140,14 +153,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
     rotary_cos / rotary_sin (seqlen_ro >= cache rows, rotary_dim / 2), with k / v: the new keys are rotated at
     positions cache_seqlens[b] + i before they are written, the queries at cache_seqlens[b] + i when causal or local
-    and at cache_seqlens[b] otherwise (rotary_interleaved: GPT-J pairs). cache_leftpad is not supported
-    (NotImplementedError); num_splits is a performance hint of Dao's kernel and is ignored. Returns out, or (out,
+    and at cache_seqlens[b] otherwise (rotary_interleaved: GPT-J pairs). cache_leftpad (batch,): sequence b's keys
+    start at cache row cache_leftpad[b] (rows before it are padding), so it has cache_seqlens[b] - cache_leftpad[b]
+    keys and its positions (masks, rotary) count from there; gathered into a copy for now; not with block_table.
+    num_splits is a performance hint of Dao's kernel and is ignored. Returns out, or (out,
     softmax_lse (batch, nheads, seqlen_q)) when return_softmax_lse. An inference API: with no input requiring grad
     (or under torch.no_grad()) the op reads each sequence's length directly (seqused_k) and visits only its keys;
     otherwise the lengths become a float32 bias of batch x seqlen_q x seqlen_cache (x nheads with ALiBi) that the
     backward can differentiate through."""
     del num_splits  # a performance hint of Dao's split kernel
-    _reject(cache_leftpad=cache_leftpad)
     if (k is None) != (v is None):
         raise ValueError(f"{_NAME}: k and v must be given together or both omitted")
     if k is not None and cache_seqlens is None:
@@ -180,9 +194,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise ValueError(f"{_NAME}: cache_batch_idx indexes an empty cache (k_cache.shape[0] == 0)")
         _check_values("cache_batch_idx", cache_batch_idx, 0, cache_entries - 1)
         entries = cache_batch_idx.to(device=q.device, dtype=torch.int64).clamp(0, max(cache_entries - 1, 0))
+    first_row = _left_padding(cache_leftpad, batch, cache_rows, pages, q.device)
     window = _window(window_size, causal)
     if rotary_cos is not None or rotary_sin is not None:
-        q, k = _rotate(q, k, rotary_cos, rotary_sin, lengths, rotary_interleaved, window != (-1, -1), cache_rows)
+        positions = lengths if first_row is None else (lengths - first_row).clamp(min=0)
+        q, k = _rotate(q, k, rotary_cos, rotary_sin, positions, rotary_interleaved, window != (-1, -1), cache_rows)
     if k is not None:
         rows = lengths.view(-1, 1) + torch.arange(k.shape[1], device=q.device).view(1, -1)
         first, second = _locate(rows, entries, pages, page_size)
@@ -190,8 +206,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         v_cache[first, second] = v
         lengths = lengths + k.shape[1]
     contiguous = cache_batch_idx is None
-    keys = _sequence_view(k_cache, entries, pages, contiguous)
-    values = _sequence_view(v_cache, entries, pages, contiguous)
+    keys = _sequence_view(k_cache, entries, pages, first_row, contiguous)
+    values = _sequence_view(v_cache, entries, pages, first_row, contiguous)
+    if first_row is not None:
+        lengths = (lengths - first_row).clamp(min=0)  # the keys each sequence sees, from its first row
     if _needs_grad(q, keys, values, alibi_slopes):
         bias = _bias(lengths, seqlen_q, cache_rows, window, nheads, alibi_slopes)
         out, lse, _ = attention(q, keys, values, softmax_scale=softmax_scale, softcap=softcap, attn_bias=bias,

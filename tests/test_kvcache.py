@@ -92,13 +92,6 @@ def test_kvcache_without_append_and_batch_idx(device):
         flash_attn_with_kvcache(q, k_cache[:1], v_cache[:1])
 
 
-@pytest.mark.parametrize("name", ["cache_leftpad"])
-def test_kvcache_unsupported_options_raise(name):
-    q, k_cache, v_cache = randn(1, 1, 2, 16), randn(1, 8, 2, 16), randn(1, 8, 2, 16)
-    with pytest.raises(NotImplementedError, match=name):
-        flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=4, **{name: torch.zeros(1)})
-
-
 def test_kvcache_append_needs_cache_seqlens():
     q, k_cache, v_cache = randn(1, 1, 2, 16), randn(1, 8, 2, 16), randn(1, 8, 2, 16)
     with pytest.raises(ValueError, match="cache_seqlens"):
@@ -260,3 +253,46 @@ def test_kvcache_rotary_needs_both_tables(name):
     k = randn(1, 1, 2, 16)
     with pytest.raises(ValueError, match="rotary_cos and rotary_sin must be given together"):
         flash_attn_with_kvcache(q, k_cache, v_cache, k, k, cache_seqlens=4, **{name: torch.zeros(8, 8)})
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("rotary", [False, True])
+def test_kvcache_leftpad_equals_shifted_cache(rotary, causal, device):
+    """cache_leftpad: sequence b's keys start at row cache_leftpad[b]. The same call over a cache with each
+    sequence's rows moved to the front (and the lengths and rotary positions counted from there) gives the same
+    output bitwise, and the appended rows land after each sequence's own rows."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    if not flash_attn.is_supported(device, dtype, 64, backward=False):
+        pytest.skip(f"no {device} forward kernel for head dim 64")
+    b, sq, new, rows, h, hk, d = 3, 2, 2, 40, 4, 2, 64
+    q = randn(b, sq, h, d, dtype=dtype, device=device)
+    k_new, v_new = (randn(b, new, hk, d, dtype=dtype, device=device) for _ in range(2))
+    k_cache, v_cache = (randn(b, rows, hk, d, dtype=dtype, device=device) for _ in range(2))
+    leftpad = torch.tensor([0, 7, 20], dtype=torch.int32, device=device)
+    seqlens = torch.tensor([9, 30, 25], dtype=torch.int32, device=device)
+    angles = torch.rand(rows, 16) * 6.3
+    tables = dict(rotary_cos=angles.cos().to(dtype).to(device), rotary_sin=angles.sin().to(dtype).to(device))
+    extra = tables if rotary else {}
+    shifted_k, shifted_v = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
+    for i in range(b):
+        pad, end = int(leftpad[i]), int(seqlens[i])
+        shifted_k[i, :end - pad], shifted_v[i, :end - pad] = k_cache[i, pad:end], v_cache[i, pad:end]
+    kc, vc = k_cache.clone(), v_cache.clone()
+    out = flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=seqlens, cache_leftpad=leftpad,
+                                  causal=causal, **extra)
+    expected = flash_attn_with_kvcache(q, shifted_k, shifted_v, k_new, v_new, cache_seqlens=seqlens - leftpad,
+                                       causal=causal, **extra)
+    assert torch.equal(out, expected)
+    for i in range(b):
+        pad, end = int(leftpad[i]), int(seqlens[i])
+        assert torch.equal(kc[i, pad:end + new], shifted_k[i, :end - pad + new])
+        assert torch.equal(vc[i, pad:end + new], shifted_v[i, :end - pad + new])
+
+
+def test_kvcache_leftpad_refusals():
+    q, cache = randn(2, 1, 2, 16), randn(2, 8, 2, 16)
+    with pytest.raises(RuntimeError, match=r"cache_leftpad\[1\]=9 is outside \[0, 8\]"):
+        flash_attn_with_kvcache(q, cache, cache, cache_seqlens=4, cache_leftpad=torch.tensor([0, 9]))
+    with pytest.raises(NotImplementedError, match="cache_leftpad together with block_table"):
+        flash_attn_with_kvcache(q, cache, cache, cache_seqlens=4, cache_leftpad=torch.tensor([0, 1]),
+                                block_table=torch.zeros(2, 1, dtype=torch.int32))
