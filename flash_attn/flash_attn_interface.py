@@ -21,6 +21,7 @@ from .interface import (  # noqa: F401  (re-exported: the public functions of Da
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
 )
+from .interface import paged_keys_values
 from .kvcache import flash_attn_with_kvcache  # noqa: F401
 from .ops import new_rng_state
 
@@ -165,8 +166,8 @@ def _varlen_backward_fake(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlen
     return q.new_empty((q.shape[1], q.shape[0] + _SOFTMAX_D_ROW_BLOCK * batch), dtype=torch.float32)
 
 
-def _refuse_varlen_extras(block_table, leftpad_k, seqused_k):
-    for name, value in (("block_table", block_table), ("leftpad_k", leftpad_k), ("seqused_k", seqused_k)):
+def _refuse_varlen_extras(leftpad_k, seqused_k):
+    for name, value in (("leftpad_k", leftpad_k), ("seqused_k", seqused_k)):
         if value is not None:
             raise NotImplementedError(f"_flash_attn_varlen_forward: {name} is not supported yet; pass {name}=None "
                                       "(give each sequence's keys through cu_seqlens_k)")
@@ -187,8 +188,12 @@ def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
                                alibi_slopes=None, return_softmax=False, block_table=None, leftpad_k=None,
                                seqused_k=None):
     """The varlen form: q (total_q, nheads, headdim), k / v (total_k, nheads_k, headdim), cu_seqlens int32.
-    softmax_lse is (nheads, total_q). block_table, leftpad_k and seqused_k raise NotImplementedError."""
-    _refuse_varlen_extras(block_table, leftpad_k, seqused_k)
+    softmax_lse is (nheads, total_q). With block_table, k and v are paged caches (flash_attn_varlen_func); leftpad_k
+    and seqused_k raise NotImplementedError."""
+    _refuse_varlen_extras(leftpad_k, seqused_k)
+    if block_table is not None:
+        k, v = paged_keys_values(k, v, block_table, cu_seqlens_q.shape[0] - 1, cu_seqlens_k, int(max_seqlen_k),
+                                 q.device)
     return torch.ops.flash_attn._flash_attn_varlen_forward(
         q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), float(dropout_p),
         _scale(softmax_scale, q), bool(causal), int(window_size_left), int(window_size_right), float(softcap or 0.0),

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from ._native import C
 from .interface import _window, attention
 from .layers.rotary import apply_rotary_emb
+from .ops import check_index_values
+from .paged_kv import block_indices, gather_sequences, locate
 
 _NAME = "flash_attn_with_kvcache"
 
@@ -38,11 +39,7 @@ def _rotate(q, k, rotary_cos, rotary_sin, lengths, interleaved, causal_or_local,
 
 
 def _check_values(name, tensor, low, high):
-    """Every value of an index tensor in [low, high]: on CPU always, on CUDA once per tensor version (one host
-    synchronisation the first time a tensor is seen; none under CUDA-graph capture, where the indices are clamped
-    instead so that no access leaves the caches). Not while torch.compile traces (values unknown)."""
-    if not torch.compiler.is_compiling():
-        C.check_index_values(tensor, _NAME, name, low, high)
+    check_index_values(_NAME, name, tensor, low, high)
 
 
 def _cache_lengths(cache_seqlens, batch, cache_rows, new_rows, device):
@@ -88,27 +85,6 @@ def _bias(lengths, seqlen_q, cache_rows, window, nheads, alibi_slopes):
     return bias - slopes * distance.abs().unsqueeze(1).to(torch.float32)
 
 
-def _paged_layout(block_table, batch, k_cache):
-    """Checks block_table (batch, blocks per sequence) against a paged cache (num_blocks, page_size, nheads_k,
-    headdim) and returns it as clamped int64 indices."""
-    if block_table.dim() != 2 or block_table.shape[0] != batch:
-        raise ValueError(f"{_NAME}: block_table must be (batch, max_blocks_per_sequence) with batch = {batch}; got "
-                         f"shape {tuple(block_table.shape)}")
-    num_blocks = k_cache.shape[0]
-    if block_table.numel() > 0 and num_blocks == 0:
-        raise ValueError(f"{_NAME}: block_table indexes an empty paged cache (k_cache.shape[0] == 0)")
-    _check_values("block_table", block_table, 0, num_blocks - 1)
-    return block_table.to(dtype=torch.int64).clamp(0, max(num_blocks - 1, 0))
-
-
-def _locate(rows, entries, pages, page_size):
-    """Cache coordinates of logical rows (batch, n): (entry, row) of a contiguous cache, or (block, offset) of a
-    paged one."""
-    if pages is None:
-        return entries.view(-1, 1).expand_as(rows), rows
-    return pages.gather(1, rows // page_size), rows % page_size
-
-
 def _left_padding(cache_leftpad, batch, cache_rows, pages, device):
     """(batch,) int64 first cache row of each sequence (checked, clamped), or None without left padding."""
     if cache_leftpad is None:
@@ -128,7 +104,7 @@ def _sequence_view(cache, entries, pages, first_row, contiguous):
     when sequence b is entry b from row 0; otherwise gathered, a copy, through cache_batch_idx, the pages or the left
     padding). Rows past a sequence's end are whatever the cache holds there: the kernels never read them."""
     if pages is not None:
-        return cache[pages].flatten(1, 2)
+        return gather_sequences(cache, pages)
     if first_row is not None:
         rows = cache.shape[1]
         logical = torch.arange(rows, device=cache.device).view(1, -1)
@@ -174,7 +150,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         if cache_batch_idx is not None:
             raise ValueError(f"{_NAME}: block_table and cache_batch_idx cannot be combined (as in Dao's); put the "
                              "entry's pages in block_table instead")
-        pages = _paged_layout(block_table.to(q.device), batch, k_cache)
+        pages = block_indices(_NAME, block_table, batch, k_cache, q.device)
         cache_rows = pages.shape[1] * page_size
     new_rows = 0 if k is None else k.shape[1]
     if new_rows > cache_rows:
@@ -201,7 +177,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         q, k = _rotate(q, k, rotary_cos, rotary_sin, positions, rotary_interleaved, window != (-1, -1), cache_rows)
     if k is not None:
         rows = lengths.view(-1, 1) + torch.arange(k.shape[1], device=q.device).view(1, -1)
-        first, second = _locate(rows, entries, pages, page_size)
+        first, second = (entries.view(-1, 1).expand_as(rows), rows) if pages is None else locate(rows, pages, page_size)
         k_cache[first, second] = k
         v_cache[first, second] = v
         lengths = lengths + k.shape[1]

@@ -135,6 +135,14 @@ def new_rng_state(dropout_p: float, device: torch.device) -> torch.Tensor | None
     return torch.cat([seed, offset])
 
 
+def check_index_values(op: str, name: str, tensor: torch.Tensor, low: int, high: int) -> None:
+    """Every value of an index tensor in [low, high], or an error naming op, name and the first bad entry: on CPU
+    always, on CUDA once per tensor version (one host synchronisation the first time a tensor is seen; none under
+    CUDA-graph capture, where callers clamp instead). Not while torch.compile traces (values unknown)."""
+    if not torch.compiler.is_compiling():
+        _C.check_index_values(tensor, op, name, low, high)
+
+
 def built_kernels() -> list[dict]:
     """Every kernel this build compiled (CPU implementation entries included), as dicts with keys
     device, arch, dtype, head_dim, mask, direction, name."""

@@ -122,7 +122,7 @@ def test_buffers_may_be_omitted(device):
     assert not torch.isnan(dk).any()
 
 
-@pytest.mark.parametrize("name", ["block_table", "leftpad_k", "seqused_k"])
+@pytest.mark.parametrize("name", ["leftpad_k", "seqused_k"])
 def test_varlen_extras_refused(name):
     q, k, v, cu_q, cu_k = varlen_tensors([5, 7], [6, 8], 2, 2, 16, torch.float32, "cpu")
     extra = {name: torch.zeros(2, dtype=torch.int32)}

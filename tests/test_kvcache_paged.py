@@ -94,3 +94,37 @@ def test_block_table_refusals(device):
     with pytest.raises(ValueError, match="cannot be combined"):
         flash_attn_with_kvcache(q, pool, pool, cache_seqlens=lengths, block_table=bad.clamp(max=5),
                                 cache_batch_idx=torch.tensor([0, 1], device=device))
+
+
+@pytest.mark.parametrize("page_size", [1, 7, 16, 256])
+def test_varlen_over_paged_cache_equals_packed(page_size, device):
+    """flash_attn_varlen_func(block_table=...) (chunked prefill over a paged cache): the same output and LSE as the
+    packed keys, bitwise; also through flash_attn_interface._flash_attn_varlen_forward."""
+    _require_forward(device)
+    from flash_attn import flash_attn_varlen_func
+    from flash_attn.flash_attn_interface import _flash_attn_varlen_forward
+    from flash_attn.reference import cu_from_seqlens
+
+    dtype = _dtype(device)
+    generator = torch.Generator().manual_seed(page_size)
+    seqlens_q, seqlens_k, h, hk = [5, 3, 20, 13], [37, 0, 100, 13], 4, 2
+    blocks = -(-max(seqlens_k) // page_size)
+    padded = randn(len(seqlens_k), blocks * page_size, 2, hk, HEAD_DIM, dtype=dtype, device=device)
+    k_pool, table = _paged(padded[:, :, 0].contiguous(), page_size, 3, generator)
+    v_pool = torch.empty_like(k_pool)
+    v_pool[table.long().flatten()] = padded[:, :, 1].reshape(-1, page_size, hk, HEAD_DIM)
+    k = torch.cat([padded[b, :n, 0] for b, n in enumerate(seqlens_k)])
+    v = torch.cat([padded[b, :n, 1] for b, n in enumerate(seqlens_k)])
+    q = randn(sum(seqlens_q), h, HEAD_DIM, dtype=dtype, device=device)
+    cu_q, cu_k = cu_from_seqlens(seqlens_q, device), cu_from_seqlens(seqlens_k, device)
+    args = (cu_q, cu_k, max(seqlens_q), max(seqlens_k))
+    out, lse, _ = flash_attn_varlen_func(q, k, v, *args, causal=True, return_attn_probs=True)
+    paged, paged_lse, _ = flash_attn_varlen_func(q, k_pool, v_pool, *args, causal=True, return_attn_probs=True,
+                                                 block_table=table)
+    assert torch.equal(out, paged) and torch.equal(lse, paged_lse)
+    private, private_lse, _, _ = _flash_attn_varlen_forward(q, k_pool, v_pool, *args, 0.0, None, True,
+                                                            block_table=table)
+    assert torch.equal(out, private) and torch.equal(lse, private_lse)
+    with pytest.raises(ValueError, match="exceeds the"):
+        flash_attn_varlen_func(q, k_pool, v_pool, cu_q, cu_k, max(seqlens_q), blocks * page_size + 1,
+                               block_table=table)
