@@ -31,7 +31,6 @@ struct Entry {
   int64_t version;
   const void* data;
   Requirement requirement;
-  CheckedValues values;
 };
 
 struct Remembered {
@@ -68,28 +67,23 @@ bool capturing(const at::Tensor& t) {
 
 }  // namespace
 
-std::optional<at::Tensor> values_to_check(const at::Tensor& t, const Requirement& requirement,
-                                          std::optional<CheckedValues>& remembered) {
-  remembered.reset();
+std::optional<at::Tensor> values_to_check(const at::Tensor& t, const Requirement& requirement) {
   if (t.is_cpu()) return t.contiguous();
   {
     Remembered& cache = remembered_checks();
     const std::lock_guard<std::mutex> lock(cache.mutex);
     for (const Entry& entry : cache.entries) {
-      if (same_tensor(entry, t, requirement)) {
-        remembered = entry.values;
-        return std::nullopt;
-      }
+      if (same_tensor(entry, t, requirement)) return std::nullopt;
     }
   }
   if (checks_disabled() || capturing(t)) return std::nullopt;
   return t.to(at::kCPU).contiguous();  // copies on the current stream, then waits for it
 }
 
-void remember_checked(const at::Tensor& t, const Requirement& requirement, CheckedValues values) {
+void remember_checked(const at::Tensor& t, const Requirement& requirement) {
   if (t.is_cpu()) return;
   Entry entry{WeakImpl(t.getIntrusivePtr()), t.unsafeGetTensorImpl(), version_of(t), t.const_data_ptr(),
-              requirement, values};
+              requirement};
   Remembered& cache = remembered_checks();
   const std::lock_guard<std::mutex> lock(cache.mutex);
   if (cache.entries.size() < kRememberedTensors) {

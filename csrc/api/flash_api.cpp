@@ -276,8 +276,7 @@ void check_index_values(const at::Tensor& t, const std::string& op, const std::s
   FLASH_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, op, ": ", name,
               " must have dtype torch.int32 or torch.int64; got ", t.scalar_type());
   const Requirement requirement{static_cast<int64_t>(CheckedArgument::kIndexRange), low, high};
-  std::optional<CheckedValues> remembered;
-  const std::optional<at::Tensor> host = values_to_check(t, requirement, remembered);
+  const std::optional<at::Tensor> host = values_to_check(t, requirement);
   if (!host.has_value()) return;
   const at::Tensor values = host->to(at::kLong).flatten();
   const int64_t* data = values.data_ptr<int64_t>();
@@ -285,7 +284,7 @@ void check_index_values(const at::Tensor& t, const std::string& op, const std::s
     FLASH_CHECK(data[i] >= low && data[i] <= high, op, ": ", name, "[", i, "]=", data[i], " is outside [", low, ", ",
                 high, "]", (high < low ? " (no value fits: the cache has too few rows for the new keys)" : ""));
   }
-  remember_checked(t, requirement, CheckedValues{});
+  remember_checked(t, requirement);
 }
 
 // The loaded kernels on a CUDA device (device_attributes.h): (code arch, binary arch), e.g. (90, 90) for sm_90 SASS,

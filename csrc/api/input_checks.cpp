@@ -77,17 +77,17 @@ at::Tensor check_seqused_k(const char* op, const at::Tensor& used, const at::Ten
 }  // namespace
 
 // Checks the values of cu_seqlens (on CPU always; on CUDA once per tensor version, checked_values_cache.h) and returns
-// its last entry, or nullopt when they went unchecked (CUDA-graph capture, or checks turned off).
+// its last entry when this call read the values, or nullopt when it did not (remembered from an earlier call,
+// CUDA-graph capture, or checks turned off). A last entry is not remembered across calls: a write that bypasses the
+// version counter (a Triton or raw CUDA kernel, .data) could have changed it, and callers size zero fills by it.
 std::optional<int64_t> check_cu_seqlens(const char* op, const char* name, const at::Tensor& cu, int64_t total,
                                         int64_t max_seqlen, const char* max_name, const char* tensor_name,
                                         CheckedArgument argument) {
   const Requirement requirement{static_cast<int64_t>(argument), total, max_seqlen};
-  std::optional<CheckedValues> remembered;
-  const std::optional<at::Tensor> host = values_to_check(cu, requirement, remembered);
-  if (remembered.has_value()) return remembered->last_value;
+  const std::optional<at::Tensor> host = values_to_check(cu, requirement);
   if (!host.has_value()) return std::nullopt;
   const int64_t last = check_cu_seqlens_values(op, name, *host, total, max_seqlen, max_name, tensor_name);
-  remember_checked(cu, requirement, CheckedValues{last});
+  remember_checked(cu, requirement);
   return last;
 }
 
@@ -183,7 +183,7 @@ CheckedCall check_call(const char* op, const CallArgs& a) {
     const std::optional<int64_t> last_k = check_cu_seqlens(op, "cu_seqlens_k", call.cu_seqlens_k_device, call.total_k,
                                                            a.max_seqlen_k, "max_seqlen_k", "k",
                                                            CheckedArgument::kCuSeqlensK);
-    // Rows past cu_seqlens[-1] belong to no sequence; where the values went unchecked any row may be such a row.
+    // Rows past cu_seqlens[-1] belong to no sequence; unless this call read the values any row may be such a row.
     call.unowned_rows_q = !last_q.has_value() || *last_q < call.total_q;
     call.unowned_rows_k = !last_k.has_value() || *last_k < call.total_k;
     p.shape.cu_seqlens_q = call.cu_seqlens_q_device.data_ptr<int32_t>();

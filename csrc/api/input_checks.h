@@ -19,8 +19,8 @@ struct CheckedCall {
   int64_t total_q = 0;  // rows of q (varlen) or batch * seqlen_q
   int64_t total_k = 0;
   // Varlen: whether q (k) may have rows past cu_seqlens[-1], which belong to no sequence, so the kernels never
-  // write them and their outputs / gradients must start at 0. From the checked values; true where they went
-  // unchecked (CUDA-graph capture, or FLASH_ATTN_CHECK_DEVICE_VALUES=0).
+  // write them and their outputs / gradients must start at 0. From the values where this call read them; true
+  // otherwise (a remembered check, CUDA-graph capture, or FLASH_ATTN_CHECK_DEVICE_VALUES=0).
   bool unowned_rows_q = false;
   bool unowned_rows_k = false;
   // No query row, no key or no sequence: every output row (if any) is 0 with lse +inf, and no kernel runs.
@@ -59,8 +59,8 @@ CheckedCall check_call(const char* op, const CallArgs& args);
 DType to_dtype(at::ScalarType type);
 
 // Checks the values of a cu_seqlens tensor (start at 0, non-decreasing, last entry <= total, no length above
-// max_seqlen): on CPU always, on CUDA once per tensor version (checked_values_cache.h). Returns its last entry, or
-// nullopt when the values went unchecked (CUDA-graph capture, or checks turned off).
+// max_seqlen): on CPU always, on CUDA once per tensor version (checked_values_cache.h). Returns its last entry when
+// this call read the values, nullopt otherwise (remembered, CUDA-graph capture, or checks turned off).
 std::optional<int64_t> check_cu_seqlens(const char* op, const char* name, const at::Tensor& cu, int64_t total,
                                         int64_t max_seqlen, const char* max_name, const char* tensor_name,
                                         CheckedArgument argument);
