@@ -50,6 +50,19 @@ DECODE_SHAPES = {
 }
 QUICK_DECODE_SHAPE_COUNT = 2
 
+# --sweep: the space beyond the standard table, so no choice is tuned to the table alone: every head-dim bucket,
+# GQA ratios, each feature against the same call without it, and varlen with many short documents.
+SWEEP_HEADDIMS = (32, 64, 96, 128, 160, 192, 224, 256)
+SWEEP_SEQLEN = {"cuda": 4096, "cpu": 512}
+SWEEP_HEADS = 32  # query heads of the GQA, feature and varlen shapes (head dim 128)
+SWEEP_HEADDIM = 128
+SWEEP_GQA_HEADS_K = (8, 4, 1)
+SWEEP_FEATURES = ("none", "softcap", "window", "alibi")
+SWEEP_DOC_LENGTHS = {"cuda": (128, 512), "cpu": (64, 128)}
+SOFTCAP = 50.0
+WINDOW_FRACTION = 4  # window left = seqlen / 4 (causal: the key window ends at the diagonal)
+ALIBI_SLOPE_EXPONENT = 8.0  # slopes 2^(-8 (i + 1) / nheads), the ALiBi paper's
+
 FLOPS_PER_QK_PV_ELEMENT = 4  # two matmuls (QK^T and PV), two flops per multiply-add
 CAUSAL_WORK_FRACTION = 0.5
 BWD_FLOPS_PER_FWD_FLOP = 2.5
@@ -96,14 +109,37 @@ class Problem:
     seqlen_k: int
     headdim: int
     causal: bool
+    feature: str = "none"  # --sweep: softcap, window, alibi, varlen (documents of doc_len tokens, batch 1)
+    doc_len: int = 0
 
     @property
     def gqa(self) -> bool:
         return self.nheads != self.nheads_k
 
+    @property
+    def window_left(self) -> int:
+        return self.seqlen_k // WINDOW_FRACTION
+
     def fwd_flops(self) -> float:
-        work = FLOPS_PER_QK_PV_ELEMENT * self.batch * self.nheads * self.seqlen_q * self.seqlen_k * self.headdim
+        """Flops of the visible (query, key) pairs: the causal triangle, the window band, or the documents."""
+        per_pair = FLOPS_PER_QK_PV_ELEMENT * self.batch * self.nheads * self.headdim
+        if self.feature == "varlen":
+            docs = self.seqlen_q // self.doc_len
+            pairs = docs * self.doc_len * self.doc_len
+            return per_pair * (pairs * CAUSAL_WORK_FRACTION if self.causal else pairs)
+        if self.feature == "window":
+            w = self.window_left
+            band = self.seqlen_q * (w + 1) - w * (w + 1) // 2  # causal: keys i - w ... i of each query i
+            return per_pair * (band if self.causal else 2 * band - self.seqlen_q)
+        work = per_pair * self.seqlen_q * self.seqlen_k
         return work * CAUSAL_WORK_FRACTION if self.causal else work
+
+    def alibi_slopes(self) -> torch.Tensor:
+        exponents = torch.arange(1, self.nheads + 1, dtype=torch.float32, device=self.device)
+        return 2.0 ** (-ALIBI_SLOPE_EXPONENT * exponents / self.nheads)
+
+    def doc_ids(self) -> torch.Tensor:
+        return torch.arange(self.seqlen_q, device=self.device) // self.doc_len
 
     def kv_bytes(self) -> int:
         element_bytes = torch.empty((), dtype=self.dtype).element_size()
@@ -154,13 +190,26 @@ def make_ours(fa_module, fa_error, backward: bool) -> Impl:
             raise RuntimeError(
                 f"flash_attn.is_supported({p.device}, {DTYPE_NAMES[p.dtype]}, head_dim={p.headdim}) is False"
             )
-        return lambda q, k, v: fa_module.flash_attn_func(q, k, v, causal=p.causal)
+        if p.feature == "varlen":
+            cu = torch.arange(0, p.seqlen_q + 1, p.doc_len, dtype=torch.int32, device=p.device)
+            return lambda q, k, v: fa_module.flash_attn_varlen_func(
+                q[0], k[0], v[0], cu, cu, p.doc_len, p.doc_len, causal=p.causal).unsqueeze(0)
+        extra = {}
+        if p.feature == "softcap":
+            extra["softcap"] = SOFTCAP
+        elif p.feature == "window":
+            extra["window_size"] = (p.window_left, 0 if p.causal else p.window_left)
+        elif p.feature == "alibi":
+            extra["alibi_slopes"] = p.alibi_slopes()
+        return lambda q, k, v: fa_module.flash_attn_func(q, k, v, causal=p.causal, **extra)
 
     return Impl(OURS, "bshd", build, contextlib.nullcontext)
 
 
 def make_sdpa(name: str, backend_name: Optional[str]) -> Impl:
     def build(p: Problem):
+        if p.feature != "none":
+            raise RuntimeError(f"torch SDPA has no {p.feature} argument (FlexAttention runs it)")
         extra = {"enable_gqa": True} if p.gqa else {}
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=p.causal, **extra)
 
@@ -182,16 +231,29 @@ def make_flex() -> Impl:
         compiled = torch.compile(flex_attention, dynamic=False)
         offset = p.seqlen_k - p.seqlen_q  # bottom-right aligned, as flash_attn defines causal
 
-        def causal_mask(b, h, q_idx, kv_idx):
-            return q_idx + offset >= kv_idx
+        window = p.window_left if p.feature == "window" else None
+        docs = p.doc_ids() if p.feature == "varlen" else None
 
+        def visible(b, h, q_idx, kv_idx):
+            keep = q_idx + offset >= kv_idx if p.causal else q_idx == q_idx
+            if window is not None:
+                keep = keep & (q_idx + offset - kv_idx <= window) & (kv_idx - q_idx - offset <= window)
+            if docs is not None:
+                keep = keep & (docs[q_idx] == docs[kv_idx])
+            return keep
+
+        plain = not p.causal and window is None and docs is None
         # Always an explicit mask built for this shape: with block_mask=None, decode (seqlen_q = 1) measured
         # 0.11 TB/s on the H200 (torch 2.11) against 2.8 TB/s with a full mask from create_block_mask.
         block_mask = create_block_mask(
-            causal_mask if p.causal else noop_mask, B=None, H=None, Q_LEN=p.seqlen_q, KV_LEN=p.seqlen_k,
-            device=p.device,
+            noop_mask if plain else visible, B=None, H=None, Q_LEN=p.seqlen_q, KV_LEN=p.seqlen_k, device=p.device,
         )
         extra = {"enable_gqa": True} if p.gqa else {}
+        if p.feature == "softcap":
+            extra["score_mod"] = lambda score, b, h, q_idx, kv_idx: SOFTCAP * torch.tanh(score / SOFTCAP)
+        elif p.feature == "alibi":
+            slopes = p.alibi_slopes()
+            extra["score_mod"] = lambda score, b, h, q_idx, kv_idx: score - slopes[h] * (q_idx + offset - kv_idx).abs()
         return lambda q, k, v: compiled(q, k, v, block_mask=block_mask, **extra)
 
     return Impl("flex", "bhsd", build, contextlib.nullcontext)
@@ -276,10 +338,36 @@ def to_bhsd(t: torch.Tensor, layout: str) -> torch.Tensor:
     return t.transpose(1, 2) if layout == "bshd" else t
 
 
+def feature_reference(p: Problem, q32, k32, v32):
+    """Attention with p's feature written out in float32 (scores materialised): softcap, ALiBi, window, documents."""
+    group = p.nheads // p.nheads_k
+    k32, v32 = k32.repeat_interleave(group, dim=1), v32.repeat_interleave(group, dim=1)
+    scores = q32 @ k32.transpose(-1, -2) * p.headdim ** -0.5
+    rows = torch.arange(p.seqlen_q, device=p.device).view(-1, 1) + (p.seqlen_k - p.seqlen_q)
+    cols = torch.arange(p.seqlen_k, device=p.device).view(1, -1)
+    keep = cols <= rows if p.causal else torch.ones_like(cols <= rows)
+    if p.feature == "softcap":
+        scores = SOFTCAP * torch.tanh(scores / SOFTCAP)
+    elif p.feature == "alibi":
+        scores = scores - p.alibi_slopes().view(-1, 1, 1) * (rows - cols).abs()
+    elif p.feature == "window":
+        keep = keep & ((rows - cols).abs() <= p.window_left)
+    elif p.feature == "varlen":
+        ids = p.doc_ids()
+        keep = keep & (ids.view(-1, 1) == ids.view(1, -1))
+    scores = scores.masked_fill(~keep, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v32
+
+
 def reference(p: Problem, inputs: dict, need_grad: bool):
-    """float32 SDPA (default backend) on the same values: (out, [dq, dk, dv] or None), layout bhsd."""
+    """float32 SDPA (default backend) on the same values, or the written-out attention for a --sweep feature:
+    (out, [dq, dk, dv] or None), layout bhsd."""
     q, k, v, dout = inputs["bhsd"]
     q32, k32, v32 = (t.detach().float().requires_grad_(need_grad) for t in (q, k, v))
+    if p.feature != "none":
+        out = feature_reference(p, q32, k32, v32)
+        grads = list(torch.autograd.grad(out, (q32, k32, v32), dout.float())) if need_grad else None
+        return out.detach(), grads
     extra = {"enable_gqa": True} if p.gqa else {}
     mask = None
     if p.causal and p.seqlen_q != p.seqlen_k:
@@ -335,6 +423,8 @@ def base_row(impl_name: str, p: Problem, direction: str) -> dict:
         "nheads": p.nheads,
         "nheads_k": p.nheads_k,
         "causal": p.causal,
+        "feature": p.feature,
+        "doc_len": p.doc_len,
         "direction": direction,
         "ms": None,
         "tflops": None,
@@ -449,6 +539,31 @@ def training_problems(args) -> list:
     return problems
 
 
+def sweep_problems(args) -> list:
+    """--sweep: each head-dim bucket, GQA ratios, each feature and the same call without it, short documents."""
+    seqlen = args.seqlens[0] if args.seqlens_given else SWEEP_SEQLEN[args.device]
+    batch = args.batch if args.batch else max(1, args.tokens // seqlen)
+    causal_values = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
+    problems = []
+    for dtype_name in args.dtypes:
+        dtype = DTYPES[dtype_name]
+        for causal in causal_values:
+            for headdim in (args.headdims if args.headdims_given else SWEEP_HEADDIMS):
+                nheads = max(1, args.hidden // headdim)
+                problems.append(Problem(args.device, dtype, batch, nheads, nheads, seqlen, seqlen, headdim, causal))
+            for heads_k in SWEEP_GQA_HEADS_K:
+                problems.append(Problem(args.device, dtype, batch, SWEEP_HEADS, heads_k, seqlen, seqlen,
+                                        SWEEP_HEADDIM, causal))
+            for feature in SWEEP_FEATURES:
+                problems.append(Problem(args.device, dtype, batch, SWEEP_HEADS, SWEEP_HEADS, seqlen, seqlen,
+                                        SWEEP_HEADDIM, causal, feature=feature))
+            for doc_len in SWEEP_DOC_LENGTHS[args.device]:
+                tokens = batch * seqlen
+                problems.append(Problem(args.device, dtype, 1, SWEEP_HEADS, SWEEP_HEADS, tokens, tokens,
+                                        SWEEP_HEADDIM, causal, feature="varlen", doc_len=doc_len))
+    return problems
+
+
 def decode_problems(args) -> list:
     if args.seqlens_given:
         shapes = [(args.batch or 1, seqlen) for seqlen in args.seqlens]
@@ -530,7 +645,7 @@ def environment(args, fa_module, fa_error) -> dict:
 
 
 def default_out_path(args, name: str) -> Path:
-    what = "decode" if args.decode else "attention"
+    what = "decode" if args.decode else ("sweep" if args.sweep else "attention")
     if args.quick:
         what += "-quick"
     stem = f"{datetime.date.today().isoformat()}-{slug(name)}-{what}"
@@ -543,7 +658,7 @@ def default_out_path(args, name: str) -> Path:
 
 
 def json_args(args) -> dict:
-    return {key: value for key, value in vars(args).items() if key != "seqlens_given"}
+    return {key: value for key, value in vars(args).items() if key not in ("seqlens_given", "headdims_given")}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -602,6 +717,8 @@ class Table:
             f"{DTYPE_NAMES[p.dtype]:>5} {p.headdim:>4} {str(p.causal):>6} {p.batch:>4} "
             f"{f'{p.nheads}/{p.nheads_k}':>6} {p.seqlen_k:>7}"
         )
+        if p.feature != "none":
+            shape += f" {p.feature}{f' docs of {p.doc_len}' if p.feature == 'varlen' else ''}"
         cells = []
         for name in self.impl_names:
             parts = []
@@ -674,6 +791,11 @@ def parse_args(argv=None):
     )
     parser.add_argument("--no-save", action="store_true", help="print the table only")
     parser.add_argument("--quick", action="store_true", help="a few shapes, for a smoke test")
+    parser.add_argument(
+        "--sweep", action="store_true",
+        help="beyond the standard table: every head-dim bucket, GQA 32/8, 32/4, 32/1, softcap / window / ALiBi "
+        "against the same call without them, varlen with short documents (one --seqlen, default CUDA 4096)",
+    )
     args = parser.parse_args(argv)
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -682,6 +804,7 @@ def parse_args(argv=None):
     unknown = [d for d in args.dtypes if d not in DTYPES]
     if unknown:
         parser.error(f"--dtype: unknown {unknown}; choose from {','.join(DTYPES)}")
+    args.headdims_given = args.headdim is not None
     args.headdims = parse_list(args.headdim) if args.headdim else list(
         QUICK_HEADDIMS if args.quick else DEFAULT_HEADDIMS
     )
@@ -713,7 +836,7 @@ def run_benchmark(argv=None) -> list:
         ["bwd"] if args.direction == "bwd" else ["fwd", "bwd"]
     )
     impls = make_impls(args.impls, fa_module, fa_error, backward="bwd" in directions)
-    problems = decode_problems(args) if decode else training_problems(args)
+    problems = decode_problems(args) if decode else (sweep_problems(args) if args.sweep else training_problems(args))
 
     print(
         f"{env['device_name']} | torch {env['torch_version']} | CUDA {env['cuda_version']} | "
