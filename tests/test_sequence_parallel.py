@@ -104,6 +104,7 @@ def _worker(rank, world_size, port, engine, device):
         for dtype in DTYPES.values():
             for causal in (True,) if ENGINES[engine][2] == "zigzag" else (False, True):
                 _check_engine(engine, rank, world_size, dtype, causal, device)
+        dist.barrier()  # no rank tears the groups down while another still communicates (example script: why)
     finally:
         dist.destroy_process_group()
 
