@@ -21,9 +21,9 @@ from .interface import (  # noqa: F401  (re-exported: the public functions of Da
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
 )
-from .interface import paged_keys_values
 from .kvcache import flash_attn_with_kvcache  # noqa: F401
 from .ops import new_rng_state
+from .paged_kv import paged_keys_values
 
 __all__ = [
     "flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
@@ -192,8 +192,8 @@ def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     and seqused_k raise NotImplementedError."""
     _refuse_varlen_extras(leftpad_k, seqused_k)
     if block_table is not None:
-        k, v = paged_keys_values(k, v, block_table, cu_seqlens_q.shape[0] - 1, cu_seqlens_k, int(max_seqlen_k),
-                                 q.device)
+        k, v = paged_keys_values("_flash_attn_varlen_forward", k, v, block_table, cu_seqlens_q.shape[0] - 1, cu_seqlens_k,
+                                 int(max_seqlen_k), q.device)
     return torch.ops.flash_attn._flash_attn_varlen_forward(
         q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), float(dropout_p),
         _scale(softmax_scale, q), bool(causal), int(window_size_left), int(window_size_right), float(softcap or 0.0),

@@ -10,7 +10,7 @@ import torch
 
 from . import ops
 from .ops import new_rng_state
-from .paged_kv import block_indices, pack_varlen
+from .paged_kv import paged_keys_values
 
 UNBOUNDED = -1
 
@@ -51,21 +51,6 @@ def attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, 
     return ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, _max_seqlen(max_seqlen_q), _max_seqlen(max_seqlen_k),
                   dropout_p, float(softmax_scale), window[0], window[1], bottom_right, float(softcap), alibi_slopes,
                   attn_bias, rng_state, return_attn_probs, deterministic, seqused_k)
-
-
-def paged_keys_values(k_cache, v_cache, block_table, batch, cu_seqlens_k, max_seqlen_k, device):
-    """The varlen packing of paged caches' keys and values for cu_seqlens_k (paged_kv.pack_varlen)."""
-    name = "flash_attn_varlen_func"
-    pages = block_indices(name, block_table, batch, k_cache, device)
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(f"{name}: paged k and v must have the same shape; got {tuple(k_cache.shape)} and "
-                         f"{tuple(v_cache.shape)}")
-    capacity = pages.shape[1] * k_cache.shape[1]
-    if max_seqlen_k > capacity:
-        raise ValueError(f"{name}: max_seqlen_k={max_seqlen_k} exceeds the {capacity} rows a sequence's "
-                         f"{pages.shape[1]} pages of {k_cache.shape[1]} hold")
-    return (pack_varlen(k_cache, pages, cu_seqlens_k, max_seqlen_k),
-            pack_varlen(v_cache, pages, cu_seqlens_k, max_seqlen_k))
 
 
 def _result(out, lse, probs, return_attn_probs):
@@ -123,7 +108,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     sequence b's keys are its first cu_seqlens_k[b + 1] - cu_seqlens_k[b] rows through its pages (chunked prefill
     over a paged cache); gathered into a packed copy for now."""
     if block_table is not None:
-        k, v = paged_keys_values(k, v, block_table, cu_seqlens_q.shape[0] - 1, cu_seqlens_k,
+        k, v = paged_keys_values("flash_attn_varlen_func", k, v, block_table, cu_seqlens_q.shape[0] - 1, cu_seqlens_k,
                                  _max_seqlen(max_seqlen_k), q.device)
     out, lse, probs = attention(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                                 max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, dropout_p=dropout_p,

@@ -38,10 +38,6 @@ def _rotate(q, k, rotary_cos, rotary_sin, lengths, interleaved, causal_or_local,
     return rotated.reshape(q.shape), k
 
 
-def _check_values(name, tensor, low, high):
-    check_index_values(_NAME, name, tensor, low, high)
-
-
 def _cache_lengths(cache_seqlens, batch, cache_rows, new_rows, device):
     """(batch,) int64 lengths of the cache before the new rows, checked to leave room for them."""
     high = cache_rows - new_rows
@@ -55,7 +51,7 @@ def _cache_lengths(cache_seqlens, batch, cache_rows, new_rows, device):
     if cache_seqlens.shape != (batch,):
         raise ValueError(f"{_NAME}: cache_seqlens must be an int or a (batch,) = ({batch},) tensor; got shape "
                          f"{tuple(cache_seqlens.shape)}")
-    _check_values("cache_seqlens", cache_seqlens, 0, high)
+    check_index_values(_NAME, "cache_seqlens", cache_seqlens, 0, high)
     return cache_seqlens.to(device=device, dtype=torch.int64).clamp(0, max(high, 0))
 
 
@@ -95,7 +91,7 @@ def _left_padding(cache_leftpad, batch, cache_rows, pages, device):
     if cache_leftpad.shape != (batch,):
         raise ValueError(f"{_NAME}: cache_leftpad must be a (batch,) = ({batch},) tensor; got shape "
                          f"{tuple(cache_leftpad.shape)}")
-    _check_values("cache_leftpad", cache_leftpad, 0, cache_rows)
+    check_index_values(_NAME, "cache_leftpad", cache_leftpad, 0, cache_rows)
     return cache_leftpad.to(device=device, dtype=torch.int64).clamp(0, cache_rows)
 
 
@@ -168,7 +164,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                              f"{tuple(cache_batch_idx.shape)}")
         if batch > 0 and cache_entries == 0:
             raise ValueError(f"{_NAME}: cache_batch_idx indexes an empty cache (k_cache.shape[0] == 0)")
-        _check_values("cache_batch_idx", cache_batch_idx, 0, cache_entries - 1)
+        check_index_values(_NAME, "cache_batch_idx", cache_batch_idx, 0, cache_entries - 1)
         entries = cache_batch_idx.to(device=q.device, dtype=torch.int64).clamp(0, max(cache_entries - 1, 0))
     first_row = _left_padding(cache_leftpad, batch, cache_rows, pages, q.device)
     window = _window(window_size, causal)

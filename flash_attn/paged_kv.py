@@ -52,3 +52,17 @@ def pack_varlen(cache: torch.Tensor, pages: torch.Tensor, cu_seqlens: torch.Tens
     position = (rows - starts[sequence]).clamp(0, max(pages.shape[1] * page_size - 1, 0))
     page = pages[sequence, position // page_size]
     return cache[page, position % page_size]
+
+
+def paged_keys_values(name, k_cache, v_cache, block_table, batch, cu_seqlens_k, max_seqlen_k, device):
+    """The varlen packing (pack_varlen) of paged caches' keys and values for cu_seqlens_k; errors name `name`."""
+    pages = block_indices(name, block_table, batch, k_cache, device)
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"{name}: paged k and v must have the same shape; got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+    capacity = pages.shape[1] * k_cache.shape[1]
+    if max_seqlen_k > capacity:
+        raise ValueError(f"{name}: max_seqlen_k={max_seqlen_k} exceeds the {capacity} rows a sequence's "
+                         f"{pages.shape[1]} pages of {k_cache.shape[1]} hold")
+    return (pack_varlen(k_cache, pages, cu_seqlens_k, max_seqlen_k),
+            pack_varlen(v_cache, pages, cu_seqlens_k, max_seqlen_k))

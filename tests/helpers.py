@@ -23,11 +23,12 @@ REL_FLOOR = {
 }
 
 
-def require_supported(device, dtype, headdim):
-    """Skip the calling test unless flash_attn reports support for (device, dtype, headdim)."""
+def require_supported(device, dtype, headdim, backward=True):
+    """Skip the calling test unless flash_attn reports support for (device, dtype, headdim); the forward alone
+    with backward=False (inference calls such as flash_attn_with_kvcache)."""
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         pytest.skip("CUDA is not available")
-    if not flash_attn.is_supported(device, dtype, headdim):
+    if not flash_attn.is_supported(device, dtype, headdim, backward=backward):
         pytest.skip(f"flash_attn does not support {device} {dtype} headdim={headdim}")
 
 

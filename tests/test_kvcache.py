@@ -262,8 +262,7 @@ def test_kvcache_leftpad_equals_shifted_cache(rotary, causal, device):
     sequence's rows moved to the front (and the lengths and rotary positions counted from there) gives the same
     output bitwise, and the appended rows land after each sequence's own rows."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    if not flash_attn.is_supported(device, dtype, 64, backward=False):
-        pytest.skip(f"no {device} forward kernel for head dim 64")
+    require_supported(device, dtype, 64)
     b, sq, new, rows, h, hk, d = 3, 2, 2, 40, 4, 2, 64
     q = randn(b, sq, h, d, dtype=dtype, device=device)
     k_new, v_new = (randn(b, new, hk, d, dtype=dtype, device=device) for _ in range(2))

@@ -6,9 +6,8 @@
 import pytest
 import torch
 
-import flash_attn
 from flash_attn import flash_attn_with_kvcache
-from helpers import randn
+from helpers import randn, require_supported
 
 HEAD_DIM = 64
 
@@ -18,8 +17,7 @@ def _dtype(device):
 
 
 def _require_forward(device):
-    if not flash_attn.is_supported(device, _dtype(device), HEAD_DIM, backward=False):
-        pytest.skip(f"no {device} forward kernel for head dim {HEAD_DIM}")
+    require_supported(device, _dtype(device), HEAD_DIM, backward=False)
 
 
 def _paged(contiguous, page_size, spare_blocks, generator):

@@ -16,7 +16,7 @@ from flash_attn.layers.rotary import (
     apply_rotary_emb_qkv_,
 )
 from flash_attn.reference import cu_from_seqlens
-from helpers import randn
+from helpers import randn, require_supported
 
 def _cuda_build():
     return torch.cuda.is_available() and any(k["device"] == "cuda" for k in flash_attn.built_kernels())
@@ -209,8 +209,7 @@ def test_kvcache_rotary(causal, interleaved, device):
     """flash_attn_with_kvcache rotates the new keys (written rotated into the cache) and the queries as Dao's does:
     compared with rotating them here and calling it without rotary."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    if not flash_attn.is_supported(device, dtype, 64, backward=False):  # an inference call: the forward suffices
-        pytest.skip(f"no {device} forward kernel for {dtype} head dim 64")
+    require_supported(device, dtype, 64, backward=False)
     b, sq, new, rows, h, hk, d = 3, 2, 2, 40, 4, 2, 64
     q = randn(b, sq, h, d, dtype=dtype, device=device)
     k_cache, v_cache = (randn(b, rows, hk, d, dtype=dtype, device=device) for _ in range(2))
