@@ -1,9 +1,9 @@
 // Value checks of small index tensors on a CUDA device (cu_seqlens, cache_seqlens, cache_batch_idx) at most once per
 // tensor version: values_to_check() copies a tensor to the host (one synchronisation) unless the same tensor object,
-// unmodified since (its version counter: writes that bypass it, from Triton or raw CUDA kernels, go unseen and are
-// caught by no check, only made harmless by the kernels' clamps), already passed the same requirement. Hugging Face passes one cu_seqlens tensor to every layer, so
-// a 32-layer step synchronises once. Skipped under CUDA-graph capture and with FLASH_ATTN_CHECK_DEVICE_VALUES=0: the
-// kernels clamp every value they read, so unchecked values can give wrong results but never touch other memory.
+// unmodified since, already passed the same requirement (Hugging Face passes one cu_seqlens to every layer: one
+// synchronisation per 32-layer step). Writes that bypass the version counter (Triton or raw CUDA kernels) go unseen.
+// No check under CUDA-graph capture or with FLASH_ATTN_CHECK_DEVICE_VALUES=0; the kernels clamp every value they read,
+// so unchecked values can give wrong results but never touch other memory.
 #pragma once
 
 #include <ATen/ATen.h>

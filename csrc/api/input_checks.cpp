@@ -152,8 +152,8 @@ CheckedCall check_call(const char* op, const CallArgs& a) {
   const int64_t nheads_q = q.size(-2), nheads_k = k.size(-2);
   FLASH_CHECK(nheads_k > 0 || nheads_q == 0, op, ": k and v have no heads but q has ", nheads_q,
               "; give k / v at least one head (nheads of q must be a multiple of it)");
-  FLASH_CHECK(nheads_k == 0 || nheads_q % nheads_k == 0, op, ": nheads of q (", nheads_q, ") must be divisible by nheads of k/v (",
-              nheads_k, ") for MQA/GQA");
+  FLASH_CHECK(nheads_k == 0 || nheads_q % nheads_k == 0, op, ": nheads of q (", nheads_q,
+              ") must be divisible by nheads of k/v (", nheads_k, ") for MQA/GQA");
 
   FwdParams& p = call.params;
   p.dtype = to_dtype(q.scalar_type());

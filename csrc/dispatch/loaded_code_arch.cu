@@ -1,5 +1,6 @@
-// loaded_code (loaded_code_arch.h): the PTX and binary versions of an empty probe kernel compiled with the same -gencode flags
-// as every kernel of the extension, so the image the driver picks for the probe is the one it picks for them.
+// loaded_code (loaded_code_arch.h): the PTX and binary versions of an empty probe kernel compiled with the same
+// -gencode flags as every kernel of the extension, so the image the driver picks for the probe is the one it picks
+// for them.
 #include "loaded_code_arch.h"
 
 #include <cuda_runtime_api.h>

@@ -48,7 +48,9 @@ template <typename T, int kHeadDim, FwdTileKind kKind = FwdTileKind::kStandard>
 bool make_fwd_kv_maps(FwdKvMaps& maps, const FwdParams& params, int code_arch) {
   constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, false, kKind);
   const AttentionShape& shape = params.shape;
-  if (code_arch < kTmaSm || shape.cu_seqlens_k != nullptr || shape.seqused_k != nullptr || shape.seqlen_k < 1) return false;
+  if (code_arch < kTmaSm || shape.cu_seqlens_k != nullptr || shape.seqused_k != nullptr || shape.seqlen_k < 1) {
+    return false;
+  }
   const CUtensorMapDataType data_type =
       std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const uint64_t dims[4] = {static_cast<uint64_t>(shape.head_dim), static_cast<uint64_t>(shape.nheads_k),
@@ -146,9 +148,10 @@ void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits 
   kernel<<<grid, kTile.warps * kWarpSize, kSmemBytes, stream>>>(params);
 }
 
-// The combine kernel of a split call. Compiled for sm90+ (DeviceAttributes::code_arch) it is a programmatic dependent launch: its CTAs start while the split
-// kernel runs (the decode kernels allow it from their first instruction) and wait in wait_for_primary_grid() for its
-// results, instead of being launched only after the split kernel has drained (fwd_combine_kernel.h).
+// The combine kernel of a split call. Compiled for sm90+ (DeviceAttributes::code_arch) it is a programmatic dependent
+// launch: its CTAs start while the split kernel runs (the decode kernels allow it from their first instruction) and
+// wait in wait_for_primary_grid() for its results, instead of being launched only after the split kernel has drained
+// (fwd_combine_kernel.h).
 constexpr int kPdlSm = 90;
 template <typename T, int kHeadDim>
 void launch_fwd_combine(const FwdParams& params, cudaStream_t stream, bool dependent_launch) {
