@@ -104,9 +104,21 @@ def _worker(rank, world_size, port, engine, device):
         for dtype in DTYPES.values():
             for causal in (True,) if ENGINES[engine][2] == "zigzag" else (False, True):
                 _check_engine(engine, rank, world_size, dtype, causal, device)
-        dist.barrier()  # no rank tears the groups down while another still communicates (example script: why)
+        dist.barrier()  # no rank tears the groups down while another still communicates
     finally:
+        _release_yunchang_groups()
         dist.destroy_process_group()
+
+
+def _release_yunchang_groups():
+    """yunchang keeps its groups in module globals; left for interpreter exit, their gloo threads can abort the
+    process (tools/sequence_parallel_example.py, teardown comment). Drop them so destroy_process_group ends them."""
+    import gc
+
+    from yunchang.globals import PROCESS_GROUP
+
+    PROCESS_GROUP.ULYSSES_PG = PROCESS_GROUP.RING_PG = None
+    gc.collect()
 
 
 @pytest.mark.slow

@@ -50,11 +50,24 @@ def main():
         print(f"{world} ranks (Ulysses {args.ulysses_degree} x ring {ring_degree}), {args.seqlen} tokens, "
               f"{device.type}: max |distributed - single process| " +
               ", ".join(f"{n} {e:.2e}" for n, e in zip(names, errors.tolist())))
-    # Every rank done with its communication before any tears the groups down: without it a rank that exits first
-    # could abort the other's gloo threads (seen 1 run in 8 on 2 CPU ranks: "terminate called without an active
-    # exception").
+    # Teardown, in this order, or a rank can abort at exit ("terminate called without an active exception"):
+    # every rank done communicating (barrier), then yunchang's module-global Ulysses/ring groups released so that
+    # destroy_process_group really destroys them; left to interpreter exit, their gloo threads were torn down
+    # mid-flight in 4 of 32 CPU runs with the barrier alone, 0 of 48 with both.
+    del attention  # it holds the groups too
     dist.barrier()
+    release_sequence_parallel_groups()
     dist.destroy_process_group()
+
+
+def release_sequence_parallel_groups():
+    """Drop yunchang's references to the groups set_seq_parallel_pg made, then collect them."""
+    import gc
+
+    from yunchang.globals import PROCESS_GROUP
+
+    PROCESS_GROUP.ULYSSES_PG = PROCESS_GROUP.RING_PG = None
+    gc.collect()
 
 
 if __name__ == "__main__":
