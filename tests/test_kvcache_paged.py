@@ -126,3 +126,63 @@ def test_varlen_over_paged_cache_equals_packed(page_size, device):
     with pytest.raises(ValueError, match="exceeds the"):
         flash_attn_varlen_func(q, k_pool, v_pool, cu_q, cu_k, max(seqlens_q), blocks * page_size + 1,
                                block_table=table)
+
+
+@pytest.mark.parametrize("page_size", [16, 5])
+def test_serving_loop_over_paged_cache(page_size, device):
+    """An engine's loop: prompts of different lengths written into shuffled pages, a causal varlen prefill over the
+    paged cache (flash_attn_varlen_func with block_table), then 200 decode steps, each appending one token per
+    sequence through flash_attn_with_kvcache(k=..., v=..., cache_seqlens=..., block_table=...). Every step's output
+    matches attention over the whole history kept densely beside it (the FA rule, fp64 ground truth), and the pages
+    end up holding that history."""
+    _require_forward(device)
+    from flash_attn import flash_attn_varlen_func
+    from flash_attn.reference import attention_ref, cu_from_seqlens
+    from helpers import assert_close_fa
+
+    dtype = _dtype(device)
+    generator = torch.Generator().manual_seed(page_size)
+    prompts, steps, h, hk = [37, 5, 70], 200, 4, 2
+    batch = len(prompts)
+    capacity = -(-(max(prompts) + steps) // page_size) * page_size
+    history_k = randn(batch, capacity, hk, HEAD_DIM, dtype=dtype, device=device)
+    history_v = randn(batch, capacity, hk, HEAD_DIM, dtype=dtype, device=device)
+    k_pool, table = _paged(torch.zeros_like(history_k), page_size, 4, generator)
+    v_pool = torch.zeros_like(k_pool)
+    rows = torch.arange(capacity, device=device)
+    for b, n in enumerate(prompts):  # the engine's cache write of each prompt
+        page, offset = table[b].long()[rows[:n] // page_size], rows[:n] % page_size
+        k_pool[page, offset] = history_k[b, :n]
+        v_pool[page, offset] = history_v[b, :n]
+
+    def check(out, q, b, length):
+        """Row(s) q of sequence b, the last q.shape[0] positions of its first `length` tokens, against the reference."""
+        def ref(*x, **kw):
+            return attention_ref(*x, causal=True, **kw)
+        inputs = (q.unsqueeze(0), history_k[b:b + 1, :length], history_v[b:b + 1, :length])
+        truth = ref(*[x.double() for x in inputs], compute_dtype=torch.float64)[0]
+        naive = ref(*inputs, compute_dtype=dtype)[0]
+        assert_close_fa(out.unsqueeze(0).cpu(), truth.cpu(), naive.cpu(), 2.0)
+
+    q = randn(sum(prompts), h, HEAD_DIM, dtype=dtype, device=device)
+    cu = cu_from_seqlens(prompts, device)
+    out = flash_attn_varlen_func(q, k_pool, v_pool, cu, cu, max(prompts), max(prompts), causal=True,
+                                 block_table=table)
+    for b, n in enumerate(prompts):
+        check(out[cu[b]:cu[b + 1]], q[cu[b]:cu[b + 1]], b, n)
+
+    lengths = torch.tensor(prompts, dtype=torch.int32, device=device)
+    for step in range(steps):
+        position = lengths.long()
+        k_new = history_k[torch.arange(batch, device=device), position].unsqueeze(1)
+        v_new = history_v[torch.arange(batch, device=device), position].unsqueeze(1)
+        q = randn(batch, 1, h, HEAD_DIM, dtype=dtype, device=device)
+        out = flash_attn_with_kvcache(q, k_pool, v_pool, k_new, v_new, cache_seqlens=lengths, block_table=table,
+                                      causal=True)
+        lengths += 1
+        for b in range(batch):
+            check(out[b], q[b], b, prompts[b] + step + 1)
+    for b, n in enumerate(prompts):
+        page, offset = table[b].long()[rows[:n + steps] // page_size], rows[:n + steps] % page_size
+        assert torch.equal(k_pool[page, offset], history_k[b, :n + steps])
+        assert torch.equal(v_pool[page, offset], history_v[b, :n + steps])
