@@ -16,7 +16,7 @@
 #include "flash_attn/ptx/red_sm90.h"
 #include "flash_attn/ptx/stmatrix_sm90.h"
 #include "sm80/bwd_common.h"
-#include "sm80/tensor_map_sm90.h"
+#include "flash_attn/tensor_map_sm90.h"
 
 namespace flash::sm80::bwd {
 

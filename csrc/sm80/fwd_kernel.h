@@ -20,7 +20,7 @@
 #include "flash_attn/ptx/tma_load_sm90.h"
 #include "sm80/fwd_tile_config.h"
 #include "sm80/kernel_common.h"
-#include "sm80/tensor_map_sm90.h"
+#include "flash_attn/tensor_map_sm90.h"
 
 namespace flash::sm80 {
 

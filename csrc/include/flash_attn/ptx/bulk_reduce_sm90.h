@@ -1,5 +1,5 @@
 // Bulk tensor reduction (sm90+): the TMA unit adds a 2D box of fp32 from shared memory into global memory, as
-// described by a tensor map (CUtensorMap, 128 bytes, made on the host; sm80/tensor_map_sm90.h). One thread issues a
+// described by a tensor map (CUtensorMap, 128 bytes, made on the host; flash_attn/tensor_map_sm90.h). One thread issues a
 // box; the bulk-group waits tell when the unit has read the box (shared memory reusable) or finished it.
 #pragma once
 

@@ -1,5 +1,5 @@
 // TMA tile loads (sm90+): one thread asks the tensor-memory-accelerator to copy a box of a tensor map (CUtensorMap,
-// made on the host; sm80/tensor_map_sm90.h) into shared memory, and the copy signals a shared-memory mbarrier with
+// made on the host; flash_attn/tensor_map_sm90.h) into shared memory, and the copy signals a shared-memory mbarrier with
 // the bytes it wrote. Waiters poll the barrier's phase parity. No registers or load/store-unit slots per element: in
 // the hd 256 forward the cp.async loads of K and V cost ~8 % of the kernel (docs/perf_log.md, twelfth session).
 #pragma once

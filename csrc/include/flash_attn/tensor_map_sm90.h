@@ -1,7 +1,8 @@
-// Tensor maps for the TMA unit (sm90+): TensorMapArg, the form a kernel takes one in (a __grid_constant__
-// parameter, so the kernel can hand its address to ptx/bulk_reduce_sm90.h or ptx/tma_load_sm90.h), and the host
-// encoders of a 2D fp32 map and a swizzled 4D 16-bit one. The driver's cuTensorMapEncodeTiled is reached through
-// the runtime's entry-point query, so nothing links libcuda.
+// Tensor maps for the TMA unit (sm90+), shared by the sm80 path's Hopper code and the sm90 path: TensorMapArg, the
+// form a kernel takes one in (a __grid_constant__ parameter, so the kernel can hand its address to
+// ptx/bulk_reduce_sm90.h or ptx/tma_load_sm90.h), and the host encoders of a 2D fp32 map and a swizzled 4D 16-bit
+// one. The driver's cuTensorMapEncodeTiled is reached through the runtime's entry-point query, so nothing links
+// libcuda.
 #pragma once
 
 #include <cuda.h>
@@ -10,7 +11,7 @@
 
 #include <cstdint>
 
-namespace flash::sm80 {
+namespace flash {
 
 // CUtensorMap carries its own 128-byte alignment. `enabled` false: no map was made (below sm90, a shape outside the
 // map's limits, or no driver entry point) and the kernel takes its other path.
@@ -78,4 +79,4 @@ inline bool encode_16bit_swizzled_map_4d(TensorMapArg& arg, const void* base, CU
   return arg.enabled;
 }
 
-}  // namespace flash::sm80
+}  // namespace flash
