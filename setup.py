@@ -120,7 +120,7 @@ def extension_modules():
     print(f"flash_attn: building {len(cuda_units)} CUDA kernels with MAX_JOBS={os.environ['MAX_JOBS']}")
     sources += [str(path.relative_to(ROOT)) for _, path in cuda_units]
     # Hand-written CUDA units outside the kernel table (helpers every table kernel shares, test kernels).
-    sources += sorted(str(p.relative_to(ROOT)) for folder in ("csrc/dispatch", "csrc/sm80")
+    sources += sorted(str(p.relative_to(ROOT)) for folder in ("csrc/dispatch", "csrc/sm80", "csrc/sm90")
                       for p in (ROOT / folder).glob("*.cu"))
     return [CUDAExtension(EXTENSION_NAME, sources, include_dirs=include_dirs,
                           define_macros=[("FLASH_WITH_CUDA", "1")] + version_macro,

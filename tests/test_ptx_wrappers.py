@@ -230,3 +230,25 @@ def test_tma_load_4d(first, second):
     dst = dst.cpu()
     for i, coords in enumerate((first, second)):
         assert torch.equal(dst[i], _tma_box(src, *coords)), f"box {i} at {coords}"
+
+
+WGMMA_M = WGMMA_N = WGMMA_K = 64
+
+
+@pytest.mark.skipif(_lacks_sm90_code(), reason="wgmma needs code compiled for sm_90a")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("a_in_registers", [False, True])
+def test_wgmma_tile(dtype, a_in_registers):
+    """One warpgroup, four k16 steps of m64n64k16 through 128-byte-swizzled shared tiles and descriptors (the
+    forward's S = Q.K^T form with both operands K-major, and its O += P.V form with A from accumulator-shaped registers
+    and B read MN-major): the fp32 result equals the exact product. Small integers / 4 keep every product and sum
+    exact, so a misplaced element cannot hide in rounding."""
+    a = (torch.randint(-8, 9, (WGMMA_M, WGMMA_K)) / 4).to(dtype)
+    if a_in_registers:
+        b = (torch.randint(-8, 9, (WGMMA_K, WGMMA_N)) / 4).to(dtype)
+        want = a.double() @ b.double()
+    else:
+        b = (torch.randint(-8, 9, (WGMMA_N, WGMMA_K)) / 4).to(dtype)
+        want = a.double() @ b.double().T
+    (d,) = selftest("wgmma_rs" if a_in_registers else "wgmma_ss", a, b)
+    assert torch.equal(d.cpu().double(), want)

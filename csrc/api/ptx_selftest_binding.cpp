@@ -16,7 +16,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "../dispatch/device_attributes.h"
 #include "sm80/ptx_selftest.h"
+#include "sm90/wgmma_selftest.h"
 #endif
 
 namespace flash::api {
@@ -24,7 +26,7 @@ namespace {
 
 constexpr const char* kSelftestOp = "flash_attn._ptx_selftest";
 constexpr const char* kSelftestNames = "mma_m16n8k16, pack2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans, cp_async_16, cp_async_4, "
-    "red_add_v4_f32, stmatrix_x4, bulk_reduce_add_2d, tma_load_4d, griddep";
+    "red_add_v4_f32, stmatrix_x4, bulk_reduce_add_2d, tma_load_4d, griddep, wgmma_ss, wgmma_rs";
 
 #if defined(FLASH_WITH_CUDA)
 
@@ -132,6 +134,20 @@ std::vector<at::Tensor> run_selftest(const std::string& name, const std::vector<
     FLASH_CHECK(launched, kSelftestOp, "('", name, "'): the TMA tile load needs an sm90+ GPU and a driver with "
                 "cuTensorMapEncodeTiled; this one has neither");
     outputs.push_back(dst);
+  } else if (name == "wgmma_ss" || name == "wgmma_rs") {
+    namespace wg = sm90::selftest;
+    const at::Tensor a = checked_input(name, inputs, 0, "a", {wg::kWgmmaM, wg::kWgmmaK}, {at::kHalf, at::kBFloat16});
+    const bool registers = name == "wgmma_rs";
+    const std::vector<int64_t> b_shape = registers ? std::vector<int64_t>{wg::kWgmmaK, wg::kWgmmaN}
+                                                   : std::vector<int64_t>{wg::kWgmmaN, wg::kWgmmaK};
+    const at::Tensor b = checked_input(name, inputs, 1, "b", b_shape, {a.scalar_type()});
+    at::Tensor d = at::empty({wg::kWgmmaM, wg::kWgmmaN}, a.options().dtype(at::kFloat));
+    const int code_arch = device_attributes(a.device().index()).code_arch;
+    const bool launched = wg::wgmma_tile(half_dtype(a.scalar_type()), registers, a.data_ptr(), b.data_ptr(),
+                                         d.data_ptr<float>(), code_arch, stream);
+    FLASH_CHECK(launched, kSelftestOp, "('", name, "'): wgmma needs kernels compiled for sm_90a on a Hopper GPU; "
+                "the loaded code is for sm", code_arch);
+    outputs.push_back(d);
   } else if (name == "stmatrix_x4") {
     const at::Tensor regs = checked_input(name, inputs, 0, "regs", {st::kWarpLanes, 4}, {at::kInt});
     at::Tensor tile = at::empty({st::kTileRows, st::kTileCols}, regs.options().dtype(at::kShort));
