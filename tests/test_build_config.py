@@ -21,17 +21,18 @@ def test_default_archs_embed_portable_ptx():
     flags = kernel_matrix.gencode_flags({})
     assert "-gencode=arch=compute_80,code=sm_80" in flags
     assert "-gencode=arch=compute_80,code=compute_80" in flags
-    assert "-gencode=arch=compute_90,code=sm_90" in flags
+    assert "-gencode=arch=compute_90a,code=sm_90a" in flags  # wgmma / setmaxnreg exist only in sm_90a code
     assert not any("[" in flag for flag in flags)  # nothing a shell could glob
 
 
 @pytest.mark.parametrize("archs, expected", [
-    ("90", ["-gencode=arch=compute_90,code=sm_90"]),
-    ("sm_90a", ["-gencode=arch=compute_90,code=sm_90"]),
+    ("90", ["-gencode=arch=compute_90a,code=sm_90a"]),
+    ("sm_90a", ["-gencode=arch=compute_90a,code=sm_90a"]),
+    ("90+PTX", ["-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_90a,code=compute_90a"]),
     ("8.6", ["-gencode=arch=compute_86,code=sm_86"]),
     ("compute_80", ["-gencode=arch=compute_80,code=compute_80"]),
     ("80+PTX", ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_80,code=compute_80"]),
-    ("90;compute_80", ["-gencode=arch=compute_80,code=compute_80", "-gencode=arch=compute_90,code=sm_90"]),
+    ("90;compute_80", ["-gencode=arch=compute_80,code=compute_80", "-gencode=arch=compute_90a,code=sm_90a"]),
 ])
 def test_arch_entries(archs, expected):
     assert _flags(archs) == expected
@@ -41,6 +42,24 @@ def test_ptx_only_build_selects_the_portable_kernels():
     environ = {kernel_matrix.ARCHS_KNOB: "compute_80", "FLASH_ATTN_HEAD_DIMS": "64", "FLASH_ATTN_DTYPES": "bf16"}
     specs = kernel_matrix.selected_kernels(environ)
     assert specs and {spec.arch for spec in specs} == {"sm80"}
+
+
+def test_hopper_forward_takes_the_whole_segment_buckets():
+    """The sm90 forward is compiled for the head-dim buckets that are whole 64-column TMA segments; every bucket
+    keeps its portable kernel (the fallback), and the sm90 path has no backward yet."""
+    specs = kernel_matrix.selected_kernels({kernel_matrix.ARCHS_KNOB: "90", "FLASH_ATTN_DTYPES": "bf16",
+                                            "FLASH_ATTN_MASKS": "none"})
+    hopper = {(spec.direction, spec.head_dim) for spec in specs if spec.arch == "sm90"}
+    assert hopper == {("fwd", 64), ("fwd", 128), ("fwd", 192), ("fwd", 256)}
+    portable = {spec.head_dim for spec in specs if spec.arch == "sm80" and spec.direction == "fwd"}
+    assert portable == set(kernel_matrix.HEAD_DIM_BUCKETS)
+
+
+def test_generated_wgmma_header_is_current():
+    """csrc/include/flash_attn/ptx/wgmma_sm90_generated.h is what tools/gen_wgmma.py writes today."""
+    import gen_wgmma
+
+    assert gen_wgmma.OUTPUT.read_text() == gen_wgmma.render(), "run python tools/gen_wgmma.py and commit the header"
 
 
 @pytest.mark.parametrize("archs", ["75", "compute_70", "sm_100", "abc"])

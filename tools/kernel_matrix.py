@@ -31,7 +31,17 @@ ARCHS_KNOB = "FLASH_ATTN_CUDA_ARCHS"
 KERNEL_SOURCES: dict[tuple[str, str], str] = {
     ("sm80", "fwd"): "csrc/sm80/fwd_launch.h",
     ("sm80", "bwd"): "csrc/sm80/bwd_launch.h",
+    ("sm90", "fwd"): "csrc/sm90/fwd_launch.h",
 }
+# Head-dim buckets an (arch, direction) pair compiles where it is not all of HEAD_DIM_BUCKETS. The Hopper forward
+# moves whole 64-column TMA segments and reads V as 64-column MN-major blocks, so it has the multiples of 64; calls in
+# the other buckets run on the portable path.
+PAIR_HEAD_DIMS: dict[tuple[str, str], tuple[int, ...]] = {
+    ("sm90", "fwd"): (64, 128, 192, 256),
+}
+# Capabilities whose SASS and PTX are compiled for the architecture-specific feature set ("sm_90a"): wgmma and
+# setmaxnreg exist only there. Code for sm_90a runs on sm_90 GPUs only, which is every GPU the sm90 path serves.
+ARCH_SPECIFIC = {90: "a"}
 
 # The CPU implementation is one generic code path (csrc/cpu/), built always, for these dtypes and head dims.
 CPU_DTYPES = ("fp16", "bf16", "fp32", "fp64")
@@ -100,9 +110,9 @@ def gencode_flags(environ=os.environ) -> list[str]:
     could glob)."""
     flags = []
     for target in parse_arch_targets(environ.get(ARCHS_KNOB, DEFAULT_CUDA_ARCHS)):
-        codes = ([f"sm_{target.capability}"] if target.sass else []) + (
-            [f"compute_{target.capability}"] if target.ptx else [])
-        flags += [f"-gencode=arch=compute_{target.capability},code={code}" for code in codes]
+        arch = f"{target.capability}{ARCH_SPECIFIC.get(target.capability, '')}"
+        codes = ([f"sm_{arch}"] if target.sass else []) + ([f"compute_{arch}"] if target.ptx else [])
+        flags += [f"-gencode=arch=compute_{arch},code={code}" for code in codes]
     return flags
 
 
@@ -148,5 +158,7 @@ def selected_kernels(environ=os.environ) -> list[KernelSpec]:
     return [
         KernelSpec(arch, dtype, head_dim, mask, direction)
         for arch in archs for direction in directions if (arch, direction) in KERNEL_SOURCES
-        for dtype in dtypes for head_dim in head_dims for mask in masks
+        for dtype in dtypes for head_dim in head_dims
+        if head_dim in PAIR_HEAD_DIMS.get((arch, direction), HEAD_DIM_BUCKETS)
+        for mask in masks
     ]

@@ -1,0 +1,422 @@
+// The Hopper forward kernel (sm_90a): per CTA one tile of block_m query rows of one (batch entry, head). Warpgroup 0
+// is the producer: one thread loads Q once and K, V through `stages`-slot rings by TMA (full / empty mbarriers).
+// Warpgroups 1.. are consumers of 64 rows each: S = Q.K^T by wgmma from shared memory, online softmax in registers,
+// O += P.V by wgmma with P from registers and V read MN-major. Launched by fwd_launch.h; the calls it serves are
+// listed in dispatch/sm90_fwd_policy.h (dense, no dropout / bias / ALiBi / softcap / probabilities).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "flash_attn/common/mask.h"
+#include "flash_attn/params.h"
+#include "flash_attn/ptx/tma_load_sm90.h"
+#include "flash_attn/ptx/warpgroup_sm90.h"
+#include "flash_attn/ptx/wgmma_sm90_generated.h"
+#include "sm90/fwd_tile_config.h"
+
+namespace flash::sm90 {
+
+constexpr int kSegmentElems = 64;  // head-dim columns per TMA box and per 128-byte swizzled line
+constexpr int kSegmentBytes = 128;
+constexpr int kK16Bytes = 32;      // one k16 step along a K-major line
+constexpr int kK16MnMajorBytes = 16 * kSegmentBytes;  // one k16 step (16 key rows) of the MN-major V operand
+constexpr int kQuadLanes = 4;      // lanes sharing one accumulator row
+
+// What a launch passes by value (__grid_constant__): the call, the three tensor maps and derived scalars.
+struct FwdKernelArgs {
+  CUtensorMap q_map;  // (head dim, head, row, batch) boxes of 64 columns x block_m rows
+  CUtensorMap k_map;  // (head dim, kv head, key, batch) boxes of 64 columns x block_n keys
+  CUtensorMap v_map;
+  FwdParams params;
+  float scale_log2;   // softmax_scale * log2(e)
+  int heads_per_kv;   // nheads_q / nheads_k
+  int num_m_blocks;
+};
+
+// Byte offsets of the tiles and barriers in the (1024-byte aligned) dynamic shared memory.
+template <int kHeadDim, int kBlockM, int kBlockN, int kStages>
+struct FwdSmemLayout {
+  static constexpr int kSegments = kHeadDim / kSegmentElems;
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kKvBytes = kBlockN * kHeadDim * 2;  // one K (or V) stage
+  static constexpr int kQ = 0;
+  static constexpr int kK = kQ + kQBytes;
+  static constexpr int kV = kK + kStages * kKvBytes;
+  static constexpr int kBarriers = kV + kStages * kKvBytes;
+  // q_full, then per stage k_full, k_empty, v_full, v_empty
+  static constexpr int kBarrierCount = 1 + 4 * kStages;
+  static constexpr int kBytes = kBarriers + kBarrierCount * 8;
+  static constexpr int kLaunchBytes = kBytes + static_cast<int>(ptx::kSwizzleAtomBytes);  // room to align the base
+  static_assert(kHeadDim % kSegmentElems == 0, "TMA segments of 64 columns");
+  static_assert(kQBytes % ptx::kSwizzleAtomBytes == 0 && kKvBytes % ptx::kSwizzleAtomBytes == 0,
+                "every tile starts on a swizzle atom");
+};
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+  uint32_t packed;
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 pair = __floats2half2_rn(lo, hi);
+    packed = *reinterpret_cast<const uint32_t*>(&pair);
+  } else {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+    packed = *reinterpret_cast<const uint32_t*>(&pair);
+  }
+  return packed;
+}
+
+// Per-thread state of one consumer thread: the two rows it holds in every m64 accumulator (lane / 4 and + 8 within
+// its warp's 16 rows), their visible key ranges, running max and sum.
+struct ConsumerRows {
+  int64_t row[2];
+  KeyRange keys[2];
+  float max[2];
+  float sum[2];
+};
+
+template <int kCount>
+__device__ __forceinline__ void pin_all(float (&values)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) ptx::pin_register(values[i]);
+}
+
+// Issues S = Q.K^T for this warpgroup's 64 rows (one commit group): k16 steps walk 32 bytes along a 128-byte line,
+// then jump to the next 64-column segment of the [segment][rows][64] tiles.
+template <typename T, int kHeadDim, int kBlockM, int kBlockN>
+__device__ __forceinline__ void issue_scores(float (&s)[kBlockN / 2], uint64_t q_desc, uint64_t k_desc) {
+  ptx::warpgroup_fence();
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    const uint32_t step = (kk % 4) * kK16Bytes;
+    ptx::Wgmma<T, kBlockN>::ss(s, ptx::advance_descriptor(q_desc, (kk / 4) * kBlockM * kSegmentBytes + step),
+                               ptx::advance_descriptor(k_desc, (kk / 4) * kBlockN * kSegmentBytes + step), kk > 0);
+  }
+  ptx::warpgroup_commit();
+}
+
+// Issues O += P.V (one commit group): P from registers, V read MN-major, 16 key rows (2048 bytes) per k16 step.
+template <typename T, int kHeadDim, int kBlockN>
+__device__ __forceinline__ void issue_pv(float (&o)[kHeadDim / 2], const uint32_t (&a)[kBlockN / 16][4],
+                                         uint64_t v_desc) {
+  ptx::warpgroup_fence();
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    ptx::Wgmma<T, kHeadDim>::rs(o, a[kk], ptx::advance_descriptor(v_desc, kk * kK16MnMajorBytes), true);
+  }
+  ptx::warpgroup_commit();
+}
+
+// Scores of keys a row does not see (window, causal, past seqlen_k) become -inf. Register 4j + 2r + e holds row r,
+// column 8j + 2 (lane % 4) + e of the block.
+template <int kBlockN>
+__device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], const ConsumerRows& rows, int64_t col0) {
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = e / 2;
+      const int64_t col = col0 + 8 * j + (e % 2);
+      if (col < rows.keys[r].begin || col >= rows.keys[r].end) s[4 * j + e] = -INFINITY;
+    }
+  }
+}
+
+// Online softmax of one key block: the max over raw scores (quad shuffles), the scale folded into the exponent (one
+// FFMA + ex2 per score), S replaced by P, the running sum rescaled; `factor` is what O must be multiplied by. A row
+// whose max is still -inf uses 0 in its place, so it gets P = 0 and factor 0, never NaN.
+template <int kBlockN>
+__device__ __forceinline__ void softmax_step(float (&s)[kBlockN / 2], ConsumerRows& rows, float scale_log2,
+                                             float (&factor)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float block_max = rows.max[r];
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) block_max = fmaxf(block_max, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+    block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffff, block_max, 1));
+    block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffff, block_max, 2));
+    const float max_used = block_max == -INFINITY ? 0.f : block_max;
+    factor[r] = exp2f((rows.max[r] - max_used) * scale_log2);
+    rows.max[r] = block_max;
+    const float bias = -max_used * scale_log2;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float prob = exp2f(fmaf(s[4 * j + 2 * r + e], scale_log2, bias));
+        s[4 * j + 2 * r + e] = prob;
+        sum += prob;
+      }
+    }
+    rows.sum[r] = rows.sum[r] * factor[r] + sum;
+  }
+}
+
+template <int kHeadDim>
+__device__ __forceinline__ void rescale_o(float (&o)[kHeadDim / 2], const float (&factor)[2]) {
+#pragma unroll
+  for (int j = 0; j < kHeadDim / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[4 * j + e] *= factor[e / 2];
+  }
+}
+
+// P as the A operand: the k16 slice kk of an m64 accumulator is registers 8kk .. 8kk + 7, packed pairwise
+// (HOPPER_NOTES.md 1.7: the accumulator and RS A-fragment layouts coincide for 16-bit types).
+template <typename T, int kBlockN>
+__device__ __forceinline__ void pack_probs(const float (&s)[kBlockN / 2], uint32_t (&a)[kBlockN / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+#pragma unroll
+    for (int w = 0; w < 4; ++w) a[kk][w] = pack_pair<T>(s[8 * kk + 2 * w], s[8 * kk + 2 * w + 1]);
+  }
+}
+
+// Ping-pong between the two consumer warpgroups: a warpgroup waits for its turn before issuing GEMMs and hands the
+// turn on after. Barrier ids 1 and 2 (0 is __syncthreads); each completes with 128 syncing + 128 arriving threads.
+constexpr int kPingpongBarrier = 1;
+constexpr int kPingpongThreads = 2 * ptx::kWarpgroupThreads;
+__device__ __forceinline__ void take_turn(int consumer) {
+  ptx::named_barrier_sync(kPingpongBarrier + consumer, kPingpongThreads);
+}
+__device__ __forceinline__ void pass_turn(int consumer) {
+  ptx::named_barrier_arrive(kPingpongBarrier + (1 - consumer), kPingpongThreads);
+}
+
+// Where stage slots and parities come from: iteration i of the key loop uses slot i % kStages, and its barriers'
+// phase (i / kStages) & 1.
+template <int kStages>
+struct RingSlot {
+  int stage;
+  uint32_t parity;
+  __device__ __forceinline__ explicit RingSlot(int i) : stage(i % kStages), parity((i / kStages) & 1) {}
+};
+
+template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule>
+__global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_constant__ FwdKernelArgs args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(kConsumerWarpgroups == 2 || kSchedule != FwdSchedule::kPingpong, "ping-pong pairs two warpgroups");
+  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim);
+  constexpr int kBlockM = kTile.block_m, kBlockN = kTile.block_n, kStages = kTile.stages;
+  using Layout = FwdSmemLayout<kHeadDim, kBlockM, kBlockN, kStages>;
+  constexpr int kSegments = Layout::kSegments;
+  using Slot = RingSlot<kStages>;
+
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + ptx::kSwizzleAtomBytes - 1) & ~uintptr_t{ptx::kSwizzleAtomBytes - 1});
+  uint8_t* q_tile = smem + Layout::kQ;
+  uint8_t* k_tiles = smem + Layout::kK;
+  uint8_t* v_tiles = smem + Layout::kV;
+  uint64_t* barriers = reinterpret_cast<uint64_t*>(smem + Layout::kBarriers);
+  uint64_t* q_full = barriers;
+  uint64_t* k_full = barriers + 1;
+  uint64_t* k_empty = k_full + kStages;
+  uint64_t* v_full = k_empty + kStages;
+  uint64_t* v_empty = v_full + kStages;
+
+  const FwdParams& p = args.params;
+  const int m_block = kMask == MaskKind::kNone ? blockIdx.x : args.num_m_blocks - 1 - blockIdx.x;  // longest first
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int kv_head = head / args.heads_per_kv;
+  const int64_t seqlen_q = p.shape.seqlen_q;
+  const int64_t seqlen_k = p.shape.seqlen_k;
+  const int64_t offset = diagonal_offset(p.mask, seqlen_q, seqlen_k);
+
+  // Key blocks any row of the tile sees: [n_min, n_max); blocks in [full_lo, full_hi) need no mask for any row.
+  const int64_t row_first = static_cast<int64_t>(m_block) * kBlockM;
+  const int64_t row_last = (row_first + kBlockM < seqlen_q ? row_first + kBlockM : seqlen_q) - 1;
+  const KeyRange first_keys = visible_keys(p.mask, row_first, offset, seqlen_k);
+  const KeyRange last_keys = visible_keys(p.mask, row_last, offset, seqlen_k);
+  const int64_t key_begin = first_keys.begin > 0 ? first_keys.begin : 0;
+  const int64_t key_end = last_keys.end < seqlen_k ? last_keys.end : seqlen_k;
+  const int n_min = static_cast<int>(key_begin / kBlockN);
+  const int n_max = key_end > key_begin ? static_cast<int>((key_end + kBlockN - 1) / kBlockN) : n_min;
+  const int64_t full_begin = last_keys.begin > 0 ? last_keys.begin : 0;
+  const int64_t full_end = first_keys.end < seqlen_k ? first_keys.end : seqlen_k;
+  const int full_lo = static_cast<int>((full_begin + kBlockN - 1) / kBlockN);
+  const int full_hi = static_cast<int>(full_end / kBlockN);
+
+  if (threadIdx.x == 0) {
+    ptx::mbarrier_init(q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbarrier_init(&k_full[s], 1);
+      ptx::mbarrier_init(&v_full[s], 1);
+      ptx::mbarrier_init(&k_empty[s], kConsumerWarpgroups);
+      ptx::mbarrier_init(&v_empty[s], kConsumerWarpgroups);
+    }
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+
+  const int warpgroup = threadIdx.x / ptx::kWarpgroupThreads;
+  if (warpgroup == 0) {
+    // Producer: one thread; K[j] and V[j] of iteration i go to slot i % kStages once the consumers released it.
+    ptx::release_registers<kProducerRegisters>();
+    if (threadIdx.x != 0 || n_max <= n_min) return;
+    ptx::mbarrier_arrive_expect_tx(q_full, Layout::kQBytes);
+    for (int seg = 0; seg < kSegments; ++seg) {
+      ptx::tma_load_4d(q_tile + seg * kBlockM * kSegmentBytes, &args.q_map, q_full, seg * kSegmentElems, head,
+                       static_cast<int>(row_first), batch);
+    }
+    for (int i = 0, n = n_max - 1; n >= n_min; ++i, --n) {
+      const Slot slot(i);
+      uint8_t* k_slot = k_tiles + slot.stage * Layout::kKvBytes;
+      uint8_t* v_slot = v_tiles + slot.stage * Layout::kKvBytes;
+      ptx::mbarrier_wait_parity(&k_empty[slot.stage], slot.parity ^ 1);
+      ptx::mbarrier_arrive_expect_tx(&k_full[slot.stage], Layout::kKvBytes);
+      for (int seg = 0; seg < kSegments; ++seg) {
+        ptx::tma_load_4d(k_slot + seg * kBlockN * kSegmentBytes, &args.k_map, &k_full[slot.stage],
+                         seg * kSegmentElems, kv_head, n * kBlockN, batch);
+      }
+      ptx::mbarrier_wait_parity(&v_empty[slot.stage], slot.parity ^ 1);
+      ptx::mbarrier_arrive_expect_tx(&v_full[slot.stage], Layout::kKvBytes);
+      for (int seg = 0; seg < kSegments; ++seg) {
+        ptx::tma_load_4d(v_slot + seg * kBlockN * kSegmentBytes, &args.v_map, &v_full[slot.stage],
+                         seg * kSegmentElems, kv_head, n * kBlockN, batch);
+      }
+    }
+    return;
+  }
+
+  ptx::claim_registers<kConsumerRegisters>();
+  const int consumer = warpgroup - 1;
+  const int thread = threadIdx.x % ptx::kWarpgroupThreads;
+  const int warp = thread / 32;
+  const int lane = thread % 32;
+  const int quad_col = 2 * (lane % kQuadLanes);
+
+  ConsumerRows rows;
+  for (int r = 0; r < 2; ++r) {
+    rows.row[r] = row_first + consumer * kRowsPerConsumer + warp * 16 + lane / kQuadLanes + 8 * r;
+    rows.keys[r] = visible_keys(p.mask, rows.row[r], offset, seqlen_k);
+    if (rows.keys[r].end > seqlen_k) rows.keys[r].end = seqlen_k;
+    rows.max[r] = -INFINITY;
+    rows.sum[r] = 0.f;
+  }
+  float o[kHeadDim / 2];
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
+
+  if (n_max > n_min) {
+    const uint64_t q_desc = ptx::smem_descriptor(q_tile + consumer * kRowsPerConsumer * kSegmentBytes,
+                                                 ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes);
+    auto k_desc = [&](const Slot& slot) {
+      return ptx::smem_descriptor(k_tiles + slot.stage * Layout::kKvBytes, ptx::kDescriptorUnitBytes,
+                                  ptx::kSwizzleAtomBytes);
+    };
+    auto v_desc = [&](const Slot& slot) {
+      return ptx::smem_descriptor(v_tiles + slot.stage * Layout::kKvBytes, kBlockN * kSegmentBytes,
+                                  ptx::kSwizzleAtomBytes);
+    };
+    auto masked = [&](int n) { return n < full_lo || n >= full_hi; };
+    auto release = [&](uint64_t* barrier) {
+      if (thread == 0) ptx::mbarrier_arrive(barrier);
+    };
+    float s[kBlockN / 2];
+    uint32_t a[kBlockN / 16][4];
+    float factor[2];
+    ptx::mbarrier_wait_parity(q_full, 0);
+
+    if constexpr (kSchedule == FwdSchedule::kSerial) {
+      for (int i = 0, n = n_max - 1; n >= n_min; ++i, --n) {
+        const Slot slot(i);
+        ptx::mbarrier_wait_parity(&k_full[slot.stage], slot.parity);
+        issue_scores<T, kHeadDim, kBlockM, kBlockN>(s, q_desc, k_desc(slot));
+        ptx::warpgroup_wait<0>();
+        pin_all(s);
+        release(&k_empty[slot.stage]);
+        if (masked(n)) mask_scores<kBlockN>(s, rows, static_cast<int64_t>(n) * kBlockN + quad_col);
+        softmax_step<kBlockN>(s, rows, args.scale_log2, factor);
+        rescale_o<kHeadDim>(o, factor);
+        pack_probs<T, kBlockN>(s, a);
+        ptx::mbarrier_wait_parity(&v_full[slot.stage], slot.parity);
+        issue_pv<T, kHeadDim, kBlockN>(o, a, v_desc(slot));
+        ptx::warpgroup_wait<0>();
+        pin_all(o);
+        release(&v_empty[slot.stage]);
+      }
+    } else {
+      // Overlapped: block j's P.V is issued right after block j+1's S GEMM, and block j+1's softmax runs while it
+      // is on the tensor cores; O is rescaled once that P.V has landed. The first S and the last P.V are peeled.
+      constexpr bool kPingpong = kSchedule == FwdSchedule::kPingpong;
+      if (kPingpong && consumer == 1) pass_turn(consumer);  // warpgroup 0 takes the first turn
+      const Slot first(0);
+      ptx::mbarrier_wait_parity(&k_full[first.stage], first.parity);
+      if (kPingpong) take_turn(consumer);
+      issue_scores<T, kHeadDim, kBlockM, kBlockN>(s, q_desc, k_desc(first));
+      if (kPingpong) pass_turn(consumer);
+      ptx::warpgroup_wait<0>();
+      pin_all(s);
+      release(&k_empty[first.stage]);
+      if (masked(n_max - 1)) mask_scores<kBlockN>(s, rows, static_cast<int64_t>(n_max - 1) * kBlockN + quad_col);
+      softmax_step<kBlockN>(s, rows, args.scale_log2, factor);  // O is still 0: no rescale
+      pack_probs<T, kBlockN>(s, a);
+      int i = 1;
+      for (int n = n_max - 2; n >= n_min; ++i, --n) {
+        const Slot slot(i), previous(i - 1);
+        ptx::mbarrier_wait_parity(&k_full[slot.stage], slot.parity);
+        if (kPingpong) take_turn(consumer);
+        issue_scores<T, kHeadDim, kBlockM, kBlockN>(s, q_desc, k_desc(slot));
+        ptx::mbarrier_wait_parity(&v_full[previous.stage], previous.parity);
+        issue_pv<T, kHeadDim, kBlockN>(o, a, v_desc(previous));
+        if (kPingpong) pass_turn(consumer);
+        ptx::warpgroup_wait<1>();
+        pin_all(s);
+        release(&k_empty[slot.stage]);
+        if (masked(n)) mask_scores<kBlockN>(s, rows, static_cast<int64_t>(n) * kBlockN + quad_col);
+        softmax_step<kBlockN>(s, rows, args.scale_log2, factor);
+        ptx::warpgroup_wait<0>();
+        pin_all(o);
+        release(&v_empty[previous.stage]);
+        rescale_o<kHeadDim>(o, factor);
+        pack_probs<T, kBlockN>(s, a);
+      }
+      const Slot last(i - 1);
+      ptx::mbarrier_wait_parity(&v_full[last.stage], last.parity);
+      if (kPingpong) take_turn(consumer);
+      issue_pv<T, kHeadDim, kBlockN>(o, a, v_desc(last));
+      if (kPingpong) pass_turn(consumer);
+      ptx::warpgroup_wait<0>();
+      pin_all(o);
+      release(&v_empty[last.stage]);
+      if (kPingpong && consumer == 0) take_turn(consumer);  // consumes warpgroup 1's last hand-over
+    }
+  }
+
+  // Epilogue: O / sum and LSE = max * scale + ln(sum); rows that saw no key give O = 0 and LSE = +inf.
+  T* out = static_cast<T*>(p.out) + batch * p.out_strides.batch + head * p.out_strides.head;
+  float* lse = static_cast<float*>(p.lse) + batch * p.lse_batch_stride + head * p.lse_head_stride;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = rows.sum[r];
+    sum += __shfl_xor_sync(0xffffffff, sum, 1);
+    sum += __shfl_xor_sync(0xffffffff, sum, 2);
+    const float inverse = sum > 0.f ? 1.f / sum : 0.f;
+    if (rows.row[r] >= seqlen_q) continue;
+    T* out_row = out + rows.row[r] * p.out_strides.row;
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+      const int col = 8 * j + quad_col;
+      if (col < p.shape.head_dim) {
+        *reinterpret_cast<uint32_t*>(out_row + col) =
+            pack_pair<T>(o[4 * j + 2 * r] * inverse, o[4 * j + 2 * r + 1] * inverse);
+      }
+    }
+    if (lane % kQuadLanes == 0) {
+      lse[rows.row[r]] = sum > 0.f ? rows.max[r] * static_cast<float>(p.softmax_scale) + logf(sum) : INFINITY;
+    }
+  }
+#else
+  (void)args;
+  __trap();
+#endif
+}
+
+}  // namespace flash::sm90

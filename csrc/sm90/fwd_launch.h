@@ -1,0 +1,77 @@
+// run_fwd<dtype, head dim, mask>: launches the Hopper forward kernel (fwd_kernel.h) for one call on a stream: tensor
+// maps for Q, K and V, the shared-memory opt-in, one CTA per (query tile, head, batch entry). Included by the
+// generated translation units of the ("sm90", "fwd") kernel-table entries; dispatch sends only the calls that
+// dispatch/sm90_fwd_policy.h accepts.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "flash_attn/common/math.h"
+#include "flash_attn/tensor_map_sm90.h"
+#include "sm90/fwd_kernel.h"
+
+namespace flash::sm90 {
+
+template <DType kDType>
+using Element = std::conditional_t<kDType == DType::kFloat16, __half, __nv_bfloat16>;
+
+// (head dim, head, row, batch) map of a (batch, rows, heads, head_dim) 16-bit tensor in boxes of 64 columns x
+// box_rows rows of one head; rows and columns past the tensor read as zeros.
+template <typename T>
+bool encode_rows_map(CUtensorMap& map, const void* base, const TensorStrides& strides, int64_t head_dim,
+                     int64_t heads, int64_t rows, int64_t batch, int box_rows) {
+  TensorMapArg arg{};
+  const CUtensorMapDataType type =
+      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const uint64_t dims[4] = {static_cast<uint64_t>(head_dim), static_cast<uint64_t>(heads),
+                            static_cast<uint64_t>(rows), static_cast<uint64_t>(batch)};
+  const uint64_t bytes[3] = {static_cast<uint64_t>(strides.head) * sizeof(T),
+                             static_cast<uint64_t>(strides.row) * sizeof(T),
+                             static_cast<uint64_t>(strides.batch) * sizeof(T)};
+  const uint32_t box[4] = {kSegmentElems, 1, static_cast<uint32_t>(box_rows), 1};
+  if (!encode_16bit_swizzled_map_4d(arg, base, type, dims, bytes, box)) return false;
+  map = arg.map;
+  return true;
+}
+
+// kSchedule: the policy's (fwd_schedule) unless a caller compares schedules (tools/sm90_fwd_check.cu).
+template <DType kDType, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule = fwd_schedule(kHeadDim)>
+void run_fwd(const FwdParams& params, void* stream) {
+  using T = Element<kDType>;
+  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim);
+  using Layout = FwdSmemLayout<kHeadDim, kTile.block_m, kTile.block_n, kTile.stages>;
+  const AttentionShape& shape = params.shape;
+  FwdKernelArgs args{};
+  args.params = params;
+  args.scale_log2 = static_cast<float>(params.softmax_scale * kLog2e);
+  args.heads_per_kv = static_cast<int>(shape.nheads_q / shape.nheads_k);
+  args.num_m_blocks = static_cast<int>((shape.seqlen_q + kTile.block_m - 1) / kTile.block_m);
+  const bool encoded =
+      encode_rows_map<T>(args.q_map, params.q, params.q_strides, shape.head_dim, shape.nheads_q, shape.seqlen_q,
+                         shape.batch, kTile.block_m) &&
+      encode_rows_map<T>(args.k_map, params.k, params.k_strides, shape.head_dim, shape.nheads_k, shape.seqlen_k,
+                         shape.batch, kTile.block_n) &&
+      encode_rows_map<T>(args.v_map, params.v, params.v_strides, shape.head_dim, shape.nheads_k, shape.seqlen_k,
+                         shape.batch, kTile.block_n);
+  if (!encoded) {
+    throw std::runtime_error(
+        "flash_attn forward (Hopper path): the driver could not make TMA tensor maps for q, k, v (head_dim=" +
+        std::to_string(shape.head_dim) + "); strides must be multiples of 16 bytes below 2^40. Pass contiguous "
+        "tensors, or set FLASH_ATTN_HOPPER=0 to use the portable kernels.");
+  }
+  auto kernel = fwd_kernel<T, kHeadDim, kMask, kSchedule>;
+  static const cudaError_t opt_in =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::kLaunchBytes);
+  if (opt_in != cudaSuccess) {
+    throw std::runtime_error(std::string("flash_attn forward (Hopper path): shared-memory opt-in of ") +
+                             std::to_string(Layout::kLaunchBytes) + " bytes failed: " + cudaGetErrorString(opt_in));
+  }
+  const dim3 grid(args.num_m_blocks, static_cast<unsigned>(shape.nheads_q), static_cast<unsigned>(shape.batch));
+  kernel<<<grid, kFwdThreads, Layout::kLaunchBytes, static_cast<cudaStream_t>(stream)>>>(args);
+}
+
+}  // namespace flash::sm90

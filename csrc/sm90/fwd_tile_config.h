@@ -1,0 +1,49 @@
+// Tile sizes of the Hopper forward kernel (fwd_kernel.h), one constexpr function per head-dim bucket: a CTA is one
+// producer warpgroup (TMA) and kConsumerWarpgroups x 64 query rows of wgmma consumers, K and V pass through rings of
+// `stages` slots. Shared memory bounds block_n: Q + 2 stages x (K + V) must fit the 227 KB a block may opt into.
+#pragma once
+
+#include "flash_attn/params.h"
+
+namespace flash::sm90 {
+
+constexpr int kRowsPerConsumer = 64;   // wgmma M: one consumer warpgroup owns 64 query rows
+constexpr int kConsumerWarpgroups = 2;
+constexpr int kFwdThreads = (kConsumerWarpgroups + 1) * 128;
+// setmaxnreg split of the 64K registers: 128 x 24 (producer) + 256 x 240 (consumers) = 64,512.
+constexpr int kProducerRegisters = 24;
+constexpr int kConsumerRegisters = 240;
+
+// How a consumer warpgroup orders its GEMMs and its softmax (fwd_kernel.h):
+//   kSerial:   S = Q.K^T, softmax, O += P.V, one after the other; the two warpgroups overlap only each other.
+//   kOverlap:  the S GEMM of key block j+1 is issued with the P.V GEMM of block j and block j+1's softmax runs while
+//              P.V is on the tensor cores (FA3's intra-warpgroup overlap; one more S tile of registers).
+//   kPingpong: kOverlap, and the two warpgroups take turns issuing GEMMs (named barriers), so one's softmax runs
+//              under the other's GEMMs.
+enum class FwdSchedule { kSerial, kOverlap, kPingpong };
+
+struct FwdTileConfig {
+  int block_m;  // query rows per CTA
+  int block_n;  // keys per K/V stage
+  int stages;   // K/V ring depth
+};
+
+// kSerial until the schedules are measured on the H200 against each other (the check tool
+// tools/sm90_fwd_check.cu builds all three); FA3's ablation (HOPPER_NOTES.md 1.11) has overlap + pingpong 13-16 %
+// ahead of the serial order at hd 128.
+constexpr FwdSchedule fwd_schedule(int head_dim) {
+  (void)head_dim;
+  return FwdSchedule::kSerial;
+}
+
+// Head dims are the kernel table's buckets that are whole 64-element TMA segments (64, 128, 192, 256).
+// block_n: hd 64 and 128 take 128 keys (S = 64 accumulator registers per thread); hd 192 and 256 take 112 and 80,
+// the most that fits beside a 128-row Q tile in 2 stages (FA3's sizes, HOPPER_NOTES.md section 1.2).
+constexpr FwdTileConfig fwd_tile_config(int head_dim) {
+  const int block_m = kRowsPerConsumer * kConsumerWarpgroups;
+  if (head_dim <= 128) return FwdTileConfig{block_m, 128, 2};
+  if (head_dim <= 192) return FwdTileConfig{block_m, 112, 2};
+  return FwdTileConfig{block_m, 80, 2};
+}
+
+}  // namespace flash::sm90
