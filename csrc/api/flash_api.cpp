@@ -11,6 +11,7 @@
 #include "../cpu/attention_cpu.h"
 #include "../dispatch/device_attributes.h"
 #include "../dispatch/registry.h"
+#include "../dispatch/sm90_fwd_policy.h"
 #include "flash_attn/bwd_workspace.h"
 #include "checked_values_cache.h"
 #include "error_message.h"
@@ -34,6 +35,7 @@ constexpr const char* kFwdOp = "flash_attn.fwd";
 constexpr const char* kBwdOp = "flash_attn.bwd";
 
 int device_sm(const at::Device& device) { return device_attributes(device.index()).sm; }
+int device_code_arch(const at::Device& device) { return device_attributes(device.index()).code_arch; }
 
 // softmax_lse is float32, float64 for float64 inputs (so float64 gradients keep float64 accuracy).
 at::ScalarType lse_dtype(const at::Tensor& q) {
@@ -52,6 +54,26 @@ at::ScalarType lse_dtype(const at::Tensor& q) {
 #endif
 }
 
+// FLASH_ATTN_HOPPER=force and the forward call went elsewhere: say why.
+constexpr int kHopperArch = 90;
+[[noreturn]] void fail_hopper_not_taken(const FwdParams& params, const at::Device& device) {
+  const char* declined = sm90_fwd_declines(params);
+  const DeviceAttributes attributes = device_attributes(device.index());
+  std::string why;
+  if (attributes.code_arch < kHopperArch) {
+    why = "the loaded kernels were not compiled for sm_90a (GPU sm" + std::to_string(attributes.sm) +
+          ", code compiled for sm" + std::to_string(attributes.code_arch) + ")";
+  } else if (declined != nullptr) {
+    why = std::string("it does not serve ") + declined + " yet";
+  } else {
+    why = "this build has no sm90 forward kernel for " +
+          describe(canonical_key(kHopperArch, params, Direction::kForward)) +
+          " (it covers head-dim buckets 64, 128, 192 and 256; build knobs may have left it out)";
+  }
+  FLASH_FAIL(kHopperSwitchEnv, "=force: the Hopper forward path did not take this call: ", why, ". Unset ",
+             kHopperSwitchEnv, " (or set it to 1) to let such calls run on the portable kernels.");
+}
+
 // Whether the driver found code of this build it can run on the device (SASS for its arch, or PTX it can compile):
 // a build with SASS only for older GPUs (e.g. FLASH_ATTN_CUDA_ARCHS=90 on an sm_100 GPU) has none.
 bool device_runs_this_build(const at::Device& device) { return device_attributes(device.index()).code_arch > 0; }
@@ -59,8 +81,11 @@ bool device_runs_this_build(const at::Device& device) { return device_attributes
 // Runs the CUDA kernel for this call on the current stream, or fails naming what is missing.
 void launch_cuda(const FwdParams& params, const BwdParams* bwd_params, const at::Device& device) {
   const Direction direction = bwd_params == nullptr ? Direction::kForward : Direction::kBackward;
-  const KernelEntry* entry = find_kernel(device_sm(device), params, direction);
+  const KernelEntry* entry = find_kernel(device_sm(device), device_code_arch(device), params, direction);
   if (entry == nullptr) fail_no_cuda_kernel(params, device, direction);
+  if (direction == Direction::kForward && entry->key.arch != kHopperArch && hopper_switch() == HopperSwitch::kForce) {
+    fail_hopper_not_taken(params, device);
+  }
 #if defined(FLASH_WITH_CUDA)
   FLASH_CHECK(device_runs_this_build(device), "flash_attn: this build has no code that GPU sm", device_sm(device),
               " can run (its kernels were compiled as SASS for other GPUs, without PTX). Rebuild with "
@@ -258,7 +283,8 @@ bool is_supported(const std::string& device_type, int64_t device_index, const st
   if (device_type == "cpu") return cpu_supports(d, head_dim);
   if (device_type != "cuda" || d == DType::kFloat32 || d == DType::kFloat64) return false;
   const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index));
-  return device_runs_this_build(device) && cuda_supports(device_sm(device), d, head_dim, backward);
+  return device_runs_this_build(device) &&
+         cuda_supports(device_sm(device), device_code_arch(device), d, head_dim, backward);
 }
 
 // The kernel input contract's action for one tensor ("use", "copy" or "pad"), on any device: lets the tests

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "kernels/generated/kernel_table.h"
+#include "sm90_fwd_policy.h"
 
 namespace flash {
 namespace {
@@ -27,6 +28,12 @@ constexpr Direction direction_of(const char* name) {
   return name[0] == 'f' ? Direction::kForward : Direction::kBackward;
 }
 
+// Whether the Hopper path may take this call (the kernel table still has to have its key).
+bool hopper_path_allowed(int code_arch, const FwdParams& params, Direction direction) {
+  return direction == Direction::kForward && code_arch >= kHopperSm && hopper_switch() != HopperSwitch::kOff &&
+         sm90_fwd_declines(params) == nullptr;
+}
+
 }  // namespace
 
 const std::vector<KernelEntry>& kernel_table() {
@@ -44,8 +51,9 @@ std::vector<int> arch_paths_for(int sm) {
   return {};
 }
 
-const KernelEntry* find_kernel(int sm, const FwdParams& params, Direction direction) {
+const KernelEntry* find_kernel(int sm, int code_arch, const FwdParams& params, Direction direction) {
   for (int arch : arch_paths_for(sm)) {
+    if (arch == kHopperSm && !hopper_path_allowed(code_arch, params, direction)) continue;
     const KernelKey key = canonical_key(arch, params, direction);
     for (const KernelEntry& entry : kernel_table()) {
       if (entry.key == key) return &entry;
@@ -78,7 +86,7 @@ std::string missing_kernel_message(int sm, const FwdParams& params, Direction di
   return message;
 }
 
-bool cuda_supports(int sm, DType dtype, int64_t head_dim, bool backward) {
+bool cuda_supports(int sm, int code_arch, DType dtype, int64_t head_dim, bool backward) {
   FwdParams params;
   params.dtype = dtype;
   params.shape.head_dim = head_dim;
@@ -87,8 +95,8 @@ bool cuda_supports(int sm, DType dtype, int64_t head_dim, bool backward) {
   for (const auto& window : windows) {
     params.mask.window_left = window[0];
     params.mask.window_right = window[1];
-    if (find_kernel(sm, params, Direction::kForward) == nullptr) return false;
-    if (backward && find_kernel(sm, params, Direction::kBackward) == nullptr) return false;
+    if (find_kernel(sm, code_arch, params, Direction::kForward) == nullptr) return false;
+    if (backward && find_kernel(sm, code_arch, params, Direction::kBackward) == nullptr) return false;
   }
   return true;
 }

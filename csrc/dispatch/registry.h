@@ -25,14 +25,16 @@ const std::vector<KernelEntry>& kernel_table();
 // The arch paths a GPU of compute capability `sm` (e.g. 90) can run, fastest first.
 std::vector<int> arch_paths_for(int sm);
 
-// The fastest built kernel for this call on a GPU of capability `sm`, or null.
-const KernelEntry* find_kernel(int sm, const FwdParams& params, Direction direction);
+// The fastest built kernel for this call on a GPU of capability `sm` whose loaded code was compiled for `code_arch`
+// (DeviceAttributes::code_arch), or null. The Hopper path is a candidate only where FLASH_ATTN_HOPPER allows it, the
+// loaded code has its instructions (code_arch >= 90) and sm90_fwd_declines() accepts the call.
+const KernelEntry* find_kernel(int sm, int code_arch, const FwdParams& params, Direction direction);
 
 // "no CUDA kernel for ..." with the key, what is built, and how to build more.
 std::string missing_kernel_message(int sm, const FwdParams& params, Direction direction);
 
 // Whether every mask kind is built for (sm, dtype, head_dim): forward, and backward too if asked.
-bool cuda_supports(int sm, DType dtype, int64_t head_dim, bool backward);
+bool cuda_supports(int sm, int code_arch, DType dtype, int64_t head_dim, bool backward);
 
 // Head dims and dtypes the CPU implementation takes.
 constexpr int64_t kMaxHeadDim = 256;

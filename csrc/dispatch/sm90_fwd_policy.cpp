@@ -1,0 +1,59 @@
+// hopper_switch() and sm90_fwd_declines() (sm90_fwd_policy.h).
+#include "sm90_fwd_policy.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+namespace flash {
+namespace {
+
+constexpr int64_t kMaxGridYZ = 65535;                 // CUDA grid y and z limits: heads and batch entries
+constexpr int64_t kMaxInt32 = 2147483647;             // the kernel's row and key indices are 32-bit TMA coordinates
+constexpr int64_t kMaxTmaStrideBytes = int64_t{1} << 40;  // cuTensorMapEncodeTiled's stride limit
+constexpr int64_t kElementBytes = 2;
+
+bool strides_fit(const TensorStrides& strides) {
+  for (int64_t stride : {strides.batch, strides.row, strides.head}) {
+    if (stride < 0 || stride * kElementBytes >= kMaxTmaStrideBytes) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+HopperSwitch hopper_switch() {
+  const char* value = std::getenv(kHopperSwitchEnv);
+  if (value == nullptr || *value == '\0') return kDefaultHopperSwitch;
+  const std::string text(value);
+  if (text == "0" || text == "off") return HopperSwitch::kOff;
+  if (text == "1" || text == "on" || text == "auto") return HopperSwitch::kAuto;
+  if (text == "force") return HopperSwitch::kForce;
+  throw std::invalid_argument(std::string(kHopperSwitchEnv) + "='" + text +
+                              "' is not a choice: use 0 / off (portable kernels only), 1 / auto (the Hopper path "
+                              "where it serves the call) or force (fail where it does not)");
+}
+
+const char* sm90_fwd_declines(const FwdParams& p) {
+  const AttentionShape& s = p.shape;
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return "dtypes other than fp16 and bf16";
+  if (s.cu_seqlens_q != nullptr || s.cu_seqlens_k != nullptr) return "varlen calls (cu_seqlens)";
+  if (s.seqused_k != nullptr) return "KV-cache lengths (seqused_k / cache_seqlens)";
+  if (p.dropout.p > 0.0) return "dropout";
+  if (p.mask.bias != nullptr) return "an additive attention bias (attn_mask)";
+  if (p.mask.alibi_slopes != nullptr) return "ALiBi";
+  if (p.softcap > 0.0) return "softcap";
+  if (p.probs != nullptr) return "return_attn_probs";
+  if (!(p.softmax_scale > 0.0) || !std::isfinite(p.softmax_scale)) return "a softmax_scale that is not positive";
+  if (p.num_splits > 1) return "split-KV calls (few query tiles over many keys: decode shapes)";
+  if (s.nheads_k < 1 || s.nheads_q % s.nheads_k != 0) return "query heads that are not a multiple of the KV heads";
+  if (s.nheads_q > kMaxGridYZ || s.batch > kMaxGridYZ) return "more than 65535 heads or batch entries";
+  if (s.seqlen_q > kMaxInt32 || s.seqlen_k > kMaxInt32) return "sequences longer than 2^31 - 1";
+  if (!strides_fit(p.q_strides) || !strides_fit(p.k_strides) || !strides_fit(p.v_strides)) {
+    return "q, k or v strides of 2^40 bytes or more, or negative";
+  }
+  return nullptr;
+}
+
+}  // namespace flash

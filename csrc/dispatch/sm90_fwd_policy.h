@@ -1,0 +1,26 @@
+// Which forward calls the Hopper path (csrc/sm90/) takes: sm90_fwd_declines() names why a call stays on the portable
+// path, and hopper_switch() reads FLASH_ATTN_HOPPER, which turns the path off, on where it serves the call, or
+// forces it (a forward call it cannot serve then fails instead of falling back: for tests and benchmarks).
+#pragma once
+
+#include "flash_attn/params.h"
+
+namespace flash {
+
+enum class HopperSwitch { kOff, kAuto, kForce };
+
+constexpr const char* kHopperSwitchEnv = "FLASH_ATTN_HOPPER";
+// Unset FLASH_ATTN_HOPPER means this. Off until the sm90 forward has passed its tests on the H200: it was written and
+// compiled (no spills) in a session that had no device time left (docs/perf_log.md, fourteenth session).
+constexpr HopperSwitch kDefaultHopperSwitch = HopperSwitch::kOff;
+
+// FLASH_ATTN_HOPPER: "0" / "off" -> kOff, "1" / "auto" / "on" -> kAuto, "force" -> kForce, unset or empty ->
+// kDefaultHopperSwitch. Read on every call (tests flip it in-process); any other value fails naming the choices.
+HopperSwitch hopper_switch();
+
+// Null when the Hopper forward serves this call (fp16 / bf16, dense, no dropout, bias, ALiBi, softcap, returned
+// probabilities, KV-cache lengths or key splits; sizes and strides its TMA maps and grid can express); otherwise
+// what it lacks, for FLASH_ATTN_HOPPER=force errors. The head-dim bucket is the kernel table's concern.
+const char* sm90_fwd_declines(const FwdParams& p);
+
+}  // namespace flash

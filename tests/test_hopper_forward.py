@@ -1,0 +1,199 @@
+# The Hopper forward path (csrc/sm90/, sm_90a: TMA, wgmma, warp specialisation) against the fp64 reference under the
+# FlashAttention rule, with FLASH_ATTN_HOPPER=force so that a call the path does not take fails instead of passing on
+# the portable kernels: each built head-dim bucket (and head dims below their bucket), odd sequence lengths both ways,
+# causal (bottom-right and top-left through SDPA), sliding windows, GQA / MQA, packed (strided) qkv, rows that see no
+# key, large scores, LSE, and the sm80 backward on the Hopper forward's output and LSE. Then the fallbacks: each
+# feature the path does not serve runs on the portable kernels under FLASH_ATTN_HOPPER=1 and fails, naming the
+# feature, under force. Collected where a Hopper GPU runs sm_90a code of a build with sm90 forward kernels.
+import pytest
+import torch
+
+import flash_attn
+from flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+from flash_attn._native import C
+from flash_attn.flash_attn_interface import _flash_attn_forward
+from flash_attn.reference import attention_ref, cu_from_seqlens
+from helpers import assert_close_fa, randn, reference_pair
+
+HOPPER_ARCH = 90
+SWITCH = "FLASH_ATTN_HOPPER"
+DTYPES = [torch.bfloat16, torch.float16]
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _hopper_buckets():
+    """(dtype name, head-dim bucket, mask) of every sm90 forward kernel in this build, where the GPU runs them."""
+    if not torch.cuda.is_available() or C.loaded_code(torch.cuda.current_device())[0] < HOPPER_ARCH:
+        return set()
+    return {(k["dtype"], k["head_dim"], k["mask"]) for k in flash_attn.built_kernels()
+            if k["device"] == "cuda" and k["arch"] == "sm90" and k["direction"] == "fwd"}
+
+
+BUILT = _hopper_buckets()
+pytestmark = pytest.mark.skipif(not BUILT, reason="needs a Hopper GPU and a build with sm90 forward kernels")
+
+
+def _bucket(head_dim):
+    return next(b for b in (64, 128, 192, 256) if head_dim <= b)
+
+
+def _require(dtype, head_dim, mask="none"):
+    if (DTYPE_NAMES[dtype], _bucket(head_dim), mask) not in BUILT:
+        pytest.skip(f"no sm90 forward kernel for {DTYPE_NAMES[dtype]} head dim {head_dim} mask {mask} in this build")
+
+
+@pytest.fixture
+def forced(monkeypatch):
+    monkeypatch.setenv(SWITCH, "force")
+
+
+def _qkv(b, sq, sk, h, hk, d, dtype, scale=1.0):
+    q = randn(b, sq, h, d, dtype=torch.float32, device="cuda") * scale
+    return (q.to(dtype), randn(b, sk, hk, d, dtype=dtype, device="cuda"), randn(b, sk, hk, d, dtype=dtype, device="cuda"))
+
+
+def _check_forward(q, k, v, mult=2.0, **kwargs):
+    """Output and LSE of the forward against the reference (LSE within the fp32 floor: it is computed in fp32)."""
+    causal = kwargs.get("causal", False)
+    window = kwargs.get("window_size", (-1, -1))
+    out, lse, _, _ = _flash_attn_forward(q, k, v, 0.0, None, causal, window[0], window[1])
+    truth, naive = reference_pair(lambda *x, **kw: attention_ref(*x, causal=causal, window_size=window, **kw),
+                                  (q, k, v))
+    assert_close_fa(out.cpu(), truth[0].cpu(), naive[0].cpu(), mult)
+    empty = torch.isinf(truth[1].cpu())
+    assert torch.equal(torch.isinf(lse.cpu()) & (lse.cpu() > 0), empty), "LSE +inf exactly where a row sees no key"
+    assert_close_fa(lse.cpu()[~empty], truth[1].cpu()[~empty], naive[1].cpu()[~empty].float(), mult,
+                    floor_dtype=torch.float32)
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [40, 64, 100, 128, 176, 192, 232, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dims(forced, head_dim, causal, dtype):
+    _require(dtype, head_dim, "causal" if causal else "none")
+    _check_forward(*_qkv(2, 113, 255, 4, 2, head_dim, dtype), causal=causal)
+
+
+@pytest.mark.parametrize("seqlens", [(1, 1), (17, 1000), (1000, 17), (127, 129), (128, 128), (129, 127), (255, 640),
+                                     (1000, 1000)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_seqlens(forced, seqlens, causal, head_dim):
+    """Ragged last query and key tiles, several key tiles per query tile, and seqlen_q > seqlen_k causal (rows with no
+    key: O = 0, LSE = +inf)."""
+    _require(torch.bfloat16, head_dim, "causal" if causal else "none")
+    sq, sk = seqlens
+    _check_forward(*_qkv(2, sq, sk, 2, 2, head_dim, torch.bfloat16), causal=causal)
+
+
+@pytest.mark.parametrize("window", [(100, 37), (0, 0), (-1, 20), (300, -1), (5, 200)])
+@pytest.mark.parametrize("seqlens", [(300, 517), (517, 300)])
+def test_windows(forced, window, seqlens):
+    _require(torch.bfloat16, 128, "local")
+    sq, sk = seqlens
+    _check_forward(*_qkv(2, sq, sk, 4, 4, 128, torch.bfloat16), window_size=window)
+
+
+@pytest.mark.parametrize("heads", [(8, 2), (8, 1), (6, 3)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gqa(forced, heads, causal):
+    _require(torch.bfloat16, 128, "causal" if causal else "none")
+    h, hk = heads
+    _check_forward(*_qkv(2, 333, 333, h, hk, 128, torch.bfloat16), causal=causal)
+
+
+def test_packed_qkv_strides(forced):
+    """q, k, v as views of one (b, s, 3, h, d) tensor: row strides of 3 h d elements reach the tensor maps."""
+    _require(torch.bfloat16, 128)
+    qkv = randn(2, 300, 3, 4, 128, dtype=torch.bfloat16, device="cuda")
+    q, k, v = qkv.unbind(2)
+    assert not q.is_contiguous()
+    _check_forward(q, k, v)
+
+
+def test_large_scores(forced):
+    """Scores near +-1e4 (q scaled by 40): the running max and its rescale must neither overflow nor lose rows."""
+    _require(torch.bfloat16, 128, "causal")
+    _check_forward(*_qkv(1, 400, 400, 2, 2, 128, torch.bfloat16, scale=40.0), causal=True)
+
+
+def test_sdpa_top_left_causal(forced):
+    """torch SDPA's is_causal is top-left: bottom_right false reaches the kernel's mask offset."""
+    _require(torch.bfloat16, 128, "causal")
+    q, k, v = (x.transpose(1, 2) for x in _qkv(2, 200, 333, 4, 4, 128, torch.bfloat16))
+    out = flash_attn.scaled_dot_product_attention(q, k, v, is_causal=True)
+    want = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    naive = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    assert_close_fa(out.cpu(), want.cpu(), naive.to(q.dtype).cpu(), 2.0)
+
+
+def test_backward_on_hopper_forward(forced):
+    """The portable backward reads the Hopper forward's output and LSE (same natural-log convention)."""
+    _require(torch.bfloat16, 128, "causal")
+    if not flash_attn.is_supported("cuda", torch.bfloat16, 128, backward=True):
+        pytest.skip("no CUDA backward kernel for bf16 head dim 128 in this build")
+    q, k, v = (x.requires_grad_() for x in _qkv(2, 257, 300, 4, 2, 128, torch.bfloat16))
+    dout = randn(2, 257, 4, 128, dtype=torch.bfloat16, device="cuda")
+    out = flash_attn_func(q, k, v, causal=True)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    truth, naive = reference_pair(lambda *x, **kw: attention_ref(*x, causal=True, **kw),
+                                  tuple(x.detach() for x in (q, k, v)), dout)
+    assert_close_fa(out.detach().cpu(), truth[0].cpu(), naive[0].cpu(), 2.0)
+    for ours, exact, low in zip(grads, truth[2], naive[2]):
+        assert_close_fa(ours.cpu(), exact.cpu(), low.cpu(), 3.0)
+
+
+def _dense_call(**kwargs):
+    q, k, v = _qkv(2, 200, 200, 4, 4, 128, torch.bfloat16)
+    return lambda: flash_attn_func(q, k, v, **kwargs)
+
+
+def _varlen_call():
+    q, k, v = (randn(300, 4, 128, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+    cu = cu_from_seqlens([100, 200]).cuda()
+    return lambda: flash_attn_varlen_func(q, k, v, cu, cu, 200, 200)
+
+
+def _kvcache_call():
+    q = randn(2, 1, 4, 128, dtype=torch.bfloat16, device="cuda")
+    cache = randn(2, 512, 4, 128, dtype=torch.bfloat16, device="cuda")
+    lengths = torch.tensor([100, 512], dtype=torch.int32, device="cuda")
+    return lambda: flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths)
+
+
+# Forward calls the Hopper path does not serve yet: feature (as its force error names it) -> a maker of the call.
+FALLBACK_CALLS = {
+    "dropout": lambda: _dense_call(dropout_p=0.1),
+    "softcap": lambda: _dense_call(softcap=20.0),
+    "ALiBi": lambda: _dense_call(alibi_slopes=torch.rand(4, device="cuda") * 0.1),
+    "varlen": _varlen_call,
+    "KV-cache": _kvcache_call,
+}
+
+
+@pytest.mark.parametrize("feature", list(FALLBACK_CALLS))
+def test_fallback_runs_and_force_names_the_feature(monkeypatch, feature):
+    """Under FLASH_ATTN_HOPPER=1 a call the path does not serve runs (on the portable kernels); under force it fails
+    with a message that names what the path lacks and how to let it run."""
+    _require(torch.bfloat16, 128)
+    call = FALLBACK_CALLS[feature]()
+    monkeypatch.setenv(SWITCH, "1")
+    out = call()
+    assert torch.isfinite(out).all()
+    monkeypatch.setenv(SWITCH, "force")
+    with pytest.raises(RuntimeError, match=f"{SWITCH}=force.*(?i:{feature})"):
+        call()
+
+
+def test_switch_off_and_bad_value(monkeypatch):
+    _require(torch.bfloat16, 128)
+    q, k, v = _qkv(1, 100, 100, 2, 2, 128, torch.bfloat16)
+    monkeypatch.setenv(SWITCH, "0")
+    off = flash_attn_func(q, k, v)
+    monkeypatch.setenv(SWITCH, "force")
+    forced_out = flash_attn_func(q, k, v)
+    assert (off.float() - forced_out.float()).abs().max().item() < 2e-2
+    monkeypatch.setenv(SWITCH, "sometimes")
+    with pytest.raises((RuntimeError, ValueError), match=SWITCH):
+        flash_attn_func(q, k, v)
