@@ -2,18 +2,19 @@
 # FlashAttention rule, with FLASH_ATTN_HOPPER=force so that a call the path does not take fails instead of passing on
 # the portable kernels: each built head-dim bucket (and head dims below their bucket), odd sequence lengths both ways,
 # causal (bottom-right and top-left through SDPA), sliding windows, GQA / MQA, packed (strided) qkv, rows that see no
-# key, large scores, LSE, and the sm80 backward on the Hopper forward's output and LSE. Then the fallbacks: each
+# key, large scores, softcap and ALiBi (the general kernels), varlen with empty and ragged sequences, LSE, and the
+# sm80 backward on the Hopper forward's output and LSE. Then the fallbacks: each
 # feature the path does not serve runs on the portable kernels under FLASH_ATTN_HOPPER=1 and fails, naming the
 # feature, under force. Collected where a Hopper GPU runs sm_90a code of a build with sm90 forward kernels.
 import pytest
 import torch
 
 import flash_attn
-from flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+from flash_attn import flash_attn_func, flash_attn_with_kvcache
 from flash_attn._native import C
-from flash_attn.flash_attn_interface import _flash_attn_forward
-from flash_attn.reference import attention_ref, cu_from_seqlens
-from helpers import assert_close_fa, randn, reference_pair
+from flash_attn.flash_attn_interface import _flash_attn_forward, _flash_attn_varlen_forward
+from flash_attn.reference import attention_ref, attention_varlen_ref
+from helpers import assert_close_fa, randn, reference_pair, varlen_tensors
 
 HOPPER_ARCH = 90
 SWITCH = "FLASH_ATTN_HOPPER"
@@ -52,19 +53,22 @@ def _qkv(b, sq, sk, h, hk, d, dtype, scale=1.0):
     return (q.to(dtype), randn(b, sk, hk, d, dtype=dtype, device="cuda"), randn(b, sk, hk, d, dtype=dtype, device="cuda"))
 
 
-def _check_forward(q, k, v, mult=2.0, **kwargs):
+def _check_forward(q, k, v, mult=2.0, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
     """Output and LSE of the forward against the reference (LSE within the fp32 floor: it is computed in fp32)."""
-    causal = kwargs.get("causal", False)
-    window = kwargs.get("window_size", (-1, -1))
-    out, lse, _, _ = _flash_attn_forward(q, k, v, 0.0, None, causal, window[0], window[1])
-    truth, naive = reference_pair(lambda *x, **kw: attention_ref(*x, causal=causal, window_size=window, **kw),
-                                  (q, k, v))
+    out, lse, _, _ = _flash_attn_forward(q, k, v, 0.0, None, causal, window_size[0], window_size[1], softcap,
+                                         alibi_slopes)
+    features = dict(causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
+    truth, naive = reference_pair(lambda *x, **kw: attention_ref(*x, **features, **kw), (q, k, v))
+    _check_out_lse(out, lse, truth, naive, mult)
+    return out
+
+
+def _check_out_lse(out, lse, truth, naive, mult):
     assert_close_fa(out.cpu(), truth[0].cpu(), naive[0].cpu(), mult)
     empty = torch.isinf(truth[1].cpu())
     assert torch.equal(torch.isinf(lse.cpu()) & (lse.cpu() > 0), empty), "LSE +inf exactly where a row sees no key"
     assert_close_fa(lse.cpu()[~empty], truth[1].cpu()[~empty], naive[1].cpu()[~empty].float(), mult,
                     floor_dtype=torch.float32)
-    return out
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -128,6 +132,39 @@ def test_sdpa_top_left_causal(forced):
     assert_close_fa(out.cpu(), want.cpu(), naive.to(q.dtype).cpu(), 2.0)
 
 
+@pytest.mark.parametrize("feature", ["softcap", "alibi", "both"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_softcap_and_alibi(forced, feature, causal, head_dim):
+    """The general kernels: softcap on the scaled scores, ALiBi by distance from the diagonal, per (batch, head)
+    slopes."""
+    _require(torch.bfloat16, head_dim, "causal" if causal else "none")
+    q, k, v = _qkv(2, 213, 300, 4, 2, head_dim, torch.bfloat16, scale=3.0)
+    softcap = 15.0 if feature in ("softcap", "both") else 0.0
+    alibi = torch.rand(2, 4, device="cuda") * 0.3 if feature in ("alibi", "both") else None
+    _check_forward(q, k, v, causal=causal, softcap=softcap, alibi_slopes=alibi)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", [(-1, -1), (64, 16)])
+@pytest.mark.parametrize("head_dim", [64, 128, 192])
+def test_varlen(forced, causal, window, head_dim):
+    """Packed sequences of ragged lengths, one empty on each side and one longer than a tile on both, seqlen_q !=
+    seqlen_k within a sequence: rows past a sequence's end belong to the next one and must not leak into it."""
+    if window != (-1, -1) and causal:
+        pytest.skip("a window with right 16 is not causal")
+    mask = "local" if window != (-1, -1) else "causal" if causal else "none"
+    _require(torch.bfloat16, head_dim, mask)
+    seqlens_q, seqlens_k = [129, 0, 17, 300, 5], [200, 9, 0, 333, 128]
+    q, k, v, cu_q, cu_k = varlen_tensors(seqlens_q, seqlens_k, 4, 2, head_dim, torch.bfloat16, "cuda")
+    out, lse, _, _ = _flash_attn_varlen_forward(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), 0.0, None,
+                                                causal, window[0], window[1])
+    truth, naive = reference_pair(
+        lambda *x, **kw: attention_varlen_ref(*x, cu_q.cpu(), cu_k.cpu(), causal=causal, window_size=window, **kw),
+        (q.cpu(), k.cpu(), v.cpu()))
+    _check_out_lse(out, lse, truth, naive, 2.0)
+
+
 def test_backward_on_hopper_forward(forced):
     """The portable backward reads the Hopper forward's output and LSE (same natural-log convention)."""
     _require(torch.bfloat16, 128, "causal")
@@ -149,12 +186,6 @@ def _dense_call(**kwargs):
     return lambda: flash_attn_func(q, k, v, **kwargs)
 
 
-def _varlen_call():
-    q, k, v = (randn(300, 4, 128, dtype=torch.bfloat16, device="cuda") for _ in range(3))
-    cu = cu_from_seqlens([100, 200]).cuda()
-    return lambda: flash_attn_varlen_func(q, k, v, cu, cu, 200, 200)
-
-
 def _kvcache_call():
     q = randn(2, 1, 4, 128, dtype=torch.bfloat16, device="cuda")
     cache = randn(2, 512, 4, 128, dtype=torch.bfloat16, device="cuda")
@@ -162,12 +193,16 @@ def _kvcache_call():
     return lambda: flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths)
 
 
+def _sdpa_mask_call():
+    q, k, v = (randn(2, 4, 200, 128, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+    mask = randn(2, 4, 200, 200, dtype=torch.bfloat16, device="cuda")
+    return lambda: flash_attn.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 # Forward calls the Hopper path does not serve yet: feature (as its force error names it) -> a maker of the call.
 FALLBACK_CALLS = {
     "dropout": lambda: _dense_call(dropout_p=0.1),
-    "softcap": lambda: _dense_call(softcap=20.0),
-    "ALiBi": lambda: _dense_call(alibi_slopes=torch.rand(4, device="cuda") * 0.1),
-    "varlen": _varlen_call,
+    "attn_mask": lambda: _sdpa_mask_call(),
     "KV-cache": _kvcache_call,
 }
 

@@ -38,18 +38,20 @@ HopperSwitch hopper_switch() {
 const char* sm90_fwd_declines(const FwdParams& p) {
   const AttentionShape& s = p.shape;
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return "dtypes other than fp16 and bf16";
-  if (s.cu_seqlens_q != nullptr || s.cu_seqlens_k != nullptr) return "varlen calls (cu_seqlens)";
+  if ((s.cu_seqlens_q == nullptr) != (s.cu_seqlens_k == nullptr)) return "cu_seqlens for only one of q and k";
+  // TMA loads whole key tiles: the rows past a cache's used length hold whatever the cache holds (torch.empty: maybe
+  // NaN), and P = 0 times NaN is NaN. The portable path zero-fills them.
   if (s.seqused_k != nullptr) return "KV-cache lengths (seqused_k / cache_seqlens)";
   if (p.dropout.p > 0.0) return "dropout";
   if (p.mask.bias != nullptr) return "an additive attention bias (attn_mask)";
-  if (p.mask.alibi_slopes != nullptr) return "ALiBi";
-  if (p.softcap > 0.0) return "softcap";
   if (p.probs != nullptr) return "return_attn_probs";
   if (!(p.softmax_scale > 0.0) || !std::isfinite(p.softmax_scale)) return "a softmax_scale that is not positive";
   if (p.num_splits > 1) return "split-KV calls (few query tiles over many keys: decode shapes)";
   if (s.nheads_k < 1 || s.nheads_q % s.nheads_k != 0) return "query heads that are not a multiple of the KV heads";
   if (s.nheads_q > kMaxGridYZ || s.batch > kMaxGridYZ) return "more than 65535 heads or batch entries";
-  if (s.seqlen_q > kMaxInt32 || s.seqlen_k > kMaxInt32) return "sequences longer than 2^31 - 1";
+  if (s.seqlen_q > kMaxInt32 || s.seqlen_k > kMaxInt32 || s.total_q > kMaxInt32 || s.total_k > kMaxInt32) {
+    return "more than 2^31 - 1 rows";
+  }
   if (!strides_fit(p.q_strides) || !strides_fit(p.k_strides) || !strides_fit(p.v_strides)) {
     return "q, k or v strides of 2^40 bytes or more, or negative";
   }

@@ -2,7 +2,7 @@
 // is the producer: one thread loads Q once and K, V through `stages`-slot rings by TMA (full / empty mbarriers).
 // Warpgroups 1.. are consumers of 64 rows each: S = Q.K^T by wgmma from shared memory, online softmax in registers,
 // O += P.V by wgmma with P from registers and V read MN-major. Launched by fwd_launch.h; the calls it serves are
-// listed in dispatch/sm90_fwd_policy.h (dense, no dropout / bias / ALiBi / softcap / probabilities).
+// listed in dispatch/sm90_fwd_policy.h (dense or varlen, softcap and ALiBi; no dropout / bias / probabilities).
 #pragma once
 
 #include <cuda.h>
@@ -13,6 +13,8 @@
 #include <type_traits>
 
 #include "flash_attn/common/mask.h"
+#include "flash_attn/common/math.h"
+#include "flash_attn/common/seqlen.h"
 #include "flash_attn/params.h"
 #include "flash_attn/ptx/tma_load_sm90.h"
 #include "flash_attn/ptx/warpgroup_sm90.h"
@@ -33,7 +35,8 @@ struct FwdKernelArgs {
   CUtensorMap k_map;  // (head dim, kv head, key, batch) boxes of 64 columns x block_n keys
   CUtensorMap v_map;
   FwdParams params;
-  float scale_log2;   // softmax_scale * log2(e)
+  float scale_log2;   // what multiplies a score in the exponent: softmax_scale * log2(e); 1 for general kernels,
+                      // whose transform_scores turns scores into log2-domain logits first
   int heads_per_kv;   // nheads_q / nheads_k
   int num_m_blocks;
 };
@@ -177,6 +180,47 @@ __device__ __forceinline__ void pack_probs(const float (&s)[kBlockN / 2], uint32
   }
 }
 
+// One batch entry's rows: dense calls start at row 0 of their batch entry; varlen calls at cu_seqlens (clamped, so any
+// values keep every access inside the tensors: common/seqlen.h).
+struct FwdSequence {
+  int64_t q_row0;
+  int64_t k_row0;
+  int64_t seqlen_q;
+  int64_t seqlen_k;
+};
+
+__device__ __forceinline__ FwdSequence locate_sequence(const AttentionShape& shape, int batch) {
+  if (shape.cu_seqlens_q == nullptr) return FwdSequence{0, 0, shape.seqlen_q, shape.seqlen_k};
+  const SequenceRows q = varlen_rows(shape.cu_seqlens_q, batch, shape.total_q, shape.seqlen_q);
+  const SequenceRows k = varlen_rows(shape.cu_seqlens_k, batch, shape.total_k, shape.seqlen_k);
+  return FwdSequence{q.row0, k.row0, q.length, k.length};
+}
+
+// The general kernels' per-score features, applied before the mask: softcap (on the scaled score) and ALiBi, then the
+// log2-domain logit the softmax exponentiates (the same order and units as the portable path's transform_scores).
+struct ScoreTransform {
+  float scale;        // softmax_scale
+  float softcap;      // 0: none
+  float alibi_slope;  // 0: none
+  int64_t offset;     // the diagonal offset ALiBi's distance is measured from
+};
+
+template <int kBlockN>
+__device__ __forceinline__ void transform_scores(float (&s)[kBlockN / 2], const ConsumerRows& rows, int64_t col0,
+                                                 const ScoreTransform& t) {
+  const float log2e = static_cast<float>(kLog2e);
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float z = s[4 * j + e] * t.scale;
+      if (t.softcap > 0.f) z = t.softcap * tanhf(z / t.softcap);
+      z -= t.alibi_slope * fabsf(static_cast<float>(rows.row[e / 2] + t.offset - (col0 + 8 * j + (e % 2))));
+      s[4 * j + e] = z * log2e;
+    }
+  }
+}
+
 // Ping-pong between the two consumer warpgroups: a warpgroup waits for its turn before issuing GEMMs and hands the
 // turn on after. Barrier ids 1 and 2 (0 is __syncthreads); each completes with 128 syncing + 128 arriving threads.
 constexpr int kPingpongBarrier = 1;
@@ -197,7 +241,8 @@ struct RingSlot {
   __device__ __forceinline__ explicit RingSlot(int i) : stage(i % kStages), parity((i / kStages) & 1) {}
 };
 
-template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule>
+// kGeneral: softcap and / or ALiBi (transform_scores); the lean kernels fold the scale into the exponent alone.
+template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool kGeneral>
 __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_constant__ FwdKernelArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(kConsumerWarpgroups == 2 || kSchedule != FwdSchedule::kPingpong, "ping-pong pairs two warpgroups");
@@ -225,9 +270,13 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
   const int kv_head = head / args.heads_per_kv;
-  const int64_t seqlen_q = p.shape.seqlen_q;
-  const int64_t seqlen_k = p.shape.seqlen_k;
+  const FwdSequence sequence = locate_sequence(p.shape, batch);
+  const int64_t seqlen_q = sequence.seqlen_q;
+  const int64_t seqlen_k = sequence.seqlen_k;
+  if (static_cast<int64_t>(m_block) * kBlockM >= seqlen_q) return;  // a varlen sequence shorter than the grid
   const int64_t offset = diagonal_offset(p.mask, seqlen_q, seqlen_k);
+  const bool varlen = p.shape.cu_seqlens_q != nullptr;
+  const int map_batch = varlen ? 0 : batch;  // varlen maps are (head dim, head, total rows, 1)
 
   // Key blocks any row of the tile sees: [n_min, n_max); blocks in [full_lo, full_hi) need no mask for any row.
   const int64_t row_first = static_cast<int64_t>(m_block) * kBlockM;
@@ -263,7 +312,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
     ptx::mbarrier_arrive_expect_tx(q_full, Layout::kQBytes);
     for (int seg = 0; seg < kSegments; ++seg) {
       ptx::tma_load_4d(q_tile + seg * kBlockM * kSegmentBytes, &args.q_map, q_full, seg * kSegmentElems, head,
-                       static_cast<int>(row_first), batch);
+                       static_cast<int>(sequence.q_row0 + row_first), map_batch);
     }
     for (int i = 0, n = n_max - 1; n >= n_min; ++i, --n) {
       const Slot slot(i);
@@ -273,13 +322,13 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
       ptx::mbarrier_arrive_expect_tx(&k_full[slot.stage], Layout::kKvBytes);
       for (int seg = 0; seg < kSegments; ++seg) {
         ptx::tma_load_4d(k_slot + seg * kBlockN * kSegmentBytes, &args.k_map, &k_full[slot.stage],
-                         seg * kSegmentElems, kv_head, n * kBlockN, batch);
+                         seg * kSegmentElems, kv_head, static_cast<int>(sequence.k_row0) + n * kBlockN, map_batch);
       }
       ptx::mbarrier_wait_parity(&v_empty[slot.stage], slot.parity ^ 1);
       ptx::mbarrier_arrive_expect_tx(&v_full[slot.stage], Layout::kKvBytes);
       for (int seg = 0; seg < kSegments; ++seg) {
         ptx::tma_load_4d(v_slot + seg * kBlockN * kSegmentBytes, &args.v_map, &v_full[slot.stage],
-                         seg * kSegmentElems, kv_head, n * kBlockN, batch);
+                         seg * kSegmentElems, kv_head, static_cast<int>(sequence.k_row0) + n * kBlockN, map_batch);
       }
     }
     return;
@@ -316,6 +365,16 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
                                   ptx::kSwizzleAtomBytes);
     };
     auto masked = [&](int n) { return n < full_lo || n >= full_hi; };
+    ScoreTransform transform{static_cast<float>(p.softmax_scale), static_cast<float>(p.softcap), 0.f, offset};
+    if (kGeneral && p.mask.alibi_slopes != nullptr) {
+      transform.alibi_slope = p.mask.alibi_slopes[batch * p.mask.alibi_batch_stride + head];
+    }
+    // S of key block n -> what softmax_step exponentiates: the general transform, then the mask where needed.
+    auto prepare_scores = [&](float (&scores)[kBlockN / 2], int n) {
+      const int64_t col0 = static_cast<int64_t>(n) * kBlockN + quad_col;
+      if constexpr (kGeneral) transform_scores<kBlockN>(scores, rows, col0, transform);
+      if (masked(n)) mask_scores<kBlockN>(scores, rows, col0);
+    };
     auto release = [&](uint64_t* barrier) {
       if (thread == 0) ptx::mbarrier_arrive(barrier);
     };
@@ -332,7 +391,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
         ptx::warpgroup_wait<0>();
         pin_all(s);
         release(&k_empty[slot.stage]);
-        if (masked(n)) mask_scores<kBlockN>(s, rows, static_cast<int64_t>(n) * kBlockN + quad_col);
+        prepare_scores(s, n);
         softmax_step<kBlockN>(s, rows, args.scale_log2, factor);
         rescale_o<kHeadDim>(o, factor);
         pack_probs<T, kBlockN>(s, a);
@@ -355,7 +414,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
       ptx::warpgroup_wait<0>();
       pin_all(s);
       release(&k_empty[first.stage]);
-      if (masked(n_max - 1)) mask_scores<kBlockN>(s, rows, static_cast<int64_t>(n_max - 1) * kBlockN + quad_col);
+      prepare_scores(s, n_max - 1);
       softmax_step<kBlockN>(s, rows, args.scale_log2, factor);  // O is still 0: no rescale
       pack_probs<T, kBlockN>(s, a);
       int i = 1;
@@ -370,7 +429,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
         ptx::warpgroup_wait<1>();
         pin_all(s);
         release(&k_empty[slot.stage]);
-        if (masked(n)) mask_scores<kBlockN>(s, rows, static_cast<int64_t>(n) * kBlockN + quad_col);
+        prepare_scores(s, n);
         softmax_step<kBlockN>(s, rows, args.scale_log2, factor);
         ptx::warpgroup_wait<0>();
         pin_all(o);
@@ -390,9 +449,13 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
     }
   }
 
-  // Epilogue: O / sum and LSE = max * scale + ln(sum); rows that saw no key give O = 0 and LSE = +inf.
-  T* out = static_cast<T*>(p.out) + batch * p.out_strides.batch + head * p.out_strides.head;
-  float* lse = static_cast<float*>(p.lse) + batch * p.lse_batch_stride + head * p.lse_head_stride;
+  // Epilogue: O / sum and LSE = max * scale_log2 * ln(2) + ln(sum) (max * softmax_scale for lean kernels, whose max
+  // is a raw score; max * ln(2) for general ones, whose max is a log2-domain logit); rows that saw no key give O = 0
+  // and LSE = +inf.
+  T* out = static_cast<T*>(p.out) + batch * p.out_strides.batch + head * p.out_strides.head +
+           sequence.q_row0 * p.out_strides.row;
+  float* lse = static_cast<float*>(p.lse) + batch * p.lse_batch_stride + head * p.lse_head_stride + sequence.q_row0;
+  const float lse_scale = args.scale_log2 * static_cast<float>(kLn2);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float sum = rows.sum[r];
@@ -410,7 +473,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
       }
     }
     if (lane % kQuadLanes == 0) {
-      lse[rows.row[r]] = sum > 0.f ? rows.max[r] * static_cast<float>(p.softmax_scale) + logf(sum) : INFINITY;
+      lse[rows.row[r]] = sum > 0.f ? rows.max[r] * lse_scale + logf(sum) : INFINITY;
     }
   }
 #else

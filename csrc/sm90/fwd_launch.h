@@ -29,9 +29,11 @@ bool encode_rows_map(CUtensorMap& map, const void* base, const TensorStrides& st
       std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const uint64_t dims[4] = {static_cast<uint64_t>(head_dim), static_cast<uint64_t>(heads),
                             static_cast<uint64_t>(rows), static_cast<uint64_t>(batch)};
+  // One batch entry (varlen: batch stride 0) still needs a stride the encoder accepts: the rows' extent.
+  const int64_t batch_stride = batch > 1 ? strides.batch : rows * strides.row;
   const uint64_t bytes[3] = {static_cast<uint64_t>(strides.head) * sizeof(T),
                              static_cast<uint64_t>(strides.row) * sizeof(T),
-                             static_cast<uint64_t>(strides.batch) * sizeof(T)};
+                             static_cast<uint64_t>(batch_stride) * sizeof(T)};
   const uint32_t box[4] = {kSegmentElems, 1, static_cast<uint32_t>(box_rows), 1};
   if (!encode_16bit_swizzled_map_4d(arg, base, type, dims, bytes, box)) return false;
   map = arg.map;
@@ -39,39 +41,65 @@ bool encode_rows_map(CUtensorMap& map, const void* base, const TensorStrides& st
 }
 
 // kSchedule: the policy's (fwd_schedule) unless a caller compares schedules (tools/sm90_fwd_check.cu).
-template <DType kDType, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule = fwd_schedule(kHeadDim)>
-void run_fwd(const FwdParams& params, void* stream) {
-  using T = Element<kDType>;
+// Calls with softcap or ALiBi take the general kernel (transform_scores); the rest the lean one.
+inline bool fwd_needs_general_kernel(const FwdParams& p) {
+  return p.softcap > 0.0 || p.mask.alibi_slopes != nullptr;
+}
+
+template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool kGeneral>
+void launch_fwd(FwdKernelArgs& args, cudaStream_t stream) {
   constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim);
   using Layout = FwdSmemLayout<kHeadDim, kTile.block_m, kTile.block_n, kTile.stages>;
-  const AttentionShape& shape = params.shape;
-  FwdKernelArgs args{};
-  args.params = params;
-  args.scale_log2 = static_cast<float>(params.softmax_scale * kLog2e);
-  args.heads_per_kv = static_cast<int>(shape.nheads_q / shape.nheads_k);
-  args.num_m_blocks = static_cast<int>((shape.seqlen_q + kTile.block_m - 1) / kTile.block_m);
-  const bool encoded =
-      encode_rows_map<T>(args.q_map, params.q, params.q_strides, shape.head_dim, shape.nheads_q, shape.seqlen_q,
-                         shape.batch, kTile.block_m) &&
-      encode_rows_map<T>(args.k_map, params.k, params.k_strides, shape.head_dim, shape.nheads_k, shape.seqlen_k,
-                         shape.batch, kTile.block_n) &&
-      encode_rows_map<T>(args.v_map, params.v, params.v_strides, shape.head_dim, shape.nheads_k, shape.seqlen_k,
-                         shape.batch, kTile.block_n);
-  if (!encoded) {
-    throw std::runtime_error(
-        "flash_attn forward (Hopper path): the driver could not make TMA tensor maps for q, k, v (head_dim=" +
-        std::to_string(shape.head_dim) + "); strides must be multiples of 16 bytes below 2^40. Pass contiguous "
-        "tensors, or set FLASH_ATTN_HOPPER=0 to use the portable kernels.");
-  }
-  auto kernel = fwd_kernel<T, kHeadDim, kMask, kSchedule>;
+  auto kernel = fwd_kernel<T, kHeadDim, kMask, kSchedule, kGeneral>;
+  // Above 48 KB of dynamic shared memory a kernel must opt in; once per instantiation and process.
   static const cudaError_t opt_in =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::kLaunchBytes);
   if (opt_in != cudaSuccess) {
     throw std::runtime_error(std::string("flash_attn forward (Hopper path): shared-memory opt-in of ") +
                              std::to_string(Layout::kLaunchBytes) + " bytes failed: " + cudaGetErrorString(opt_in));
   }
+  const AttentionShape& shape = args.params.shape;
   const dim3 grid(args.num_m_blocks, static_cast<unsigned>(shape.nheads_q), static_cast<unsigned>(shape.batch));
-  kernel<<<grid, kFwdThreads, Layout::kLaunchBytes, static_cast<cudaStream_t>(stream)>>>(args);
+  kernel<<<grid, kFwdThreads, Layout::kLaunchBytes, stream>>>(args);
+}
+
+// kSchedule: the policy's (fwd_schedule) unless a caller compares schedules (tools/sm90_fwd_check.cu).
+template <DType kDType, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule = fwd_schedule(kHeadDim)>
+void run_fwd(const FwdParams& params, void* stream) {
+  using T = Element<kDType>;
+  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim);
+  const AttentionShape& shape = params.shape;
+  const bool general = fwd_needs_general_kernel(params);
+  FwdKernelArgs args{};
+  args.params = params;
+  args.scale_log2 = general ? 1.f : static_cast<float>(params.softmax_scale * kLog2e);
+  args.heads_per_kv = static_cast<int>(shape.nheads_q / shape.nheads_k);
+  args.num_m_blocks = static_cast<int>((shape.seqlen_q + kTile.block_m - 1) / kTile.block_m);
+  // Varlen tensors are (total rows, heads, head dim): one map over every row, the sequence's first row added to the
+  // row coordinate (rows past a sequence belong to the next one: masked keys, dropped query rows).
+  const bool varlen = shape.cu_seqlens_q != nullptr;
+  const int64_t q_rows = varlen ? shape.total_q : shape.seqlen_q;
+  const int64_t k_rows = varlen ? shape.total_k : shape.seqlen_k;
+  const int64_t entries = varlen ? 1 : shape.batch;
+  const bool encoded =
+      encode_rows_map<T>(args.q_map, params.q, params.q_strides, shape.head_dim, shape.nheads_q, q_rows, entries,
+                         kTile.block_m) &&
+      encode_rows_map<T>(args.k_map, params.k, params.k_strides, shape.head_dim, shape.nheads_k, k_rows, entries,
+                         kTile.block_n) &&
+      encode_rows_map<T>(args.v_map, params.v, params.v_strides, shape.head_dim, shape.nheads_k, k_rows, entries,
+                         kTile.block_n);
+  if (!encoded) {
+    throw std::runtime_error(
+        "flash_attn forward (Hopper path): the driver could not make TMA tensor maps for q, k, v (head_dim=" +
+        std::to_string(shape.head_dim) + "); strides must be multiples of 16 bytes below 2^40. Pass contiguous "
+        "tensors, or set FLASH_ATTN_HOPPER=0 to use the portable kernels.");
+  }
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (general) {
+    launch_fwd<T, kHeadDim, kMask, kSchedule, true>(args, s);
+  } else {
+    launch_fwd<T, kHeadDim, kMask, kSchedule, false>(args, s);
+  }
 }
 
 }  // namespace flash::sm90
