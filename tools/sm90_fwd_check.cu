@@ -3,8 +3,9 @@
 // as the reference (max |error| of O and LSE, NaN counted as failure), then CUDA-event timing in TFLOP/s.
 // Build: nvcc -O3 -std=c++20 --use_fast_math --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a
 //        -Icsrc -Icsrc/include tools/sm90_fwd_check.cu -o sm90_fwd_check
+//        [-DFLASH_CHECK_HEAD_DIM=128: one head dim's kernels only]
 // Run:   ./sm90_fwd_check hd none|causal|local batch heads kv_heads seqlen_q seqlen_k [iters] [bf16|fp16]
-//        [serial|overlap|pingpong]   (window of local: 100 left, 37 right)
+//        [serial|overlap|pingpong] [block_n stages]   (window of local: 100 left, 37 right; tile: the policy's)
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -34,23 +35,45 @@ using Launch = void (*)(const flash::FwdParams&, void*);
   } while (0)
 
 using flash::sm90::FwdSchedule;
-using Key = std::tuple<int, int, int, int>;  // dtype, head dim, mask, schedule
+using flash::sm90::FwdTileConfig;
+using Key = std::tuple<int, int, int, int, int, int>;  // dtype, head dim, mask, schedule, block_n, stages
 
-template <DType D, int H, FwdSchedule S>
-void add_schedule(std::map<Key, Launch>& table) {
-  for (MaskKind mask : {MaskKind::kNone, MaskKind::kCausal, MaskKind::kLocal}) {
-    const Key key{static_cast<int>(D), H, static_cast<int>(mask), static_cast<int>(S)};
-    table[key] = mask == MaskKind::kNone     ? flash::sm90::run_fwd<D, H, MaskKind::kNone, S>
-                 : mask == MaskKind::kCausal ? flash::sm90::run_fwd<D, H, MaskKind::kCausal, S>
-                                             : flash::sm90::run_fwd<D, H, MaskKind::kLocal, S>;
-  }
+// -DFLASH_CHECK_HEAD_DIM=<bucket> builds one head dim's kernels only (tools/sm90_fwd_check.sh builds the four in
+// parallel); 0 builds all.
+#ifndef FLASH_CHECK_HEAD_DIM
+#define FLASH_CHECK_HEAD_DIM 0
+#endif
+constexpr int kOnlyHeadDim = FLASH_CHECK_HEAD_DIM;
+
+Key key_of(DType d, int h, MaskKind m, FwdSchedule s, FwdTileConfig c) {
+  return {static_cast<int>(d), h, static_cast<int>(m), static_cast<int>(s), c.block_n, c.stages};
 }
 
-template <DType D, int H>
+template <DType D, int H, MaskKind M, FwdSchedule S, FwdTileConfig C>
+void add_variant(std::map<Key, Launch>& table) {
+  table[key_of(D, H, M, S, C)] = flash::sm90::run_fwd<D, H, M, S, C>;
+}
+
+// The policy's tile with every mask and schedule; other tiles (to time against it) with the overlapped schedules
+// and the masks of the standard table.
+template <DType D, int H, FwdTileConfig... kOthers>
 void add_head_dim(std::map<Key, Launch>& table) {
-  add_schedule<D, H, FwdSchedule::kSerial>(table);
-  add_schedule<D, H, FwdSchedule::kOverlap>(table);
-  add_schedule<D, H, FwdSchedule::kPingpong>(table);
+  if constexpr (kOnlyHeadDim == 0 || kOnlyHeadDim == H) {
+    constexpr FwdTileConfig kPolicy = flash::sm90::fwd_tile_config(H);
+    add_variant<D, H, MaskKind::kNone, FwdSchedule::kSerial, kPolicy>(table);
+    add_variant<D, H, MaskKind::kCausal, FwdSchedule::kSerial, kPolicy>(table);
+    add_variant<D, H, MaskKind::kLocal, FwdSchedule::kSerial, kPolicy>(table);
+    add_variant<D, H, MaskKind::kNone, FwdSchedule::kOverlap, kPolicy>(table);
+    add_variant<D, H, MaskKind::kCausal, FwdSchedule::kOverlap, kPolicy>(table);
+    add_variant<D, H, MaskKind::kLocal, FwdSchedule::kOverlap, kPolicy>(table);
+    add_variant<D, H, MaskKind::kNone, FwdSchedule::kPingpong, kPolicy>(table);
+    add_variant<D, H, MaskKind::kCausal, FwdSchedule::kPingpong, kPolicy>(table);
+    add_variant<D, H, MaskKind::kLocal, FwdSchedule::kPingpong, kPolicy>(table);
+    (add_variant<D, H, MaskKind::kNone, FwdSchedule::kOverlap, kOthers>(table), ...);
+    (add_variant<D, H, MaskKind::kCausal, FwdSchedule::kOverlap, kOthers>(table), ...);
+    (add_variant<D, H, MaskKind::kNone, FwdSchedule::kPingpong, kOthers>(table), ...);
+    (add_variant<D, H, MaskKind::kCausal, FwdSchedule::kPingpong, kOthers>(table), ...);
+  }
 }
 
 template <typename T>
@@ -96,7 +119,7 @@ void fill_random(std::vector<T>& values, uint32_t seed) {
 
 template <typename T>
 int run(int hd, MaskKind mask, int64_t b, int64_t h, int64_t hk, int64_t sq, int64_t sk, int iters, Launch launch,
-        int64_t left, int64_t right) {
+        int64_t left, int64_t right, const std::string& variant) {
   std::vector<T> hq(b * sq * h * hd), hkv(b * sk * hk * hd), hv(b * sk * hk * hd);
   fill_random(hq, 1), fill_random(hkv, 2), fill_random(hv, 3);
   T *q, *k, *v, *o;
@@ -170,8 +193,8 @@ int run(int hd, MaskKind mask, int64_t b, int64_t h, int64_t hk, int64_t sq, int
   ms /= iters;
   double flops = 4.0 * b * h * sq * sk * hd;
   if (mask == MaskKind::kCausal) flops *= 0.5;
-  std::printf("%s hd%d %s b%ld h%ld/%ld sq%ld sk%ld: max|dO| %.3e max|dLSE| %.3e nonfinite %ld | %.3f ms %.1f TFLOP/s\n",
-              std::is_same_v<T, __half> ? "fp16" : "bf16", hd, mask == MaskKind::kNone ? "none" : mask == MaskKind::kCausal ? "causal" : "local", long(b),
+  std::printf("%s %s hd%d %s b%ld h%ld/%ld sq%ld sk%ld: max|dO| %.3e max|dLSE| %.3e nonfinite %ld | %.3f ms %.1f TFLOP/s\n",
+              variant.c_str(), std::is_same_v<T, __half> ? "fp16" : "bf16", hd, mask == MaskKind::kNone ? "none" : mask == MaskKind::kCausal ? "causal" : "local", long(b),
               long(h), long(hk), long(sq), long(sk), max_err, max_lse_err, long(bad), ms, flops / ms / 1e9);
   return bad > 0 || max_err > 2e-2 || max_lse_err > 1e-2;
 }
@@ -181,15 +204,17 @@ int run(int hd, MaskKind mask, int64_t b, int64_t h, int64_t hk, int64_t sq, int
 int main(int argc, char** argv) {
   if (argc < 8) {
     std::fprintf(stderr, "usage: %s hd none|causal|local batch heads kv_heads seqlen_q seqlen_k [iters] [bf16|fp16] "
-                 "[serial|overlap|pingpong]\n",
+                 "[serial|overlap|pingpong] [block_n stages]\n",
                  argv[0]);
     return 2;
   }
   std::map<Key, Launch> table;
-  add_head_dim<DType::kBFloat16, 64>(table);
-  add_head_dim<DType::kBFloat16, 128>(table);
-  add_head_dim<DType::kBFloat16, 192>(table);
-  add_head_dim<DType::kBFloat16, 256>(table);
+  // Tiles timed beside each head dim's policy tile: wider key blocks where registers and shared memory allow, a
+  // deeper ring at the policy's width.
+  add_head_dim<DType::kBFloat16, 64, FwdTileConfig{128, 192, 2}, FwdTileConfig{128, 128, 4}>(table);
+  add_head_dim<DType::kBFloat16, 128, FwdTileConfig{128, 176, 2}, FwdTileConfig{128, 128, 3}>(table);
+  add_head_dim<DType::kBFloat16, 192, FwdTileConfig{128, 96, 2}, FwdTileConfig{128, 64, 3}>(table);
+  add_head_dim<DType::kBFloat16, 256, FwdTileConfig{128, 64, 2}, FwdTileConfig{128, 48, 3}>(table);
   add_head_dim<DType::kFloat16, 128>(table);
   const int hd = std::atoi(argv[1]);
   const std::string mask_name = argv[2];
@@ -202,16 +227,21 @@ int main(int argc, char** argv) {
                                : schedule_name == "overlap" ? FwdSchedule::kOverlap
                                                             : FwdSchedule::kSerial;
   const int bucket = hd <= 64 ? 64 : hd <= 128 ? 128 : hd <= 192 ? 192 : 256;
+  FwdTileConfig tile = flash::sm90::fwd_tile_config(bucket);
+  if (argc > 12) tile = FwdTileConfig{tile.block_m, std::atoi(argv[11]), std::atoi(argv[12])};
   const DType dtype = fp16 ? DType::kFloat16 : DType::kBFloat16;
-  const auto found =
-      table.find({static_cast<int>(dtype), bucket, static_cast<int>(mask), static_cast<int>(schedule)});
+  const auto found = table.find(key_of(dtype, bucket, mask, schedule, tile));
   if (found == table.end()) {
-    std::fprintf(stderr, "not instantiated here\n");
+    std::fprintf(stderr, "not instantiated in this build (FLASH_CHECK_HEAD_DIM=%d): hd %d %s %s block_n %d stages %d\n",
+                 kOnlyHeadDim, hd, mask_name.c_str(), schedule_name.c_str(), tile.block_n, tile.stages);
     return 2;
   }
   const int64_t b = std::atol(argv[3]), h = std::atol(argv[4]), hk = std::atol(argv[5]);
   const int64_t sq = std::atol(argv[6]), sk = std::atol(argv[7]);
   const int64_t left = 100, right = 37;
-  return fp16 ? run<__half>(hd, mask, b, h, hk, sq, sk, iters, found->second, left, right)
-              : run<__nv_bfloat16>(hd, mask, b, h, hk, sq, sk, iters, found->second, left, right);
+  const std::string variant =
+      schedule_name + " " + std::to_string(tile.block_m) + "x" + std::to_string(tile.block_n) + "x" +
+      std::to_string(tile.stages);
+  return fp16 ? run<__half>(hd, mask, b, h, hk, sq, sk, iters, found->second, left, right, variant)
+              : run<__nv_bfloat16>(hd, mask, b, h, hk, sq, sk, iters, found->second, left, right, variant);
 }

@@ -58,6 +58,7 @@ struct FwdSmemLayout {
   static_assert(kHeadDim % kSegmentElems == 0, "TMA segments of 64 columns");
   static_assert(kQBytes % ptx::kSwizzleAtomBytes == 0 && kKvBytes % ptx::kSwizzleAtomBytes == 0,
                 "every tile starts on a swizzle atom");
+  static_assert(kLaunchBytes <= kMaxSmemPerBlock, "the tiles must fit the shared memory a block may opt into");
 };
 
 template <typename T>
@@ -242,12 +243,12 @@ struct RingSlot {
 };
 
 // kGeneral: softcap and / or ALiBi (transform_scores); the lean kernels fold the scale into the exponent alone.
-template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool kGeneral>
+// kBlockN, kStages: a FwdTileConfig's (nvcc's host stubs take no class-type template arguments for kernels).
+template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool kGeneral, int kBlockN, int kStages>
 __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_constant__ FwdKernelArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(kConsumerWarpgroups == 2 || kSchedule != FwdSchedule::kPingpong, "ping-pong pairs two warpgroups");
-  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim);
-  constexpr int kBlockM = kTile.block_m, kBlockN = kTile.block_n, kStages = kTile.stages;
+  constexpr int kBlockM = kRowsPerConsumer * kConsumerWarpgroups;
   using Layout = FwdSmemLayout<kHeadDim, kBlockM, kBlockN, kStages>;
   constexpr int kSegments = Layout::kSegments;
   using Slot = RingSlot<kStages>;

@@ -46,11 +46,11 @@ inline bool fwd_needs_general_kernel(const FwdParams& p) {
   return p.softcap > 0.0 || p.mask.alibi_slopes != nullptr;
 }
 
-template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool kGeneral>
+template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool kGeneral, FwdTileConfig kTile>
 void launch_fwd(FwdKernelArgs& args, cudaStream_t stream) {
-  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim);
+  static_assert(kTile.block_m == kRowsPerConsumer * kConsumerWarpgroups, "one 64-row slice per consumer warpgroup");
   using Layout = FwdSmemLayout<kHeadDim, kTile.block_m, kTile.block_n, kTile.stages>;
-  auto kernel = fwd_kernel<T, kHeadDim, kMask, kSchedule, kGeneral>;
+  auto kernel = fwd_kernel<T, kHeadDim, kMask, kSchedule, kGeneral, kTile.block_n, kTile.stages>;
   // Above 48 KB of dynamic shared memory a kernel must opt in; once per instantiation and process.
   static const cudaError_t opt_in =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::kLaunchBytes);
@@ -63,11 +63,12 @@ void launch_fwd(FwdKernelArgs& args, cudaStream_t stream) {
   kernel<<<grid, kFwdThreads, Layout::kLaunchBytes, stream>>>(args);
 }
 
-// kSchedule: the policy's (fwd_schedule) unless a caller compares schedules (tools/sm90_fwd_check.cu).
-template <DType kDType, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule = fwd_schedule(kHeadDim)>
+// kSchedule and kTile: the policies' (fwd_schedule, fwd_tile_config) unless a caller compares others
+// (tools/sm90_fwd_check.cu).
+template <DType kDType, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule = fwd_schedule(kHeadDim),
+          FwdTileConfig kTile = fwd_tile_config(kHeadDim)>
 void run_fwd(const FwdParams& params, void* stream) {
   using T = Element<kDType>;
-  constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim);
   const AttentionShape& shape = params.shape;
   const bool general = fwd_needs_general_kernel(params);
   FwdKernelArgs args{};
@@ -96,9 +97,9 @@ void run_fwd(const FwdParams& params, void* stream) {
   }
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (general) {
-    launch_fwd<T, kHeadDim, kMask, kSchedule, true>(args, s);
+    launch_fwd<T, kHeadDim, kMask, kSchedule, true, kTile>(args, s);
   } else {
-    launch_fwd<T, kHeadDim, kMask, kSchedule, false>(args, s);
+    launch_fwd<T, kHeadDim, kMask, kSchedule, false, kTile>(args, s);
   }
 }
 

@@ -22,9 +22,12 @@ constexpr int kConsumerRegisters = 240;
 //              under the other's GEMMs.
 enum class FwdSchedule { kSerial, kOverlap, kPingpong };
 
+constexpr int kMaxSmemPerBlock = 232448;  // the 227 KB an sm90 block may opt into
+
+// A template argument of the kernel (a structural type), so tools/sm90_fwd_check.cu can time other tiles.
 struct FwdTileConfig {
   int block_m;  // query rows per CTA
-  int block_n;  // keys per K/V stage
+  int block_n;  // keys per K/V stage (a multiple of 16: the P.V GEMM's k16 steps)
   int stages;   // K/V ring depth
 };
 
