@@ -44,13 +44,13 @@ def test_ptx_only_build_selects_the_portable_kernels():
     assert specs and {spec.arch for spec in specs} == {"sm80"}
 
 
-def test_hopper_forward_takes_the_whole_segment_buckets():
-    """The sm90 forward is compiled for the head-dim buckets that are whole 64-column TMA segments; every bucket
-    keeps its portable kernel (the fallback), and the sm90 path has no backward yet."""
+def test_hopper_kernels_take_the_whole_segment_buckets():
+    """The sm90 forward is compiled for the head-dim buckets that are whole 64-column TMA segments, the sm90 backward
+    for 64 and 128; every bucket keeps its portable kernels (the fallback)."""
     specs = kernel_matrix.selected_kernels({kernel_matrix.ARCHS_KNOB: "90", "FLASH_ATTN_DTYPES": "bf16",
                                             "FLASH_ATTN_MASKS": "none"})
     hopper = {(spec.direction, spec.head_dim) for spec in specs if spec.arch == "sm90"}
-    assert hopper == {("fwd", 64), ("fwd", 128), ("fwd", 192), ("fwd", 256)}
+    assert hopper == {("fwd", 64), ("fwd", 128), ("fwd", 192), ("fwd", 256), ("bwd", 64), ("bwd", 128)}
     portable = {spec.head_dim for spec in specs if spec.arch == "sm80" and spec.direction == "fwd"}
     assert portable == set(kernel_matrix.HEAD_DIM_BUCKETS)
 

@@ -237,18 +237,15 @@ WGMMA_M = WGMMA_N = WGMMA_K = 64
 
 @pytest.mark.skipif(_lacks_sm90_code(), reason="wgmma needs code compiled for sm_90a")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("a_in_registers", [False, True])
-def test_wgmma_tile(dtype, a_in_registers):
-    """One warpgroup, four k16 steps of m64n64k16 through 128-byte-swizzled shared tiles and descriptors (the
-    forward's S = Q.K^T form with both operands K-major, and its O += P.V form with A from accumulator-shaped registers
-    and B read MN-major): the fp32 result equals the exact product. Small integers / 4 keep every product and sum
-    exact, so a misplaced element cannot hide in rounding."""
+@pytest.mark.parametrize("form", ["wgmma_ss", "wgmma_rs", "wgmma_ss_mn"])
+def test_wgmma_tile(dtype, form):
+    """One warpgroup, four k16 steps of m64n64k16 through 128-byte-swizzled shared tiles and descriptors, in the three
+    forms the attention kernels use: S = Q.K^T (both operands K-major), O += P.V (A from accumulator-shaped registers,
+    B read MN-major) and the backward's dQ = dS.K (both MN-major). The fp32 result equals the exact product: small
+    integers / 4 keep every product and sum exact, so a misplaced element cannot hide in rounding."""
     a = (torch.randint(-8, 9, (WGMMA_M, WGMMA_K)) / 4).to(dtype)
-    if a_in_registers:
-        b = (torch.randint(-8, 9, (WGMMA_K, WGMMA_N)) / 4).to(dtype)
-        want = a.double() @ b.double()
-    else:
-        b = (torch.randint(-8, 9, (WGMMA_N, WGMMA_K)) / 4).to(dtype)
-        want = a.double() @ b.double().T
-    (d,) = selftest("wgmma_rs" if a_in_registers else "wgmma_ss", a, b)
+    b = (torch.randint(-8, 9, (WGMMA_K, WGMMA_N)) / 4).to(dtype)
+    want = {"wgmma_ss": a.double() @ b.double().T, "wgmma_rs": a.double() @ b.double(),
+            "wgmma_ss_mn": a.double().T @ b.double()}[form]
+    (d,) = selftest(form, a, b)
     assert torch.equal(d.cpu().double(), want)

@@ -32,12 +32,15 @@ KERNEL_SOURCES: dict[tuple[str, str], str] = {
     ("sm80", "fwd"): "csrc/sm80/fwd_launch.h",
     ("sm80", "bwd"): "csrc/sm80/bwd_launch.h",
     ("sm90", "fwd"): "csrc/sm90/fwd_launch.h",
+    ("sm90", "bwd"): "csrc/sm90/bwd_launch.h",
 }
-# Head-dim buckets an (arch, direction) pair compiles where it is not all of HEAD_DIM_BUCKETS. The Hopper forward
-# moves whole 64-column TMA segments and reads V as 64-column MN-major blocks, so it has the multiples of 64; calls in
-# the other buckets run on the portable path.
+# Head-dim buckets an (arch, direction) pair compiles where it is not all of HEAD_DIM_BUCKETS. The Hopper kernels
+# move whole 64-column TMA segments and read MN-major operands as 64-column blocks, so they take multiples of 64; the
+# backward keeps dK and dV of 64 keys per warpgroup in registers, which fits up to 128 (csrc/sm90/bwd_tile_config.h).
+# Calls in the other buckets run on the portable path.
 PAIR_HEAD_DIMS: dict[tuple[str, str], tuple[int, ...]] = {
     ("sm90", "fwd"): (64, 128, 192, 256),
+    ("sm90", "bwd"): (64, 128),
 }
 # Capabilities whose SASS and PTX are compiled for the architecture-specific feature set ("sm_90a"): wgmma and
 # setmaxnreg exist only there. Code for sm_90a runs on sm_90 GPUs only, which is every GPU the sm90 path serves.

@@ -11,7 +11,7 @@
 #include "../cpu/attention_cpu.h"
 #include "../dispatch/device_attributes.h"
 #include "../dispatch/registry.h"
-#include "../dispatch/sm90_fwd_policy.h"
+#include "../dispatch/sm90_policy.h"
 #include "flash_attn/bwd_workspace.h"
 #include "checked_values_cache.h"
 #include "error_message.h"
@@ -54,10 +54,12 @@ at::ScalarType lse_dtype(const at::Tensor& q) {
 #endif
 }
 
-// FLASH_ATTN_HOPPER=force and the forward call went elsewhere: say why.
+// FLASH_ATTN_HOPPER=force and the call went elsewhere: say why.
 constexpr int kHopperArch = 90;
-[[noreturn]] void fail_hopper_not_taken(const FwdParams& params, const at::Device& device) {
-  const char* declined = sm90_fwd_declines(params);
+[[noreturn]] void fail_hopper_not_taken(const FwdParams& params, const BwdParams* bwd_params,
+                                        const at::Device& device) {
+  const Direction direction = bwd_params == nullptr ? Direction::kForward : Direction::kBackward;
+  const char* declined = bwd_params == nullptr ? sm90_fwd_declines(params) : sm90_bwd_declines(*bwd_params);
   const DeviceAttributes attributes = device_attributes(device.index());
   std::string why;
   if (attributes.code_arch < kHopperArch) {
@@ -66,12 +68,12 @@ constexpr int kHopperArch = 90;
   } else if (declined != nullptr) {
     why = std::string("it does not serve ") + declined + " yet";
   } else {
-    why = "this build has no sm90 forward kernel for " +
-          describe(canonical_key(kHopperArch, params, Direction::kForward)) +
-          " (it covers head-dim buckets 64, 128, 192 and 256; build knobs may have left it out)";
+    why = "this build has no sm90 kernel for " + describe(canonical_key(kHopperArch, params, direction)) +
+          " (the forward covers head-dim buckets 64, 128, 192 and 256, the backward 64 and 128; build knobs may have "
+          "left it out)";
   }
-  FLASH_FAIL(kHopperSwitchEnv, "=force: the Hopper forward path did not take this call: ", why, ". Unset ",
-             kHopperSwitchEnv, " (or set it to 1) to let such calls run on the portable kernels.");
+  FLASH_FAIL(kHopperSwitchEnv, "=force: the Hopper ", direction_name(direction), " path did not take this call: ",
+             why, ". Unset ", kHopperSwitchEnv, " (or set it to 1) to let such calls run on the portable kernels.");
 }
 
 // Whether the driver found code of this build it can run on the device (SASS for its arch, or PTX it can compile):
@@ -81,10 +83,10 @@ bool device_runs_this_build(const at::Device& device) { return device_attributes
 // Runs the CUDA kernel for this call on the current stream, or fails naming what is missing.
 void launch_cuda(const FwdParams& params, const BwdParams* bwd_params, const at::Device& device) {
   const Direction direction = bwd_params == nullptr ? Direction::kForward : Direction::kBackward;
-  const KernelEntry* entry = find_kernel(device_sm(device), device_code_arch(device), params, direction);
+  const KernelEntry* entry = find_kernel(device_sm(device), device_code_arch(device), params, direction, bwd_params);
   if (entry == nullptr) fail_no_cuda_kernel(params, device, direction);
-  if (direction == Direction::kForward && entry->key.arch != kHopperArch && hopper_switch() == HopperSwitch::kForce) {
-    fail_hopper_not_taken(params, device);
+  if (entry->key.arch != kHopperArch && hopper_switch() == HopperSwitch::kForce) {
+    fail_hopper_not_taken(params, bwd_params, device);
   }
 #if defined(FLASH_WITH_CUDA)
   FLASH_CHECK(device_runs_this_build(device), "flash_attn: this build has no code that GPU sm", device_sm(device),

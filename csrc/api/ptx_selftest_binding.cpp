@@ -26,7 +26,7 @@ namespace {
 
 constexpr const char* kSelftestOp = "flash_attn._ptx_selftest";
 constexpr const char* kSelftestNames = "mma_m16n8k16, pack2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans, cp_async_16, cp_async_4, "
-    "red_add_v4_f32, stmatrix_x4, bulk_reduce_add_2d, tma_load_4d, griddep, wgmma_ss, wgmma_rs";
+    "red_add_v4_f32, stmatrix_x4, bulk_reduce_add_2d, tma_load_4d, griddep, wgmma_ss, wgmma_rs, wgmma_ss_mn";
 
 #if defined(FLASH_WITH_CUDA)
 
@@ -134,17 +134,19 @@ std::vector<at::Tensor> run_selftest(const std::string& name, const std::vector<
     FLASH_CHECK(launched, kSelftestOp, "('", name, "'): the TMA tile load needs an sm90+ GPU and a driver with "
                 "cuTensorMapEncodeTiled; this one has neither");
     outputs.push_back(dst);
-  } else if (name == "wgmma_ss" || name == "wgmma_rs") {
+  } else if (name == "wgmma_ss" || name == "wgmma_rs" || name == "wgmma_ss_mn") {
     namespace wg = sm90::selftest;
+    const wg::WgmmaForm form = name == "wgmma_rs"      ? wg::WgmmaForm::kRegistersA
+                               : name == "wgmma_ss_mn" ? wg::WgmmaForm::kSharedMnMajor
+                                                       : wg::WgmmaForm::kSharedKMajor;
+    // Every form takes 64 x 64 operands (wgmma_selftest.h says which dimension each holds).
     const at::Tensor a = checked_input(name, inputs, 0, "a", {wg::kWgmmaM, wg::kWgmmaK}, {at::kHalf, at::kBFloat16});
-    const bool registers = name == "wgmma_rs";
-    const std::vector<int64_t> b_shape = registers ? std::vector<int64_t>{wg::kWgmmaK, wg::kWgmmaN}
-                                                   : std::vector<int64_t>{wg::kWgmmaN, wg::kWgmmaK};
-    const at::Tensor b = checked_input(name, inputs, 1, "b", b_shape, {a.scalar_type()});
+    const at::Tensor b = checked_input(name, inputs, 1, "b", {wg::kWgmmaK, wg::kWgmmaN}, {a.scalar_type()});
     at::Tensor d = at::empty({wg::kWgmmaM, wg::kWgmmaN}, a.options().dtype(at::kFloat));
     const int code_arch = device_attributes(a.device().index()).code_arch;
-    const bool launched = wg::wgmma_tile(half_dtype(a.scalar_type()), registers, a.data_ptr(), b.data_ptr(),
-                                         d.data_ptr<float>(), code_arch, stream);
+    const bool launched =
+        wg::wgmma_tile(half_dtype(a.scalar_type()), form, a.data_ptr(), b.data_ptr(), d.data_ptr<float>(), code_arch,
+                       stream);
     FLASH_CHECK(launched, kSelftestOp, "('", name, "'): wgmma needs kernels compiled for sm_90a on a Hopper GPU; "
                 "the loaded code is for sm", code_arch);
     outputs.push_back(d);

@@ -5,7 +5,7 @@
 #include <type_traits>
 
 #include "kernels/generated/kernel_table.h"
-#include "sm90_fwd_policy.h"
+#include "sm90_policy.h"
 
 namespace flash {
 namespace {
@@ -29,9 +29,10 @@ constexpr Direction direction_of(const char* name) {
 }
 
 // Whether the Hopper path may take this call (the kernel table still has to have its key).
-bool hopper_path_allowed(int code_arch, const FwdParams& params, Direction direction) {
-  return direction == Direction::kForward && code_arch >= kHopperSm && hopper_switch() != HopperSwitch::kOff &&
-         sm90_fwd_declines(params) == nullptr;
+bool hopper_path_allowed(int code_arch, const FwdParams& params, Direction direction, const BwdParams* bwd) {
+  if (code_arch < kHopperSm || hopper_switch() == HopperSwitch::kOff) return false;
+  if (direction == Direction::kForward) return sm90_fwd_declines(params) == nullptr;
+  return (bwd != nullptr ? sm90_bwd_declines(*bwd) : sm90_fwd_declines(params)) == nullptr;
 }
 
 }  // namespace
@@ -51,9 +52,10 @@ std::vector<int> arch_paths_for(int sm) {
   return {};
 }
 
-const KernelEntry* find_kernel(int sm, int code_arch, const FwdParams& params, Direction direction) {
+const KernelEntry* find_kernel(int sm, int code_arch, const FwdParams& params, Direction direction,
+                               const BwdParams* bwd) {
   for (int arch : arch_paths_for(sm)) {
-    if (arch == kHopperSm && !hopper_path_allowed(code_arch, params, direction)) continue;
+    if (arch == kHopperSm && !hopper_path_allowed(code_arch, params, direction, bwd)) continue;
     const KernelKey key = canonical_key(arch, params, direction);
     for (const KernelEntry& entry : kernel_table()) {
       if (entry.key == key) return &entry;

@@ -27,8 +27,10 @@ std::vector<int> arch_paths_for(int sm);
 
 // The fastest built kernel for this call on a GPU of capability `sm` whose loaded code was compiled for `code_arch`
 // (DeviceAttributes::code_arch), or null. The Hopper path is a candidate only where FLASH_ATTN_HOPPER allows it, the
-// loaded code has its instructions (code_arch >= 90) and sm90_fwd_declines() accepts the call.
-const KernelEntry* find_kernel(int sm, int code_arch, const FwdParams& params, Direction direction);
+// loaded code has its instructions (code_arch >= 90) and sm90_fwd_declines() / sm90_bwd_declines() accept the call
+// (backward: `bwd` is the call; without it, capability queries, the forward part of the rules decides).
+const KernelEntry* find_kernel(int sm, int code_arch, const FwdParams& params, Direction direction,
+                               const BwdParams* bwd = nullptr);
 
 // "no CUDA kernel for ..." with the key, what is built, and how to build more.
 std::string missing_kernel_message(int sm, const FwdParams& params, Direction direction);

@@ -2,7 +2,7 @@
 // is the producer: one thread loads Q once and K, V through `stages`-slot rings by TMA (full / empty mbarriers).
 // Warpgroups 1.. are consumers of 64 rows each: S = Q.K^T by wgmma from shared memory, online softmax in registers,
 // O += P.V by wgmma with P from registers and V read MN-major. Launched by fwd_launch.h; the calls it serves are
-// listed in dispatch/sm90_fwd_policy.h (dense or varlen, softcap and ALiBi; no dropout / bias / probabilities).
+// listed in dispatch/sm90_policy.h (dense or varlen, softcap and ALiBi; no dropout / bias / probabilities).
 #pragma once
 
 #include <cuda.h>
@@ -20,14 +20,9 @@
 #include "flash_attn/ptx/warpgroup_sm90.h"
 #include "flash_attn/ptx/wgmma_sm90_generated.h"
 #include "sm90/fwd_tile_config.h"
+#include "sm90/kernel_common.h"
 
 namespace flash::sm90 {
-
-constexpr int kSegmentElems = 64;  // head-dim columns per TMA box and per 128-byte swizzled line
-constexpr int kSegmentBytes = 128;
-constexpr int kK16Bytes = 32;      // one k16 step along a K-major line
-constexpr int kK16MnMajorBytes = 16 * kSegmentBytes;  // one k16 step (16 key rows) of the MN-major V operand
-constexpr int kQuadLanes = 4;      // lanes sharing one accumulator row
 
 // What a launch passes by value (__grid_constant__): the call, the three tensor maps and derived scalars.
 struct FwdKernelArgs {
@@ -61,19 +56,6 @@ struct FwdSmemLayout {
   static_assert(kLaunchBytes <= kMaxSmemPerBlock, "the tiles must fit the shared memory a block may opt into");
 };
 
-template <typename T>
-__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
-  uint32_t packed;
-  if constexpr (std::is_same_v<T, __half>) {
-    const __half2 pair = __floats2half2_rn(lo, hi);
-    packed = *reinterpret_cast<const uint32_t*>(&pair);
-  } else {
-    const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
-    packed = *reinterpret_cast<const uint32_t*>(&pair);
-  }
-  return packed;
-}
-
 // Per-thread state of one consumer thread: the two rows it holds in every m64 accumulator (lane / 4 and + 8 within
 // its warp's 16 rows), their visible key ranges, running max and sum.
 struct ConsumerRows {
@@ -82,38 +64,6 @@ struct ConsumerRows {
   float max[2];
   float sum[2];
 };
-
-template <int kCount>
-__device__ __forceinline__ void pin_all(float (&values)[kCount]) {
-#pragma unroll
-  for (int i = 0; i < kCount; ++i) ptx::pin_register(values[i]);
-}
-
-// Issues S = Q.K^T for this warpgroup's 64 rows (one commit group): k16 steps walk 32 bytes along a 128-byte line,
-// then jump to the next 64-column segment of the [segment][rows][64] tiles.
-template <typename T, int kHeadDim, int kBlockM, int kBlockN>
-__device__ __forceinline__ void issue_scores(float (&s)[kBlockN / 2], uint64_t q_desc, uint64_t k_desc) {
-  ptx::warpgroup_fence();
-#pragma unroll
-  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-    const uint32_t step = (kk % 4) * kK16Bytes;
-    ptx::Wgmma<T, kBlockN>::ss(s, ptx::advance_descriptor(q_desc, (kk / 4) * kBlockM * kSegmentBytes + step),
-                               ptx::advance_descriptor(k_desc, (kk / 4) * kBlockN * kSegmentBytes + step), kk > 0);
-  }
-  ptx::warpgroup_commit();
-}
-
-// Issues O += P.V (one commit group): P from registers, V read MN-major, 16 key rows (2048 bytes) per k16 step.
-template <typename T, int kHeadDim, int kBlockN>
-__device__ __forceinline__ void issue_pv(float (&o)[kHeadDim / 2], const uint32_t (&a)[kBlockN / 16][4],
-                                         uint64_t v_desc) {
-  ptx::warpgroup_fence();
-#pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk) {
-    ptx::Wgmma<T, kHeadDim>::rs(o, a[kk], ptx::advance_descriptor(v_desc, kk * kK16MnMajorBytes), true);
-  }
-  ptx::warpgroup_commit();
-}
 
 // Scores of keys a row does not see (window, causal, past seqlen_k) become -inf. Register 4j + 2r + e holds row r,
 // column 8j + 2 (lane % 4) + e of the block.
@@ -170,33 +120,6 @@ __device__ __forceinline__ void rescale_o(float (&o)[kHeadDim / 2], const float 
   }
 }
 
-// P as the A operand: the k16 slice kk of an m64 accumulator is registers 8kk .. 8kk + 7, packed pairwise
-// (HOPPER_NOTES.md 1.7: the accumulator and RS A-fragment layouts coincide for 16-bit types).
-template <typename T, int kBlockN>
-__device__ __forceinline__ void pack_probs(const float (&s)[kBlockN / 2], uint32_t (&a)[kBlockN / 16][4]) {
-#pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk) {
-#pragma unroll
-    for (int w = 0; w < 4; ++w) a[kk][w] = pack_pair<T>(s[8 * kk + 2 * w], s[8 * kk + 2 * w + 1]);
-  }
-}
-
-// One batch entry's rows: dense calls start at row 0 of their batch entry; varlen calls at cu_seqlens (clamped, so any
-// values keep every access inside the tensors: common/seqlen.h).
-struct FwdSequence {
-  int64_t q_row0;
-  int64_t k_row0;
-  int64_t seqlen_q;
-  int64_t seqlen_k;
-};
-
-__device__ __forceinline__ FwdSequence locate_sequence(const AttentionShape& shape, int batch) {
-  if (shape.cu_seqlens_q == nullptr) return FwdSequence{0, 0, shape.seqlen_q, shape.seqlen_k};
-  const SequenceRows q = varlen_rows(shape.cu_seqlens_q, batch, shape.total_q, shape.seqlen_q);
-  const SequenceRows k = varlen_rows(shape.cu_seqlens_k, batch, shape.total_k, shape.seqlen_k);
-  return FwdSequence{q.row0, k.row0, q.length, k.length};
-}
-
 // The general kernels' per-score features, applied before the mask: softcap (on the scaled score) and ALiBi, then the
 // log2-domain logit the softmax exponentiates (the same order and units as the portable path's transform_scores).
 struct ScoreTransform {
@@ -233,15 +156,6 @@ __device__ __forceinline__ void pass_turn(int consumer) {
   ptx::named_barrier_arrive(kPingpongBarrier + (1 - consumer), kPingpongThreads);
 }
 
-// Where stage slots and parities come from: iteration i of the key loop uses slot i % kStages, and its barriers'
-// phase (i / kStages) & 1.
-template <int kStages>
-struct RingSlot {
-  int stage;
-  uint32_t parity;
-  __device__ __forceinline__ explicit RingSlot(int i) : stage(i % kStages), parity((i / kStages) & 1) {}
-};
-
 // kGeneral: softcap and / or ALiBi (transform_scores); the lean kernels fold the scale into the exponent alone.
 // kBlockN, kStages: a FwdTileConfig's (nvcc's host stubs take no class-type template arguments for kernels).
 template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool kGeneral, int kBlockN, int kStages>
@@ -271,7 +185,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
   const int kv_head = head / args.heads_per_kv;
-  const FwdSequence sequence = locate_sequence(p.shape, batch);
+  const Sequence sequence = locate_sequence(p.shape, batch);
   const int64_t seqlen_q = sequence.seqlen_q;
   const int64_t seqlen_k = sequence.seqlen_k;
   if (static_cast<int64_t>(m_block) * kBlockM >= seqlen_q) return;  // a varlen sequence shorter than the grid

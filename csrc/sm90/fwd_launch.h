@@ -1,7 +1,7 @@
 // run_fwd<dtype, head dim, mask>: launches the Hopper forward kernel (fwd_kernel.h) for one call on a stream: tensor
 // maps for Q, K and V, the shared-memory opt-in, one CTA per (query tile, head, batch entry). Included by the
 // generated translation units of the ("sm90", "fwd") kernel-table entries; dispatch sends only the calls that
-// dispatch/sm90_fwd_policy.h accepts.
+// dispatch/sm90_policy.h accepts.
 #pragma once
 
 #include <cuda_runtime.h>

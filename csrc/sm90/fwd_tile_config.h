@@ -10,9 +10,6 @@ namespace flash::sm90 {
 constexpr int kRowsPerConsumer = 64;   // wgmma M: one consumer warpgroup owns 64 query rows
 constexpr int kConsumerWarpgroups = 2;
 constexpr int kFwdThreads = (kConsumerWarpgroups + 1) * 128;
-// setmaxnreg split of the 64K registers: 128 x 24 (producer) + 256 x 240 (consumers) = 64,512.
-constexpr int kProducerRegisters = 24;
-constexpr int kConsumerRegisters = 240;
 
 // How a consumer warpgroup orders its GEMMs and its softmax (fwd_kernel.h):
 //   kSerial:   S = Q.K^T, softmax, O += P.V, one after the other; the two warpgroups overlap only each other.
@@ -21,8 +18,6 @@ constexpr int kConsumerRegisters = 240;
 //   kPingpong: kOverlap, and the two warpgroups take turns issuing GEMMs (named barriers), so one's softmax runs
 //              under the other's GEMMs.
 enum class FwdSchedule { kSerial, kOverlap, kPingpong };
-
-constexpr int kMaxSmemPerBlock = 232448;  // the 227 KB an sm90 block may opt into
 
 // A template argument of the kernel (a structural type), so tools/sm90_fwd_check.cu can time other tiles.
 struct FwdTileConfig {

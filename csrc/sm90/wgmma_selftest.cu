@@ -33,14 +33,15 @@ template <typename T>
   return static_cast<uint32_t>(l) | (static_cast<uint32_t>(h) << 16);
 }
 
-template <typename T, bool kRegistersA>
+template <typename T, WgmmaForm kForm>
 __global__ void wgmma_tile_kernel(const T* a, const T* b, float* d) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __shared__ __align__(1024) T a_tile[kWgmmaM * kWgmmaK];
   __shared__ __align__(1024) T b_tile[kWgmmaN * kWgmmaK];
   const int t = threadIdx.x;
-  for (int i = t; i < kWgmmaM * kWgmmaK; i += ptx::kWarpgroupThreads) a_tile[swizzled(i / kWgmmaK, i % kWgmmaK)] = a[i];
-  // b row-major as given: (N, K) lines for the K-major operand, (K, N) lines for the MN-major one.
+  // Both operands row-major as given, one 64-element line per row: (M, K) or (N, K) lines for K-major operands, (K, M)
+  // or (K, N) lines for MN-major ones.
+  for (int i = t; i < kWgmmaM * kWgmmaK; i += ptx::kWarpgroupThreads) a_tile[swizzled(i / kLineElems, i % kLineElems)] = a[i];
   for (int i = t; i < kWgmmaN * kWgmmaK; i += ptx::kWarpgroupThreads) b_tile[swizzled(i / kLineElems, i % kLineElems)] = b[i];
   ptx::fence_proxy_async_shared();
   __syncthreads();
@@ -48,7 +49,7 @@ __global__ void wgmma_tile_kernel(const T* a, const T* b, float* d) {
   float acc[kWgmmaN / 2];
   const int warp = t / 32, lane = t % 32;
   const int row0 = 16 * warp + lane / 4;
-  if constexpr (kRegistersA) {
+  if constexpr (kForm == WgmmaForm::kRegistersA) {
     uint32_t frag[kWgmmaK / 16][4];
     for (int kk = 0; kk < kWgmmaK / 16; ++kk) {
       const int col = 16 * kk + 2 * (lane % 4);
@@ -63,6 +64,16 @@ __global__ void wgmma_tile_kernel(const T* a, const T* b, float* d) {
 #pragma unroll
     for (int kk = 0; kk < kWgmmaK / 16; ++kk) {
       ptx::Wgmma<T, kWgmmaN>::rs(acc, frag[kk], ptx::advance_descriptor(b_desc, kk * kK16RowsBytes), kk > 0);
+    }
+  } else if constexpr (kForm == WgmmaForm::kSharedMnMajor) {
+    // Lines of 64 M (a) or N (b) elements, one per k: the MN-major canonical layout, 16 lines per k16 step.
+    const uint64_t a_desc = ptx::smem_descriptor(a_tile, kWgmmaK * ptx::kSwizzleRowBytes, ptx::kSwizzleAtomBytes);
+    const uint64_t b_desc = ptx::smem_descriptor(b_tile, kWgmmaK * ptx::kSwizzleRowBytes, ptx::kSwizzleAtomBytes);
+    ptx::warpgroup_fence();
+#pragma unroll
+    for (int kk = 0; kk < kWgmmaK / 16; ++kk) {
+      ptx::Wgmma<T, kWgmmaN>::template ss<1, 1>(acc, ptx::advance_descriptor(a_desc, kk * kK16RowsBytes),
+                                                ptx::advance_descriptor(b_desc, kk * kK16RowsBytes), kk > 0);
     }
   } else {
     const uint64_t a_desc = ptx::smem_descriptor(a_tile, ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes);
@@ -91,26 +102,31 @@ __global__ void wgmma_tile_kernel(const T* a, const T* b, float* d) {
 }
 
 template <typename T>
-void launch(bool a_in_registers, const void* a, const void* b, float* d, cudaStream_t stream) {
+void launch(WgmmaForm form, const void* a, const void* b, float* d, cudaStream_t stream) {
   const T* ta = static_cast<const T*>(a);
   const T* tb = static_cast<const T*>(b);
-  if (a_in_registers) {
-    wgmma_tile_kernel<T, true><<<1, ptx::kWarpgroupThreads, 0, stream>>>(ta, tb, d);
-  } else {
-    wgmma_tile_kernel<T, false><<<1, ptx::kWarpgroupThreads, 0, stream>>>(ta, tb, d);
+  switch (form) {
+    case WgmmaForm::kSharedKMajor:
+      wgmma_tile_kernel<T, WgmmaForm::kSharedKMajor><<<1, ptx::kWarpgroupThreads, 0, stream>>>(ta, tb, d);
+      break;
+    case WgmmaForm::kRegistersA:
+      wgmma_tile_kernel<T, WgmmaForm::kRegistersA><<<1, ptx::kWarpgroupThreads, 0, stream>>>(ta, tb, d);
+      break;
+    case WgmmaForm::kSharedMnMajor:
+      wgmma_tile_kernel<T, WgmmaForm::kSharedMnMajor><<<1, ptx::kWarpgroupThreads, 0, stream>>>(ta, tb, d);
+      break;
   }
 }
 
 }  // namespace
 
-bool wgmma_tile(DType dtype, bool a_in_registers, const void* a, const void* b, float* d, int code_arch,
-                void* stream) {
+bool wgmma_tile(DType dtype, WgmmaForm form, const void* a, const void* b, float* d, int code_arch, void* stream) {
   if (code_arch < kMinCodeArch || (dtype != DType::kFloat16 && dtype != DType::kBFloat16)) return false;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (dtype == DType::kFloat16) {
-    launch<__half>(a_in_registers, a, b, d, s);
+    launch<__half>(form, a, b, d, s);
   } else {
-    launch<__nv_bfloat16>(a_in_registers, a, b, d, s);
+    launch<__nv_bfloat16>(form, a, b, d, s);
   }
   return true;
 }

@@ -12,11 +12,17 @@ constexpr int kWgmmaM = 64;  // one warpgroup's rows
 constexpr int kWgmmaN = 64;
 constexpr int kWgmmaK = 64;  // four k16 steps: one 128-byte swizzled line per row
 
-// d (64 x 64 fp32, row-major) = a (64 x 64, row-major: K-major) times b, with `dtype` kFloat16 or kBFloat16 operands.
-// a_in_registers false: both operands from shared memory, b given as (N, K) row-major (K-major) and d = a.b^T.
-// a_in_registers true: a from registers in the accumulator-shaped fragment (as P in the forward), b given as (K, N)
-// row-major and read MN-major (the transpose bit, as V), d = a.b. Returns false where the loaded code lacks sm_90a,
-// launching nothing.
-bool wgmma_tile(DType dtype, bool a_in_registers, const void* a, const void* b, float* d, int code_arch, void* stream);
+// The operand forms the attention kernels use.
+enum class WgmmaForm {
+  kSharedKMajor,    // a (M, K) and b (N, K) row-major, both K-major from shared memory: d = a.b^T (S = Q.K^T)
+  kRegistersA,      // a (M, K) from registers in the accumulator-shaped fragment, b (K, N) row-major read MN-major:
+                    // d = a.b (O += P.V)
+  kSharedMnMajor,   // a (K, M) and b (K, N) row-major, both MN-major from shared memory: d = a^T.b (dQ = dS.K from
+                    // the backward's dS^T tile)
+};
+
+// d (64 x 64 fp32, row-major) from 64 x 64 operands of `dtype` (kFloat16 or kBFloat16) in `form`. Returns false where
+// the loaded code lacks sm_90a, launching nothing.
+bool wgmma_tile(DType dtype, WgmmaForm form, const void* a, const void* b, float* d, int code_arch, void* stream);
 
 }  // namespace flash::sm90::selftest

@@ -1,6 +1,6 @@
-// Which forward calls the Hopper path (csrc/sm90/) takes: sm90_fwd_declines() names why a call stays on the portable
-// path, and hopper_switch() reads FLASH_ATTN_HOPPER, which turns the path off, on where it serves the call, or
-// forces it (a forward call it cannot serve then fails instead of falling back: for tests and benchmarks).
+// Which calls the Hopper path (csrc/sm90/) takes: sm90_fwd_declines() / sm90_bwd_declines() name why a call stays on
+// the portable path, and hopper_switch() reads FLASH_ATTN_HOPPER, which turns the path off, on where it serves the
+// call, or forces it (a call it cannot serve then fails instead of falling back: for tests and benchmarks).
 #pragma once
 
 #include "flash_attn/params.h"
@@ -22,5 +22,8 @@ HopperSwitch hopper_switch();
 // returned probabilities, KV-cache lengths or key splits; sizes and strides its TMA maps and grid can express);
 // otherwise what it lacks, for FLASH_ATTN_HOPPER=force errors. The head-dim bucket is the kernel table's concern.
 const char* sm90_fwd_declines(const FwdParams& p);
+
+// The same for the backward (the forward's limits, and no softcap, ALiBi, deterministic mode or bias gradient yet).
+const char* sm90_bwd_declines(const BwdParams& p);
 
 }  // namespace flash

@@ -1,5 +1,5 @@
-// hopper_switch() and sm90_fwd_declines() (sm90_fwd_policy.h).
-#include "sm90_fwd_policy.h"
+// hopper_switch(), sm90_fwd_declines() and sm90_bwd_declines() (sm90_policy.h).
+#include "sm90_policy.h"
 
 #include <cmath>
 #include <cstdlib>
@@ -55,6 +55,16 @@ const char* sm90_fwd_declines(const FwdParams& p) {
   if (!strides_fit(p.q_strides) || !strides_fit(p.k_strides) || !strides_fit(p.v_strides)) {
     return "q, k or v strides of 2^40 bytes or more, or negative";
   }
+  return nullptr;
+}
+
+const char* sm90_bwd_declines(const BwdParams& p) {
+  if (const char* declined = sm90_fwd_declines(p.fwd)) return declined;
+  if (p.fwd.softcap > 0.0) return "softcap in the backward";
+  if (p.fwd.mask.alibi_slopes != nullptr) return "ALiBi in the backward";
+  if (p.deterministic) return "deterministic=True";
+  if (p.dbias != nullptr) return "a bias gradient";
+  if (p.dq_splits != 1) return "split dq accumulators";
   return nullptr;
 }
 

@@ -1,0 +1,367 @@
+// The Hopper backward main kernel (sm_90a): per CTA block_n keys of one (batch entry, KV head), dK and dV in registers
+// of two consumer warpgroups (64 keys each), walking every query block that sees those keys, for each query head of
+// the KV head's group. Warpgroup 0's first thread loads K and V once and Q, dO per step by TMA. Per step, each
+// consumer computes S^T = K.Q^T and dP^T = V.dO^T (wgmma, shared operands), P^T = exp2(S^T scale log2e - LSE log2e),
+// dS^T = P^T (dP^T - D), then dV += P^T.dO and dK += dS^T.Q with P^T, dS^T from registers, and dQ = dS.K through a
+// shared dS^T tile, added to the fp32 accumulator with red.global.add.v4. The portable path's preprocess (D, zeroed
+// accumulator) and dQ conversion run around it (bwd_launch.h). Serves what dispatch/sm90_policy.h's
+// sm90_bwd_declines() accepts.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "flash_attn/bwd_workspace.h"
+#include "flash_attn/common/mask.h"
+#include "flash_attn/common/math.h"
+#include "flash_attn/params.h"
+#include "flash_attn/ptx/red_sm90.h"
+#include "flash_attn/ptx/tma_load_sm90.h"
+#include "flash_attn/ptx/warpgroup_sm90.h"
+#include "flash_attn/ptx/wgmma_sm90_generated.h"
+#include "sm90/bwd_tile_config.h"
+#include "sm90/kernel_common.h"
+
+namespace flash::sm90 {
+
+struct BwdKernelArgs {
+  CUtensorMap q_map;   // (head dim, head, row, batch) boxes of 64 columns x block_m rows
+  CUtensorMap do_map;  // the same for dO
+  CUtensorMap k_map;   // (head dim, kv head, key, batch) boxes of 64 columns x block_n keys
+  CUtensorMap v_map;
+  BwdParams params;
+  float scale_log2;  // softmax_scale * log2(e)
+  int heads_per_kv;
+};
+
+template <int kHeadDim, int kBlockM, int kBlockN, int kStages>
+struct BwdSmemLayout {
+  static constexpr int kSegments = kHeadDim / kSegmentElems;
+  static constexpr int kKvBytes = kBlockN * kHeadDim * 2;   // K (or V)
+  static constexpr int kRowsBytes = kBlockM * kHeadDim * 2;  // one stage of Q (or dO)
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;     // one dS^T tile: a 128-byte line of queries per key
+  static constexpr int kStatFloats = 2 * kBlockM;            // LSE (log2 units) then D of one step
+  static constexpr int kK = 0;
+  static constexpr int kV = kK + kKvBytes;
+  static constexpr int kQ = kV + kKvBytes;
+  static constexpr int kDo = kQ + kStages * kRowsBytes;
+  static constexpr int kDs = kDo + kStages * kRowsBytes;   // two tiles: step i writes tile i % 2
+  static constexpr int kStats = kDs + 2 * kDsBytes;         // [consumer][step % 2][kStatFloats]
+  static constexpr int kBarriers = kStats + kBwdConsumerWarpgroups * 2 * kStatFloats * 4;
+  // kv_full, then per stage q_full, q_empty, do_full, do_empty
+  static constexpr int kBarrierCount = 1 + 4 * kStages;
+  static constexpr int kBytes = kBarriers + kBarrierCount * 8;
+  static constexpr int kLaunchBytes = kBytes + static_cast<int>(ptx::kSwizzleAtomBytes);
+  static_assert(kBlockM * 2 == kSegmentBytes, "a dS^T line is one 128-byte swizzled line of block_m queries");
+  static_assert(kRowsBytes % ptx::kSwizzleAtomBytes == 0 && kKvBytes % ptx::kSwizzleAtomBytes == 0 &&
+                    kDsBytes % ptx::kSwizzleAtomBytes == 0,
+                "every tile starts on a swizzle atom");
+  static_assert(kLaunchBytes <= kMaxSmemPerBlock, "the tiles must fit the shared memory a block may opt into");
+};
+
+// Named barriers of the backward consumers (0 is __syncthreads): per-consumer barriers over its own 128 threads for
+// the step's statistics and (own-keys dQ) its dS^T rows, one over both consumers for column-half dQ.
+constexpr int kBwdStatsBarrier = 1;     // + consumer
+constexpr int kBwdOwnDsBarrier = 3;     // + consumer
+constexpr int kBwdSharedDsBarrier = 5;  // both consumers
+
+// Query rows [q_lo, q_hi) that see any key of [key0, key1) (visible_keys' begin and end never decrease with the row).
+__device__ __forceinline__ void rows_seeing_keys(const MaskParams& mask, int64_t key0, int64_t key1, int64_t offset,
+                                                 int64_t seqlen_q, int64_t& q_lo, int64_t& q_hi) {
+  q_lo = 0;
+  q_hi = seqlen_q;
+  if (mask.window_right != kUnboundedWindow) {
+    const int64_t lo = key0 - offset - mask.window_right;  // end(q) = q + offset + right + 1 > key0
+    q_lo = lo > 0 ? lo : 0;
+  }
+  if (mask.window_left != kUnboundedWindow) {
+    const int64_t hi = key1 - offset + mask.window_left;  // begin(q) = q + offset - left <= key1 - 1
+    q_hi = hi < seqlen_q ? hi : seqlen_q;
+  }
+}
+
+template <typename T, int kHeadDim, MaskKind kMask, int kBlockM, int kBlockN, int kStages>
+__global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_constant__ BwdKernelArgs args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Layout = BwdSmemLayout<kHeadDim, kBlockM, kBlockN, kStages>;
+  using Slot = RingSlot<kStages>;
+  constexpr int kSegments = Layout::kSegments;
+  constexpr bool kColumnHalves = bwd_dq_column_halves(kHeadDim);
+  constexpr int kDqColumns = kColumnHalves ? kHeadDim / kBwdConsumerWarpgroups : kHeadDim;
+  constexpr int kDqKeys = kColumnHalves ? kBlockN : kBwdRowsPerConsumer;
+  static_assert(kDqColumns == kSegmentElems, "each consumer's dQ columns are one 64-column segment of K");
+
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + ptx::kSwizzleAtomBytes - 1) & ~uintptr_t{ptx::kSwizzleAtomBytes - 1});
+  uint8_t* k_tile = smem + Layout::kK;
+  uint8_t* v_tile = smem + Layout::kV;
+  uint8_t* q_tiles = smem + Layout::kQ;
+  uint8_t* do_tiles = smem + Layout::kDo;
+  uint8_t* ds_tiles = smem + Layout::kDs;
+  float* stats = reinterpret_cast<float*>(smem + Layout::kStats);
+  uint64_t* barriers = reinterpret_cast<uint64_t*>(smem + Layout::kBarriers);
+  uint64_t* kv_full = barriers;
+  uint64_t* q_full = barriers + 1;
+  uint64_t* q_empty = q_full + kStages;
+  uint64_t* do_full = q_empty + kStages;
+  uint64_t* do_empty = do_full + kStages;
+
+  const BwdParams& bp = args.params;
+  const FwdParams& p = bp.fwd;
+  const int n_block = blockIdx.x;
+  const int kv_head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const Sequence sequence = locate_sequence(p.shape, batch);
+  const int64_t seqlen_q = sequence.seqlen_q;
+  const int64_t seqlen_k = sequence.seqlen_k;
+  const int64_t key0 = static_cast<int64_t>(n_block) * kBlockN;
+  if (key0 >= seqlen_k) return;  // a varlen sequence shorter than the grid
+  const int64_t key1 = key0 + kBlockN < seqlen_k ? key0 + kBlockN : seqlen_k;
+  const int64_t offset = diagonal_offset(p.mask, seqlen_q, seqlen_k);
+  const bool varlen = p.shape.cu_seqlens_q != nullptr;
+  const int map_batch = varlen ? 0 : batch;
+  int64_t q_lo, q_hi;
+  rows_seeing_keys(p.mask, key0, key1, offset, seqlen_q, q_lo, q_hi);
+  const int m_min = static_cast<int>(q_lo / kBlockM);
+  const int m_max = q_hi > q_lo ? static_cast<int>((q_hi + kBlockM - 1) / kBlockM) : m_min;
+  const int m_count = m_max - m_min;
+  const int steps = args.heads_per_kv * m_count;  // (query head of the group, query block) pairs
+
+  if (threadIdx.x == 0) {
+    ptx::mbarrier_init(kv_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbarrier_init(&q_full[s], 1);
+      ptx::mbarrier_init(&do_full[s], 1);
+      ptx::mbarrier_init(&q_empty[s], kBwdConsumerWarpgroups);
+      ptx::mbarrier_init(&do_empty[s], kBwdConsumerWarpgroups);
+    }
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+
+  const int warpgroup = threadIdx.x / ptx::kWarpgroupThreads;
+  if (warpgroup == 0) {
+    ptx::release_registers<kProducerRegisters>();
+    if (threadIdx.x != 0 || steps == 0) return;
+    const int k_row = static_cast<int>(sequence.k_row0 + key0);
+    ptx::mbarrier_arrive_expect_tx(kv_full, 2 * Layout::kKvBytes);
+    for (int seg = 0; seg < kSegments; ++seg) {
+      ptx::tma_load_4d(k_tile + seg * kBlockN * kSegmentBytes, &args.k_map, kv_full, seg * kSegmentElems, kv_head,
+                       k_row, map_batch);
+      ptx::tma_load_4d(v_tile + seg * kBlockN * kSegmentBytes, &args.v_map, kv_full, seg * kSegmentElems, kv_head,
+                       k_row, map_batch);
+    }
+    for (int i = 0; i < steps; ++i) {
+      const Slot slot(i);
+      const int head = kv_head * args.heads_per_kv + i / m_count;
+      const int q_row = static_cast<int>(sequence.q_row0 + static_cast<int64_t>(m_min + i % m_count) * kBlockM);
+      ptx::mbarrier_wait_parity(&q_empty[slot.stage], slot.parity ^ 1);
+      ptx::mbarrier_arrive_expect_tx(&q_full[slot.stage], Layout::kRowsBytes);
+      for (int seg = 0; seg < kSegments; ++seg) {
+        ptx::tma_load_4d(q_tiles + slot.stage * Layout::kRowsBytes + seg * kBlockM * kSegmentBytes, &args.q_map,
+                         &q_full[slot.stage], seg * kSegmentElems, head, q_row, map_batch);
+      }
+      ptx::mbarrier_wait_parity(&do_empty[slot.stage], slot.parity ^ 1);
+      ptx::mbarrier_arrive_expect_tx(&do_full[slot.stage], Layout::kRowsBytes);
+      for (int seg = 0; seg < kSegments; ++seg) {
+        ptx::tma_load_4d(do_tiles + slot.stage * Layout::kRowsBytes + seg * kBlockM * kSegmentBytes, &args.do_map,
+                         &do_full[slot.stage], seg * kSegmentElems, head, q_row, map_batch);
+      }
+    }
+    return;
+  }
+
+  ptx::claim_registers<kConsumerRegisters>();
+  const int consumer = warpgroup - 1;
+  const int thread = threadIdx.x % ptx::kWarpgroupThreads;
+  const int warp = thread / 32;
+  const int lane = thread % 32;
+  const int quad_col = 2 * (lane % kQuadLanes);
+  // This thread's two key rows (of the 64 its consumer owns) in every m64 accumulator, relative to the sequence.
+  int64_t keys[2];
+  for (int r = 0; r < 2; ++r) keys[r] = key0 + consumer * kBwdRowsPerConsumer + warp * 16 + lane / kQuadLanes + 8 * r;
+
+  float dv[kHeadDim / 2];
+  float dk[kHeadDim / 2];
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) dv[i] = dk[i] = 0.f;
+
+  if (steps > 0) {
+    const BwdWorkspace workspace = bwd_workspace(bp, DqLayout::kRows);
+    const int64_t global_q_row0 = varlen ? sequence.q_row0 : static_cast<int64_t>(batch) * p.shape.seqlen_q;
+    // A operands of S^T and dP^T: this consumer's 64 rows of K and V (K-major, segments block_n rows apart).
+    const uint64_t k_rows_desc = ptx::smem_descriptor(k_tile + consumer * kBwdRowsPerConsumer * kSegmentBytes,
+                                                      ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes);
+    const uint64_t v_rows_desc = ptx::smem_descriptor(v_tile + consumer * kBwdRowsPerConsumer * kSegmentBytes,
+                                                      ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes);
+    // B operand of dQ: K read MN-major (head-dim columns contiguous), this consumer's columns and keys.
+    const int dq_key0 = kColumnHalves ? 0 : consumer * kBwdRowsPerConsumer;
+    const int dq_segment = kColumnHalves ? consumer : 0;
+    const uint64_t k_dq_desc =
+        ptx::smem_descriptor(k_tile + dq_segment * kBlockN * kSegmentBytes + dq_key0 * kSegmentBytes,
+                             kBlockN * kSegmentBytes, ptx::kSwizzleAtomBytes);
+    ptx::mbarrier_wait_parity(kv_full, 0);
+
+    for (int i = 0; i < steps; ++i) {
+      const Slot slot(i);
+      const int head = kv_head * args.heads_per_kv + i / m_count;
+      const int64_t q0 = static_cast<int64_t>(m_min + i % m_count) * kBlockM;
+
+      // The step's LSE (log2 units; +inf for rows past the sequence, so P = 0 there) and D, per consumer.
+      float* step_stats = stats + (consumer * 2 + i % 2) * Layout::kStatFloats;
+      {
+        const int col = thread % kBlockM;
+        const int64_t q = q0 + col;
+        const bool valid = q < seqlen_q;
+        if (thread < kBlockM) {
+          const float lse = valid ? static_cast<const float*>(p.lse)[batch * p.lse_batch_stride +
+                                                                      head * p.lse_head_stride + sequence.q_row0 + q]
+                                  : INFINITY;
+          step_stats[col] = lse * static_cast<float>(kLog2e);
+        } else {
+          step_stats[kBlockM + col] =
+              valid ? workspace.delta[head * workspace.delta_head_stride + global_q_row0 + q] : 0.f;
+        }
+      }
+      ptx::named_barrier_sync(kBwdStatsBarrier + consumer, ptx::kWarpgroupThreads);
+
+      const uint8_t* q_slot = q_tiles + slot.stage * Layout::kRowsBytes;
+      const uint8_t* do_slot = do_tiles + slot.stage * Layout::kRowsBytes;
+      float s[kBlockM / 2];
+      float dp[kBlockM / 2];
+      ptx::mbarrier_wait_parity(&q_full[slot.stage], slot.parity);
+      issue_scores<T, kHeadDim, kBlockN, kBlockM>(
+          s, k_rows_desc, ptx::smem_descriptor(q_slot, ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes));
+      ptx::mbarrier_wait_parity(&do_full[slot.stage], slot.parity);
+      issue_scores<T, kHeadDim, kBlockN, kBlockM>(
+          dp, v_rows_desc, ptx::smem_descriptor(do_slot, ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes));
+
+      // P^T: register 4j + 2r + e holds key row keys[r], query column 8j + quad_col + e.
+      const KeyRange first = visible_keys(p.mask, q0, offset, seqlen_k);
+      const KeyRange last = visible_keys(p.mask, q0 + kBlockM - 1, offset, seqlen_k);
+      const bool masked = q0 + kBlockM > seqlen_q || key0 + kBlockN > seqlen_k ||
+                          (kMask != MaskKind::kNone && (last.begin > key0 || first.end < key0 + kBlockN));
+      ptx::warpgroup_wait<1>();
+      pin_all(s);
+#pragma unroll
+      for (int j = 0; j < kBlockM / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = 8 * j + quad_col + (e % 2);
+          float prob = exp2f(fmaf(s[4 * j + e], args.scale_log2, -step_stats[col]));
+          if (masked) {
+            const int64_t q = q0 + col;
+            const int64_t key = keys[e / 2];
+            const KeyRange seen = visible_keys(p.mask, q, offset, seqlen_k);
+            if (q >= seqlen_q || key >= seqlen_k || key < seen.begin || key >= seen.end) prob = 0.f;
+          }
+          s[4 * j + e] = prob;
+        }
+      }
+      ptx::warpgroup_wait<0>();
+      pin_all(dp);
+#pragma unroll
+      for (int j = 0; j < kBlockM / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - step_stats[kBlockM + 8 * j + quad_col + (e % 2)]);
+        }
+      }
+      uint32_t p_frag[kBlockM / 16][4];
+      uint32_t ds_frag[kBlockM / 16][4];
+      pack_probs<T, kBlockM>(s, p_frag);
+      pack_probs<T, kBlockM>(dp, ds_frag);
+
+      // dV += P^T.dO and dK += dS^T.Q: B read MN-major (head-dim columns contiguous), 16 query rows per k16 step.
+      issue_pv<T, kHeadDim, kBlockM>(
+          dv, p_frag, ptx::smem_descriptor(do_slot, kBlockM * kSegmentBytes, ptx::kSwizzleAtomBytes));
+      issue_pv<T, kHeadDim, kBlockM>(
+          dk, ds_frag, ptx::smem_descriptor(q_slot, kBlockM * kSegmentBytes, ptx::kSwizzleAtomBytes));
+
+      // dS^T into its shared tile: line = key row of the block, 64 queries per line, 128-byte swizzle.
+      uint8_t* ds_tile = ds_tiles + (i % 2) * Layout::kDsBytes;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int line = consumer * kBwdRowsPerConsumer + warp * 16 + lane / kQuadLanes + 8 * r;
+#pragma unroll
+        for (int j = 0; j < kBlockM / 8; ++j) {
+          const int chunk = j ^ (line % 8);
+          *reinterpret_cast<uint32_t*>(ds_tile + line * kSegmentBytes + chunk * 16 + quad_col * 2) =
+              ds_frag[j / 2][(j % 2) * 2 + r];
+        }
+      }
+      ptx::fence_proxy_async_shared();
+      if constexpr (kColumnHalves) {
+        ptx::named_barrier_sync(kBwdSharedDsBarrier, kBwdConsumerWarpgroups * ptx::kWarpgroupThreads);
+      } else {
+        ptx::named_barrier_sync(kBwdOwnDsBarrier + consumer, ptx::kWarpgroupThreads);
+      }
+      // dQ (block_m x this consumer's 64 columns) = dS.K over kDqKeys keys: A = dS^T read M-major, B = K MN-major.
+      float dq[kDqColumns / 2];
+      {
+        const uint64_t ds_desc = ptx::smem_descriptor(ds_tile + dq_key0 * kSegmentBytes, kBlockN * kSegmentBytes,
+                                                      ptx::kSwizzleAtomBytes);
+        ptx::warpgroup_fence();
+#pragma unroll
+        for (int kk = 0; kk < kDqKeys / 16; ++kk) {
+          ptx::Wgmma<T, kDqColumns>::template ss<1, 1>(dq, ptx::advance_descriptor(ds_desc, kk * kK16MnMajorBytes),
+                                                       ptx::advance_descriptor(k_dq_desc, kk * kK16MnMajorBytes),
+                                                       kk > 0);
+        }
+        ptx::warpgroup_commit();
+      }
+      ptx::warpgroup_wait<0>();
+      pin_all(dv);
+      pin_all(dk);
+      pin_all(dq);
+      if (thread == 0) {
+        ptx::mbarrier_arrive(&q_empty[slot.stage]);
+        ptx::mbarrier_arrive(&do_empty[slot.stage]);
+      }
+      // dQ into the fp32 accumulator (DqLayout::kRows, columns interleaved by dq_slot): a thread's columns 8j +
+      // quad_col + e of j = 2g, 2g + 1 are slots 4 (lane % 4) .. + 3 of slot group g, one 16-byte reduction.
+      float* dq_head = workspace.dq_accum + head * workspace.dq_head_stride;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int64_t q = q0 + warp * 16 + lane / kQuadLanes + 8 * r;
+        if (q >= seqlen_q) continue;
+        float* dq_row = dq_head + (global_q_row0 + q) * workspace.dq_row_stride + dq_segment * kSegmentElems;
+#pragma unroll
+        for (int g = 0; g < kDqColumns / kDqSlotGroup; ++g) {
+          ptx::red_add_v4_f32(dq_row + g * kDqSlotGroup + 2 * quad_col, dq[8 * g + 2 * r], dq[8 * g + 2 * r + 1],
+                              dq[8 * g + 4 + 2 * r], dq[8 * g + 4 + 2 * r + 1]);
+        }
+      }
+    }
+  }
+
+  // dK = softmax_scale * sum dS^T.Q, dV = sum P^T.dO, for the keys this block owns (zeros where no query sees them).
+  const float scale = static_cast<float>(p.softmax_scale);
+  T* dk_out = static_cast<T*>(bp.dk) + batch * bp.dk_strides.batch + kv_head * bp.dk_strides.head;
+  T* dv_out = static_cast<T*>(bp.dv) + batch * bp.dv_strides.batch + kv_head * bp.dv_strides.head;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (keys[r] >= seqlen_k) continue;
+    T* dk_row = dk_out + (sequence.k_row0 + keys[r]) * bp.dk_strides.row;
+    T* dv_row = dv_out + (sequence.k_row0 + keys[r]) * bp.dv_strides.row;
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+      const int col = 8 * j + quad_col;
+      if (col < p.shape.head_dim) {
+        *reinterpret_cast<uint32_t*>(dk_row + col) =
+            pack_pair<T>(dk[4 * j + 2 * r] * scale, dk[4 * j + 2 * r + 1] * scale);
+        *reinterpret_cast<uint32_t*>(dv_row + col) = pack_pair<T>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+      }
+    }
+  }
+#else
+  (void)args;
+  __trap();
+#endif
+}
+
+}  // namespace flash::sm90

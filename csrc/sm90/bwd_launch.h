@@ -1,0 +1,80 @@
+// run_bwd<dtype, head dim, mask>: the Hopper backward of one call on a stream: the portable path's preprocess (delta,
+// zeroed dq accumulator in DqLayout::kRows), the sm90 main kernel (bwd_kernel.h: dK, dV, dQ accumulation), and the
+// portable dq conversion. Included by the generated translation units of the ("sm90", "bwd") kernel-table entries;
+// dispatch sends only the calls that dispatch/sm90_policy.h's sm90_bwd_declines() accepts. No allocation, no host
+// sync: the scratch is params.workspace (flash_attn/bwd_workspace.h).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "sm80/bwd_convert_kernel.h"
+#include "sm80/bwd_preprocess_kernel.h"
+#include "sm90/bwd_kernel.h"
+#include "sm90/fwd_launch.h"
+
+namespace flash::sm90 {
+
+template <DType kDType, int kHeadDim, MaskKind kMask, BwdTileConfig kTile = bwd_tile_config(kHeadDim)>
+void run_bwd(const BwdParams& params, void* stream) {
+  using T = Element<kDType>;
+  using Layout = BwdSmemLayout<kHeadDim, kTile.block_m, kTile.block_n, kTile.stages>;
+  const FwdParams& p = params.fwd;
+  const AttentionShape& shape = p.shape;
+  if (shape.batch == 0 || shape.nheads_q == 0) return;
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  // The row-wise kernels are the portable path's (same workspace, same conversion, fixed accumulator layout).
+  namespace rowwise = sm80::bwd;
+  const unsigned heads_q = static_cast<unsigned>(shape.nheads_q);
+  const unsigned batch = static_cast<unsigned>(shape.batch);
+  const int64_t row_blocks = (shape.seqlen_q + rowwise::kRowwiseRows - 1) / rowwise::kRowwiseRows;
+  if (row_blocks > 0) {
+    rowwise::bwd_preprocess_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch),
+                                        rowwise::kRowwiseThreads, 0, s>>>(params, DqLayout::kRows);
+  }
+
+  BwdKernelArgs args{};
+  args.params = params;
+  args.scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
+  args.heads_per_kv = static_cast<int>(shape.nheads_q / shape.nheads_k);
+  const bool varlen = shape.cu_seqlens_q != nullptr;
+  const int64_t q_rows = varlen ? shape.total_q : shape.seqlen_q;
+  const int64_t k_rows = varlen ? shape.total_k : shape.seqlen_k;
+  const int64_t entries = varlen ? 1 : shape.batch;
+  const bool encoded =
+      encode_rows_map<T>(args.q_map, p.q, p.q_strides, shape.head_dim, shape.nheads_q, q_rows, entries,
+                         kTile.block_m) &&
+      encode_rows_map<T>(args.do_map, params.dout, params.dout_strides, shape.head_dim, shape.nheads_q, q_rows,
+                         entries, kTile.block_m) &&
+      encode_rows_map<T>(args.k_map, p.k, p.k_strides, shape.head_dim, shape.nheads_k, k_rows, entries,
+                         kTile.block_n) &&
+      encode_rows_map<T>(args.v_map, p.v, p.v_strides, shape.head_dim, shape.nheads_k, k_rows, entries,
+                         kTile.block_n);
+  if (!encoded) {
+    throw std::runtime_error(
+        "flash_attn backward (Hopper path): the driver could not make TMA tensor maps for q, k, v, dout (head_dim=" +
+        std::to_string(shape.head_dim) + "); strides must be multiples of 16 bytes below 2^40. Pass contiguous "
+        "tensors, or set FLASH_ATTN_HOPPER=0 to use the portable kernels.");
+  }
+  auto kernel = bwd_kernel<T, kHeadDim, kMask, kTile.block_m, kTile.block_n, kTile.stages>;
+  // Above 48 KB of dynamic shared memory a kernel must opt in; once per instantiation and process.
+  static const cudaError_t opt_in =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::kLaunchBytes);
+  if (opt_in != cudaSuccess) {
+    throw std::runtime_error(std::string("flash_attn backward (Hopper path): shared-memory opt-in of ") +
+                             std::to_string(Layout::kLaunchBytes) + " bytes failed: " + cudaGetErrorString(opt_in));
+  }
+  const int64_t key_blocks = (shape.seqlen_k + kTile.block_n - 1) / kTile.block_n;
+  if (key_blocks > 0) {
+    const dim3 grid(static_cast<unsigned>(key_blocks), static_cast<unsigned>(shape.nheads_k), batch);
+    kernel<<<grid, kBwdThreads, Layout::kLaunchBytes, s>>>(args);
+  }
+  if (row_blocks > 0) {
+    rowwise::bwd_convert_dq_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch),
+                                        rowwise::kRowwiseThreads, 0, s>>>(params, DqLayout::kRows);
+  }
+}
+
+}  // namespace flash::sm90

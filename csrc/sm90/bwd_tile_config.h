@@ -1,0 +1,31 @@
+// Tile sizes of the Hopper backward main kernel (bwd_kernel.h): a CTA owns block_n keys of one (batch entry, KV head),
+// 64 per consumer warpgroup, with dK and dV in registers, and walks the query rows that see them block_m at a time
+// (Q and dO through `stages`-slot TMA rings). FA3's hd 64 / 128 shapes (HOPPER_NOTES.md 2.4): 64 x 128, 2 stages.
+#pragma once
+
+namespace flash::sm90 {
+
+constexpr int kBwdRowsPerConsumer = 64;  // keys per consumer warpgroup: the wgmma M of S^T, dP^T, dV, dK
+constexpr int kBwdConsumerWarpgroups = 2;
+constexpr int kBwdThreads = (kBwdConsumerWarpgroups + 1) * 128;
+
+struct BwdTileConfig {
+  int block_m;  // query rows per step (the N of S^T and dP^T, the M of dQ)
+  int block_n;  // keys per CTA
+  int stages;   // Q / dO ring depth
+};
+
+// Head dims 64 and 128 (dK + dV: 2 x 64 x hd fp32 per warpgroup, 128 registers a thread at hd 128; larger head dims
+// need another split and stay on the portable path for now).
+constexpr BwdTileConfig bwd_tile_config(int head_dim) {
+  (void)head_dim;
+  return BwdTileConfig{64, kBwdRowsPerConsumer * kBwdConsumerWarpgroups, 2};
+}
+
+// How the two consumers share dQ = dS.K of a query block. Column halves (hd 128): each computes 64 columns over all
+// block_n keys, reading both consumers' dS^T (a named barrier between them); the reductions into the fp32 accumulator
+// are one tile's worth. Own keys (hd 64, where a 32-column half is no whole 128-byte swizzle line): each computes all
+// columns over its own 64 keys, no barrier, twice the reductions.
+constexpr bool bwd_dq_column_halves(int head_dim) { return head_dim >= 128; }
+
+}  // namespace flash::sm90

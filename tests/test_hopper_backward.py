@@ -1,0 +1,153 @@
+# The Hopper backward path (csrc/sm90/bwd_kernel.h, sm_90a) against the fp64 reference under the FlashAttention rule
+# (gradients within 3x the low-precision reference's error), with FLASH_ATTN_HOPPER=force so that a call it does not
+# take fails instead of passing on the portable kernels: head dims 64 and 128 (and below their buckets), odd sequence
+# lengths both ways (ragged query and key blocks, rows and keys no one sees), causal, windows, GQA / MQA (dK, dV summed
+# over a group's query heads in registers), packed qkv strides, varlen with empty sequences. Then the fallbacks:
+# deterministic mode, softcap and ALiBi run on the portable backward under FLASH_ATTN_HOPPER=1 and, under force, their
+# backward fails naming the feature (their forward is served). Collected where a Hopper GPU runs sm_90a code of a build with sm90 backward kernels.
+import pytest
+import torch
+
+import flash_attn
+from flash_attn import flash_attn_func, flash_attn_varlen_func
+from flash_attn._native import C
+from flash_attn.reference import attention_ref, attention_varlen_ref
+from helpers import assert_close_fa, randn, reference_pair, varlen_tensors
+
+HOPPER_ARCH = 90
+SWITCH = "FLASH_ATTN_HOPPER"
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _hopper_kernels():
+    """(direction, dtype name, head-dim bucket, mask) of every sm90 kernel in this build, where the GPU runs them."""
+    if not torch.cuda.is_available() or C.loaded_code(torch.cuda.current_device())[0] < HOPPER_ARCH:
+        return set()
+    return {(k["direction"], k["dtype"], k["head_dim"], k["mask"]) for k in flash_attn.built_kernels()
+            if k["device"] == "cuda" and k["arch"] == "sm90"}
+
+
+BUILT = _hopper_kernels()
+pytestmark = pytest.mark.skipif(not any(k[0] == "bwd" for k in BUILT),
+                                reason="needs a Hopper GPU and a build with sm90 backward kernels")
+
+
+def _require(dtype, head_dim, mask="none"):
+    bucket = 64 if head_dim <= 64 else 128
+    for direction in ("fwd", "bwd"):
+        if (direction, DTYPE_NAMES[dtype], bucket, mask) not in BUILT:
+            pytest.skip(f"no sm90 {direction} kernel for {DTYPE_NAMES[dtype]} head dim {head_dim} mask {mask}")
+
+
+@pytest.fixture
+def forced(monkeypatch):
+    monkeypatch.setenv(SWITCH, "force")
+
+
+def _leaves(*shapes, dtype=torch.bfloat16):
+    return [randn(*shape, dtype=dtype, device="cuda").requires_grad_() for shape in shapes]
+
+
+def _check_grads(out, inputs, dout, ref_fn):
+    grads = torch.autograd.grad(out, inputs, dout)
+    truth, naive = reference_pair(ref_fn, tuple(x.detach() for x in inputs), dout)
+    assert_close_fa(out.detach().cpu(), truth[0].cpu(), naive[0].cpu(), 2.0)
+    for name, ours, exact, low in zip("qkv", grads, truth[2], naive[2]):
+        try:
+            assert_close_fa(ours.cpu(), exact.cpu(), low.cpu(), 3.0)
+        except AssertionError as error:
+            raise AssertionError(f"d{name}: {error}") from None
+
+
+def _dense(b, sq, sk, h, hk, d, dtype=torch.bfloat16, **kwargs):
+    q, k, v = _leaves((b, sq, h, d), (b, sk, hk, d), (b, sk, hk, d), dtype=dtype)
+    dout = randn(b, sq, h, d, dtype=dtype, device="cuda")
+    out = flash_attn_func(q, k, v, **kwargs)
+    _check_grads(out, (q, k, v), dout, lambda *x, **kw: attention_ref(*x, **kwargs, **kw))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", [40, 64, 100, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dims(forced, head_dim, causal, dtype):
+    _require(dtype, head_dim, "causal" if causal else "none")
+    _dense(2, 113, 255, 4, 2, head_dim, dtype, causal=causal)
+
+
+@pytest.mark.parametrize("seqlens", [(1, 1), (17, 300), (300, 17), (127, 129), (128, 128), (129, 127), (640, 255)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_seqlens(forced, seqlens, causal, head_dim):
+    """Ragged query and key blocks; seqlen_q > seqlen_k causal leaves rows that see no key (LSE +inf: P = 0) and
+    seqlen_q < seqlen_k leaves keys that no row sees (dK = dV = 0 there)."""
+    _require(torch.bfloat16, head_dim, "causal" if causal else "none")
+    sq, sk = seqlens
+    _dense(2, sq, sk, 2, 2, head_dim, causal=causal)
+
+
+@pytest.mark.parametrize("window", [(100, 37), (0, 0), (-1, 20), (300, -1)])
+def test_windows(forced, window):
+    _require(torch.bfloat16, 128, "local")
+    _dense(2, 300, 517, 4, 4, 128, window_size=window)
+
+
+@pytest.mark.parametrize("heads", [(8, 2), (8, 1)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gqa(forced, heads, causal):
+    _require(torch.bfloat16, 128, "causal" if causal else "none")
+    h, hk = heads
+    _dense(2, 333, 333, h, hk, 128, causal=causal)
+
+
+def test_packed_qkv_strides(forced):
+    _require(torch.bfloat16, 128)
+    qkv = randn(2, 300, 3, 4, 128, dtype=torch.bfloat16, device="cuda").requires_grad_()
+    dout = randn(2, 300, 4, 128, dtype=torch.bfloat16, device="cuda")
+    out = flash_attn_func(*qkv.unbind(2), causal=True)
+    (grad,) = torch.autograd.grad(out, qkv, dout)
+    leaves = [x.detach().clone().requires_grad_() for x in qkv.unbind(2)]
+    truth, naive = reference_pair(lambda *x, **kw: attention_ref(*x, causal=True, **kw), tuple(leaves), dout)
+    for i, name in enumerate("qkv"):
+        try:
+            assert_close_fa(grad[:, :, i].cpu(), truth[2][i].cpu(), naive[2][i].cpu(), 3.0)
+        except AssertionError as error:
+            raise AssertionError(f"d{name}: {error}") from None
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_varlen(forced, causal, head_dim):
+    _require(torch.bfloat16, head_dim, "causal" if causal else "none")
+    seqlens_q, seqlens_k = [129, 0, 17, 300, 5], [200, 9, 0, 333, 128]
+    q, k, v, cu_q, cu_k = varlen_tensors(seqlens_q, seqlens_k, 4, 2, head_dim, torch.bfloat16, "cuda",
+                                         requires_grad=True)
+    dout = randn(*q.shape, dtype=torch.bfloat16, device="cuda")
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), causal=causal)
+    _check_grads(out, (q, k, v), dout,
+                 lambda *x, **kw: attention_varlen_ref(*x, cu_q.cpu(), cu_k.cpu(), causal=causal, **kw)[:2])
+
+
+# Backward calls the Hopper backward does not serve yet: feature (as its force error names it) -> flash_attn_func
+# keyword arguments.
+FALLBACKS = {
+    "deterministic": dict(deterministic=True),
+    "softcap": dict(softcap=20.0),
+    "ALiBi": dict(alibi_slopes="slopes"),
+}
+
+
+@pytest.mark.parametrize("feature", list(FALLBACKS))
+def test_fallback_runs_and_force_names_the_feature(monkeypatch, feature):
+    _require(torch.bfloat16, 128)
+    kwargs = dict(FALLBACKS[feature])
+    if kwargs.get("alibi_slopes") == "slopes":
+        kwargs["alibi_slopes"] = torch.rand(4, device="cuda") * 0.1
+    q, k, v = _leaves((2, 200, 4, 128), (2, 200, 4, 128), (2, 200, 4, 128))
+    monkeypatch.setenv(SWITCH, "1")
+    out = flash_attn_func(q, k, v, **kwargs)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    assert all(torch.isfinite(g).all() for g in grads)
+    monkeypatch.setenv(SWITCH, "force")  # the Hopper forward serves each of these; only the backward falls back
+    out = flash_attn_func(q, k, v, **kwargs)
+    with pytest.raises(RuntimeError, match=f"{SWITCH}=force.*backward.*{feature}"):
+        torch.autograd.grad(out.sum(), (q, k, v))
