@@ -88,8 +88,12 @@ ERROR_MESSAGE_MAX_CHARS = 400
 TORCH_SOURCE_NOTE = re.compile(r"\(Triggered internally at [^)]*\)")
 
 OURS = "flash_attn"
+# The same calls with FLASH_ATTN_HOPPER=force: the Hopper kernels (csrc/sm90/), or an error row where they do not
+# serve the call; `flash_attn` runs what dispatch picks by default.
+OURS_HOPPER = "flash_attn_hopper"
+HOPPER_SWITCH = "FLASH_ATTN_HOPPER"
 COPY_CEILING = "copy_ceiling"
-ALL_IMPLS = (OURS, "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math", "flex")
+ALL_IMPLS = (OURS, OURS_HOPPER, "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math", "flex")
 DEFAULT_IMPLS = {
     "cuda": (OURS, "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex"),
     "cpu": (OURS, "sdpa"),
@@ -182,7 +186,21 @@ def import_flash_attn():
         return None, f"{type(exc).__name__}: {exc}"
 
 
-def make_ours(fa_module, fa_error, backward: bool) -> Impl:
+@contextlib.contextmanager
+def environment_variable(name: str, value: str):
+    """Sets os.environ[name] for the block (flash_attn reads its switches on every call), then restores it."""
+    previous = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = previous
+
+
+def make_ours(fa_module, fa_error, backward: bool, name: str = OURS) -> Impl:
     def build(p: Problem):
         if fa_module is None:
             raise RuntimeError(f"flash_attn is not importable: {fa_error}")
@@ -203,7 +221,10 @@ def make_ours(fa_module, fa_error, backward: bool) -> Impl:
             extra["alibi_slopes"] = p.alibi_slopes()
         return lambda q, k, v: fa_module.flash_attn_func(q, k, v, causal=p.causal, **extra)
 
-    return Impl(OURS, "bshd", build, contextlib.nullcontext)
+    def context():
+        return environment_variable(HOPPER_SWITCH, "force") if name == OURS_HOPPER else contextlib.nullcontext()
+
+    return Impl(name, "bshd", build, context)
 
 
 def make_sdpa(name: str, backend_name: Optional[str]) -> Impl:
@@ -262,6 +283,7 @@ def make_flex() -> Impl:
 def make_impls(names, fa_module, fa_error, backward: bool) -> list:
     factories = {
         OURS: lambda: make_ours(fa_module, fa_error, backward),
+        OURS_HOPPER: lambda: make_ours(fa_module, fa_error, backward, OURS_HOPPER),
         "sdpa": lambda: make_sdpa("sdpa", None),
         "sdpa_flash": lambda: make_sdpa("sdpa_flash", "FLASH_ATTENTION"),
         "sdpa_cudnn": lambda: make_sdpa("sdpa_cudnn", "CUDNN_ATTENTION"),
@@ -686,8 +708,10 @@ def format_rate(row: Optional[dict], scale: float) -> str:
 
 
 def ratio_to_best_peer(rows: list) -> Optional[float]:
+    """Our default dispatch against the best of the other libraries (not against our own forced Hopper rows)."""
     ours = next((rate_of(r) for r in rows if r["impl"] == OURS), None)
-    peers = [rate_of(r) for r in rows if r["impl"] not in (OURS, COPY_CEILING) and rate_of(r) is not None]
+    peers = [rate_of(r) for r in rows
+             if r["impl"] not in (OURS, OURS_HOPPER, COPY_CEILING) and rate_of(r) is not None]
     if ours is None or not peers:
         return None
     return ours / max(peers)
@@ -696,7 +720,7 @@ def ratio_to_best_peer(rows: list) -> Optional[float]:
 class Table:
     """Prints one line per shape as results arrive; cells are 'fwd/bwd' rates, '!' marks a failed check."""
 
-    CELL_WIDTH = 15
+    CELL_WIDTH = 15  # wider where an implementation's name is longer (one space between columns)
 
     def __init__(self, impl_names, directions, device: str, decode: bool):
         self.impl_names = list(impl_names) + ([COPY_CEILING] if decode else [])
@@ -704,12 +728,13 @@ class Table:
         self.decode = decode
         self.unit, self.scale = rate_unit(device, decode)
         self.notes = {}
+        self.widths = {name: max(self.CELL_WIDTH, len(name) + 1) for name in self.impl_names}
 
     def header(self):
         what = "/".join(self.directions) if not self.decode else "decode, K+V bytes read once"
         print(f"\nrates in {self.unit} ({what}); ratio = {OURS} / best peer; '!' = failed correctness check")
         shape = f"{'dtype':>5} {'hdim':>4} {'causal':>6} {'B':>4} {'Hq/Hk':>6} {'seqlen':>7}"
-        cells = "".join(f"{name:>{self.CELL_WIDTH}}" for name in self.impl_names)
+        cells = "".join(f"{name:>{self.widths[name]}}" for name in self.impl_names)
         print(shape + cells + f"{'ratio':>{self.CELL_WIDTH}}", flush=True)
 
     def add(self, p: Problem, rows: list):
@@ -727,7 +752,7 @@ class Table:
                 parts.append(format_rate(row, self.scale))
                 if row is not None and row["error"]:
                     self.notes.setdefault(name, []).append(row["error"])
-            cells.append(f"{'/'.join(parts):>{self.CELL_WIDTH}}")
+            cells.append(f"{'/'.join(parts):>{self.widths[name]}}")
         ratios = []
         for direction in self.directions:
             ratio = ratio_to_best_peer([r for r in rows if r["direction"] == direction])

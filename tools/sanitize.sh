@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the representative CUDA test subset (pytest marker `sanitize`, tests/test_cuda_sanitize.py) under
-# compute-sanitizer's memcheck (out-of-bounds / misaligned accesses) and racecheck (shared-memory hazards);
-# exits non-zero on the first tool that reports an error. Needs a GPU and a build with CUDA kernels.
+# compute-sanitizer's memcheck (out-of-bounds / misaligned accesses) and racecheck (shared-memory hazards), then,
+# where the GPU runs the Hopper kernels (sm_90a code), the same subset through them (FLASH_ATTN_HOPPER=1) under
+# memcheck, racecheck and synccheck (named barriers, mbarriers); exits non-zero on the first tool that reports an
+# error. Needs a GPU and a build with CUDA kernels.
 # Usage: tools/sanitize.sh [extra pytest args]   (e.g. -k bwd). About 5 minutes on one H200 when every
 # head-dim bucket is built in both directions.
 set -euo pipefail
@@ -17,7 +19,14 @@ export PYTORCH_NO_CUDA_MEMORY_CACHING=1
 PYTEST=(python3 -m pytest -q -p no:cacheprovider -m sanitize tests/test_cuda_sanitize.py "$@")
 
 for tool in memcheck racecheck; do
-  echo "== compute-sanitizer --tool $tool"
-  "$SANITIZER" --tool "$tool" --error-exitcode 1 --print-limit 20 "${PYTEST[@]}"
+  echo "== compute-sanitizer --tool $tool (portable kernels)"
+  FLASH_ATTN_HOPPER=0 "$SANITIZER" --tool "$tool" --error-exitcode 1 --print-limit 20 "${PYTEST[@]}"
 done
+hopper_code=$(python3 -c "import torch, flash_attn_C as C; print(int(C.loaded_code(0)[0] >= 90))" 2>/dev/null || echo 0)
+if [ "$hopper_code" = 1 ]; then
+  for tool in memcheck racecheck synccheck; do
+    echo "== compute-sanitizer --tool $tool (Hopper kernels where they serve the call)"
+    FLASH_ATTN_HOPPER=1 "$SANITIZER" --tool "$tool" --error-exitcode 1 --print-limit 20 "${PYTEST[@]}"
+  done
+fi
 echo "== sanitizers clean"
