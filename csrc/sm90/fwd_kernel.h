@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "flash_attn/common/mask.h"
+#include "flash_attn/common/fast_tanh.h"
 #include "flash_attn/common/math.h"
 #include "flash_attn/common/seqlen.h"
 #include "flash_attn/params.h"
@@ -125,6 +126,7 @@ __device__ __forceinline__ void rescale_o(float (&o)[kHeadDim / 2], const float 
 struct ScoreTransform {
   float scale;        // softmax_scale
   float softcap;      // 0: none
+  float inverse_softcap;
   float alibi_slope;  // 0: none
   int64_t offset;     // the diagonal offset ALiBi's distance is measured from
 };
@@ -138,7 +140,7 @@ __device__ __forceinline__ void transform_scores(float (&s)[kBlockN / 2], const 
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float z = s[4 * j + e] * t.scale;
-      if (t.softcap > 0.f) z = t.softcap * tanhf(z / t.softcap);
+      if (t.softcap > 0.f) z = t.softcap * fast_tanh(z * t.inverse_softcap);
       z -= t.alibi_slope * fabsf(static_cast<float>(rows.row[e / 2] + t.offset - (col0 + 8 * j + (e % 2))));
       s[4 * j + e] = z * log2e;
     }
@@ -280,7 +282,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
                                   ptx::kSwizzleAtomBytes);
     };
     auto masked = [&](int n) { return n < full_lo || n >= full_hi; };
-    ScoreTransform transform{static_cast<float>(p.softmax_scale), static_cast<float>(p.softcap), 0.f, offset};
+    ScoreTransform transform{static_cast<float>(p.softmax_scale), static_cast<float>(p.softcap),
+                             p.softcap > 0.0 ? static_cast<float>(1.0 / p.softcap) : 0.f, 0.f, offset};
     if (kGeneral && p.mask.alibi_slopes != nullptr) {
       transform.alibi_slope = p.mask.alibi_slopes[batch * p.mask.alibi_batch_stride + head];
     }
