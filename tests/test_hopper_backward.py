@@ -2,9 +2,9 @@
 # (gradients within 3x the low-precision reference's error), with FLASH_ATTN_HOPPER=force so that a call it does not
 # take fails instead of passing on the portable kernels: head dims 64 and 128 (and below their buckets), odd sequence
 # lengths both ways (ragged query and key blocks, rows and keys no one sees), causal, windows, GQA / MQA (dK, dV summed
-# over a group's query heads in registers), packed qkv strides, varlen with empty sequences. Then the fallbacks:
-# deterministic mode, softcap and ALiBi run on the portable backward under FLASH_ATTN_HOPPER=1 and, under force, their
-# backward fails naming the feature (their forward is served). Collected where a Hopper GPU runs sm_90a code of a build with sm90 backward kernels.
+# over a group's query heads in registers), packed qkv strides, varlen with empty sequences, softcap and ALiBi (the
+# general kernels). Then the fallback: deterministic mode runs on the portable backward under FLASH_ATTN_HOPPER=1 and,
+# under force, its backward fails naming the feature (its forward is served). Collected where a Hopper GPU runs sm_90a code of a build with sm90 backward kernels.
 import pytest
 import torch
 
@@ -127,12 +127,29 @@ def test_varlen(forced, causal, head_dim):
                  lambda *x, **kw: attention_varlen_ref(*x, cu_q.cpu(), cu_k.cpu(), causal=causal, **kw)[:2])
 
 
+@pytest.mark.parametrize("feature", ["softcap", "alibi", "both"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_softcap_and_alibi(forced, feature, causal, head_dim):
+    """The general kernels: softcap (its derivative in dS) and ALiBi per (batch, query head) of a GQA group."""
+    _require(torch.bfloat16, head_dim, "causal" if causal else "none")
+    kwargs = dict(causal=causal)
+    if feature in ("softcap", "both"):
+        kwargs["softcap"] = 15.0
+    if feature in ("alibi", "both"):
+        kwargs["alibi_slopes"] = torch.rand(2, 4, device="cuda") * 0.3
+    q, k, v = _leaves((2, 213, 4, head_dim), (2, 300, 2, head_dim), (2, 300, 2, head_dim))
+    with torch.no_grad():
+        q.mul_(3.0)  # scores large enough for softcap to bend them
+    dout = randn(2, 213, 4, head_dim, dtype=torch.bfloat16, device="cuda")
+    out = flash_attn_func(q, k, v, **kwargs)
+    _check_grads(out, (q, k, v), dout, lambda *x, **kw: attention_ref(*x, **kwargs, **kw))
+
+
 # Backward calls the Hopper backward does not serve yet: feature (as its force error names it) -> flash_attn_func
 # keyword arguments.
 FALLBACKS = {
     "deterministic": dict(deterministic=True),
-    "softcap": dict(softcap=20.0),
-    "ALiBi": dict(alibi_slopes="slopes"),
 }
 
 
@@ -140,14 +157,12 @@ FALLBACKS = {
 def test_fallback_runs_and_force_names_the_feature(monkeypatch, feature):
     _require(torch.bfloat16, 128)
     kwargs = dict(FALLBACKS[feature])
-    if kwargs.get("alibi_slopes") == "slopes":
-        kwargs["alibi_slopes"] = torch.rand(4, device="cuda") * 0.1
     q, k, v = _leaves((2, 200, 4, 128), (2, 200, 4, 128), (2, 200, 4, 128))
     monkeypatch.setenv(SWITCH, "1")
     out = flash_attn_func(q, k, v, **kwargs)
     grads = torch.autograd.grad(out.sum(), (q, k, v))
     assert all(torch.isfinite(g).all() for g in grads)
-    monkeypatch.setenv(SWITCH, "force")  # the Hopper forward serves each of these; only the backward falls back
+    monkeypatch.setenv(SWITCH, "force")  # the Hopper forward serves the call; only the backward falls back
     out = flash_attn_func(q, k, v, **kwargs)
     with pytest.raises(RuntimeError, match=f"{SWITCH}=force.*backward.*{feature}"):
         torch.autograd.grad(out.sum(), (q, k, v))

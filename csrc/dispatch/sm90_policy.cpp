@@ -60,8 +60,6 @@ const char* sm90_fwd_declines(const FwdParams& p) {
 
 const char* sm90_bwd_declines(const BwdParams& p) {
   if (const char* declined = sm90_fwd_declines(p.fwd)) return declined;
-  if (p.fwd.softcap > 0.0) return "softcap in the backward";
-  if (p.fwd.mask.alibi_slopes != nullptr) return "ALiBi in the backward";
   if (p.deterministic) return "deterministic=True";
   if (p.dbias != nullptr) return "a bias gradient";
   if (p.dq_splits != 1) return "split dq accumulators";

@@ -23,7 +23,7 @@ HopperSwitch hopper_switch();
 // otherwise what it lacks, for FLASH_ATTN_HOPPER=force errors. The head-dim bucket is the kernel table's concern.
 const char* sm90_fwd_declines(const FwdParams& p);
 
-// The same for the backward (the forward's limits, and no softcap, ALiBi, deterministic mode or bias gradient yet).
+// The same for the backward (the forward's limits, and no deterministic mode or bias gradient yet).
 const char* sm90_bwd_declines(const BwdParams& p);
 
 }  // namespace flash

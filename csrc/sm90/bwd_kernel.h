@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "flash_attn/bwd_workspace.h"
+#include "flash_attn/common/fast_tanh.h"
 #include "flash_attn/common/mask.h"
 #include "flash_attn/common/math.h"
 #include "flash_attn/params.h"
@@ -83,7 +84,10 @@ __device__ __forceinline__ void rows_seeing_keys(const MaskParams& mask, int64_t
   }
 }
 
-template <typename T, int kHeadDim, MaskKind kMask, int kBlockM, int kBlockN, int kStages>
+// kGeneral: softcap and / or ALiBi, recomputed as the forward's general kernels apply them (z = softcap tanh(s scale /
+// softcap) - slope |distance|); dS then carries softcap's derivative 1 - tanh^2 (the final softmax_scale factors of dQ
+// and dK stay where they are).
+template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, int kBlockM, int kBlockN, int kStages>
 __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_constant__ BwdKernelArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Layout = BwdSmemLayout<kHeadDim, kBlockM, kBlockN, kStages>;
@@ -204,12 +208,18 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
     const uint64_t k_dq_desc =
         ptx::smem_descriptor(k_tile + dq_segment * kBlockN * kSegmentBytes + dq_key0 * kSegmentBytes,
                              kBlockN * kSegmentBytes, ptx::kSwizzleAtomBytes);
+    const float scale = static_cast<float>(p.softmax_scale);
+    const float softcap = static_cast<float>(p.softcap);
+    const float inverse_softcap = p.softcap > 0.0 ? static_cast<float>(1.0 / p.softcap) : 0.f;
     ptx::mbarrier_wait_parity(kv_full, 0);
 
     for (int i = 0; i < steps; ++i) {
       const Slot slot(i);
       const int head = kv_head * args.heads_per_kv + i / m_count;
       const int64_t q0 = static_cast<int64_t>(m_min + i % m_count) * kBlockM;
+      const float alibi_slope = kGeneral && p.mask.alibi_slopes != nullptr
+                                    ? p.mask.alibi_slopes[batch * p.mask.alibi_batch_stride + head]
+                                    : 0.f;
 
       // The step's LSE (log2 units; +inf for rows past the sequence, so P = 0 there) and D, per consumer.
       float* step_stats = stats + (consumer * 2 + i % 2) * Layout::kStatFloats;
@@ -245,30 +255,65 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
       const KeyRange last = visible_keys(p.mask, q0 + kBlockM - 1, offset, seqlen_k);
       const bool masked = q0 + kBlockM > seqlen_q || key0 + kBlockN > seqlen_k ||
                           (kMask != MaskKind::kNone && (last.begin > key0 || first.end < key0 + kBlockN));
-      ptx::warpgroup_wait<1>();
-      pin_all(s);
-#pragma unroll
-      for (int j = 0; j < kBlockM / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = 8 * j + quad_col + (e % 2);
-          float prob = exp2f(fmaf(s[4 * j + e], args.scale_log2, -step_stats[col]));
-          if (masked) {
-            const int64_t q = q0 + col;
-            const int64_t key = keys[e / 2];
-            const KeyRange seen = visible_keys(p.mask, q, offset, seqlen_k);
-            if (q >= seqlen_q || key >= seqlen_k || key < seen.begin || key >= seen.end) prob = 0.f;
+      // P^T, then dS^T = P^T (dP^T - D). Lean kernels exponentiate while dP^T is still on the tensor cores; general
+      // ones wait for both and do both in one pass, so softcap's derivative 1 - tanh^2 needs no registers of its own
+      // (stored, it spilled 156 bytes at hd 128).
+      auto probability = [&](int j, int e, float score, float& derivative) {
+        const int col = 8 * j + quad_col + (e % 2);
+        float prob;
+        if constexpr (kGeneral) {
+          float z = score * scale;
+          if (softcap > 0.f) {
+            const float th = fast_tanh(z * inverse_softcap);
+            z = softcap * th;
+            derivative = 1.f - th * th;
           }
-          s[4 * j + e] = prob;
+          z -= alibi_slope * fabsf(static_cast<float>(q0 + col + offset - keys[e / 2]));
+          prob = exp2f(fmaf(z, static_cast<float>(kLog2e), -step_stats[col]));
+        } else {
+          prob = exp2f(fmaf(score, args.scale_log2, -step_stats[col]));
         }
-      }
-      ptx::warpgroup_wait<0>();
-      pin_all(dp);
+        if (masked) {
+          const int64_t q = q0 + col;
+          const int64_t key = keys[e / 2];
+          const KeyRange seen = visible_keys(p.mask, q, offset, seqlen_k);
+          if (q >= seqlen_q || key >= seqlen_k || key < seen.begin || key >= seen.end) prob = 0.f;
+        }
+        return prob;
+      };
+      auto score_gradient = [&](int j, int e, float prob, float d_prob, float derivative) {
+        return prob * (d_prob - step_stats[kBlockM + 8 * j + quad_col + (e % 2)]) * derivative;
+      };
+      if constexpr (kGeneral) {
+        ptx::warpgroup_wait<0>();
+        pin_all(s);
+        pin_all(dp);
 #pragma unroll
-      for (int j = 0; j < kBlockM / 8; ++j) {
+        for (int j = 0; j < kBlockM / 8; ++j) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - step_stats[kBlockM + 8 * j + quad_col + (e % 2)]);
+          for (int e = 0; e < 4; ++e) {
+            float derivative = 1.f;
+            s[4 * j + e] = probability(j, e, s[4 * j + e], derivative);
+            dp[4 * j + e] = score_gradient(j, e, s[4 * j + e], dp[4 * j + e], derivative);
+          }
+        }
+      } else {
+        ptx::warpgroup_wait<1>();
+        pin_all(s);
+#pragma unroll
+        for (int j = 0; j < kBlockM / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float unused = 1.f;
+            s[4 * j + e] = probability(j, e, s[4 * j + e], unused);
+          }
+        }
+        ptx::warpgroup_wait<0>();
+        pin_all(dp);
+#pragma unroll
+        for (int j = 0; j < kBlockM / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dp[4 * j + e] = score_gradient(j, e, s[4 * j + e], dp[4 * j + e], 1.f);
         }
       }
       uint32_t p_frag[kBlockM / 16][4];

@@ -17,10 +17,23 @@
 
 namespace flash::sm90 {
 
+template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, BwdTileConfig kTile>
+void launch_bwd(const dim3& grid, const BwdKernelArgs& args, cudaStream_t stream) {
+  using Layout = BwdSmemLayout<kHeadDim, kTile.block_m, kTile.block_n, kTile.stages>;
+  auto kernel = bwd_kernel<T, kHeadDim, kMask, kGeneral, kTile.block_m, kTile.block_n, kTile.stages>;
+  // Above 48 KB of dynamic shared memory a kernel must opt in; once per instantiation and process.
+  static const cudaError_t opt_in =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::kLaunchBytes);
+  if (opt_in != cudaSuccess) {
+    throw std::runtime_error(std::string("flash_attn backward (Hopper path): shared-memory opt-in of ") +
+                             std::to_string(Layout::kLaunchBytes) + " bytes failed: " + cudaGetErrorString(opt_in));
+  }
+  kernel<<<grid, kBwdThreads, Layout::kLaunchBytes, stream>>>(args);
+}
+
 template <DType kDType, int kHeadDim, MaskKind kMask, BwdTileConfig kTile = bwd_tile_config(kHeadDim)>
 void run_bwd(const BwdParams& params, void* stream) {
   using T = Element<kDType>;
-  using Layout = BwdSmemLayout<kHeadDim, kTile.block_m, kTile.block_n, kTile.stages>;
   const FwdParams& p = params.fwd;
   const AttentionShape& shape = p.shape;
   if (shape.batch == 0 || shape.nheads_q == 0) return;
@@ -58,18 +71,14 @@ void run_bwd(const BwdParams& params, void* stream) {
         std::to_string(shape.head_dim) + "); strides must be multiples of 16 bytes below 2^40. Pass contiguous "
         "tensors, or set FLASH_ATTN_HOPPER=0 to use the portable kernels.");
   }
-  auto kernel = bwd_kernel<T, kHeadDim, kMask, kTile.block_m, kTile.block_n, kTile.stages>;
-  // Above 48 KB of dynamic shared memory a kernel must opt in; once per instantiation and process.
-  static const cudaError_t opt_in =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::kLaunchBytes);
-  if (opt_in != cudaSuccess) {
-    throw std::runtime_error(std::string("flash_attn backward (Hopper path): shared-memory opt-in of ") +
-                             std::to_string(Layout::kLaunchBytes) + " bytes failed: " + cudaGetErrorString(opt_in));
-  }
   const int64_t key_blocks = (shape.seqlen_k + kTile.block_n - 1) / kTile.block_n;
   if (key_blocks > 0) {
     const dim3 grid(static_cast<unsigned>(key_blocks), static_cast<unsigned>(shape.nheads_k), batch);
-    kernel<<<grid, kBwdThreads, Layout::kLaunchBytes, s>>>(args);
+    if (fwd_needs_general_kernel(p)) {
+      launch_bwd<T, kHeadDim, kMask, true, kTile>(grid, args, s);
+    } else {
+      launch_bwd<T, kHeadDim, kMask, false, kTile>(grid, args, s);
+    }
   }
   if (row_blocks > 0) {
     rowwise::bwd_convert_dq_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch),
