@@ -2,10 +2,11 @@
 // work can iterate on the GPU machine before the extension is rebuilt. Random inputs, a naive fp32 attention kernel
 // as the reference (max |error| of O and LSE, NaN counted as failure), then CUDA-event timing in TFLOP/s.
 // Build: nvcc -O3 -std=c++20 --use_fast_math --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a
-//        -Icsrc -Icsrc/include tools/sm90_fwd_check.cu -o sm90_fwd_check
-//        [-DFLASH_CHECK_HEAD_DIM=128: one head dim's kernels only]
+//        -DFLASH_WITH_CUDA -Icsrc -Icsrc/include tools/sm90_fwd_check.cu csrc/dispatch/device_attributes.cpp
+//        csrc/dispatch/loaded_code_arch.cu -o sm90_fwd_check   [-DFLASH_CHECK_HEAD_DIM=128: one head dim only]
 // Run:   ./sm90_fwd_check hd none|causal|local batch heads kv_heads seqlen_q seqlen_k [iters] [bf16|fp16]
-//        [serial|overlap|pingpong] [block_n stages]   (window of local: 100 left, 37 right; tile: the policy's)
+//        [serial|overlap|pingpong] [block_n stages (0 0: the policy's)] [persistent 0|1]
+//        (window of local: 100 left, 37 right)
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -36,7 +37,8 @@ using Launch = void (*)(const flash::FwdParams&, void*);
 
 using flash::sm90::FwdSchedule;
 using flash::sm90::FwdTileConfig;
-using Key = std::tuple<int, int, int, int, int, int>;  // dtype, head dim, mask, schedule, block_n, stages
+using Key = std::tuple<int, int, int, int, int, int, bool>;  // dtype, head dim, mask, schedule, block_n, stages,
+                                                             // persistent
 
 // -DFLASH_CHECK_HEAD_DIM=<bucket> builds one head dim's kernels only (tools/sm90_fwd_check.sh builds the four in
 // parallel); 0 builds all.
@@ -45,17 +47,17 @@ using Key = std::tuple<int, int, int, int, int, int>;  // dtype, head dim, mask,
 #endif
 constexpr int kOnlyHeadDim = FLASH_CHECK_HEAD_DIM;
 
-Key key_of(DType d, int h, MaskKind m, FwdSchedule s, FwdTileConfig c) {
-  return {static_cast<int>(d), h, static_cast<int>(m), static_cast<int>(s), c.block_n, c.stages};
+Key key_of(DType d, int h, MaskKind m, FwdSchedule s, FwdTileConfig c, bool persistent) {
+  return {static_cast<int>(d), h, static_cast<int>(m), static_cast<int>(s), c.block_n, c.stages, persistent};
 }
 
-template <DType D, int H, MaskKind M, FwdSchedule S, FwdTileConfig C>
+template <DType D, int H, MaskKind M, FwdSchedule S, FwdTileConfig C, bool P = false>
 void add_variant(std::map<Key, Launch>& table) {
-  table[key_of(D, H, M, S, C)] = flash::sm90::run_fwd<D, H, M, S, C>;
+  table[key_of(D, H, M, S, C, P)] = flash::sm90::run_fwd<D, H, M, S, C, P>;
 }
 
-// The policy's tile with every mask and schedule; other tiles (to time against it) with the overlapped schedules
-// and the masks of the standard table.
+// The policy's tile with every mask and schedule (and persistent with the overlapped schedules); other tiles (to time
+// against it) with the overlapped schedules and the masks of the standard table.
 template <DType D, int H, FwdTileConfig... kOthers>
 void add_head_dim(std::map<Key, Launch>& table) {
   if constexpr (kOnlyHeadDim == 0 || kOnlyHeadDim == H) {
@@ -69,6 +71,11 @@ void add_head_dim(std::map<Key, Launch>& table) {
     add_variant<D, H, MaskKind::kNone, FwdSchedule::kPingpong, kPolicy>(table);
     add_variant<D, H, MaskKind::kCausal, FwdSchedule::kPingpong, kPolicy>(table);
     add_variant<D, H, MaskKind::kLocal, FwdSchedule::kPingpong, kPolicy>(table);
+    add_variant<D, H, MaskKind::kNone, FwdSchedule::kOverlap, kPolicy, true>(table);
+    add_variant<D, H, MaskKind::kCausal, FwdSchedule::kOverlap, kPolicy, true>(table);
+    add_variant<D, H, MaskKind::kLocal, FwdSchedule::kOverlap, kPolicy, true>(table);
+    add_variant<D, H, MaskKind::kNone, FwdSchedule::kPingpong, kPolicy, true>(table);
+    add_variant<D, H, MaskKind::kCausal, FwdSchedule::kPingpong, kPolicy, true>(table);
     (add_variant<D, H, MaskKind::kNone, FwdSchedule::kOverlap, kOthers>(table), ...);
     (add_variant<D, H, MaskKind::kCausal, FwdSchedule::kOverlap, kOthers>(table), ...);
     (add_variant<D, H, MaskKind::kNone, FwdSchedule::kPingpong, kOthers>(table), ...);
@@ -204,7 +211,7 @@ int run(int hd, MaskKind mask, int64_t b, int64_t h, int64_t hk, int64_t sq, int
 int main(int argc, char** argv) {
   if (argc < 8) {
     std::fprintf(stderr, "usage: %s hd none|causal|local batch heads kv_heads seqlen_q seqlen_k [iters] [bf16|fp16] "
-                 "[serial|overlap|pingpong] [block_n stages]\n",
+                 "[serial|overlap|pingpong] [block_n stages] [persistent]\n",
                  argv[0]);
     return 2;
   }
@@ -228,9 +235,10 @@ int main(int argc, char** argv) {
                                                             : FwdSchedule::kSerial;
   const int bucket = hd <= 64 ? 64 : hd <= 128 ? 128 : hd <= 192 ? 192 : 256;
   FwdTileConfig tile = flash::sm90::fwd_tile_config(bucket);
-  if (argc > 12) tile = FwdTileConfig{tile.block_m, std::atoi(argv[11]), std::atoi(argv[12])};
+  if (argc > 12 && std::atoi(argv[11]) > 0) tile = FwdTileConfig{tile.block_m, std::atoi(argv[11]), std::atoi(argv[12])};
+  const bool persistent = argc > 13 && std::atoi(argv[13]) != 0;
   const DType dtype = fp16 ? DType::kFloat16 : DType::kBFloat16;
-  const auto found = table.find(key_of(dtype, bucket, mask, schedule, tile));
+  const auto found = table.find(key_of(dtype, bucket, mask, schedule, tile, persistent));
   if (found == table.end()) {
     std::fprintf(stderr, "not instantiated in this build (FLASH_CHECK_HEAD_DIM=%d): hd %d %s %s block_n %d stages %d\n",
                  kOnlyHeadDim, hd, mask_name.c_str(), schedule_name.c_str(), tile.block_n, tile.stages);
@@ -241,7 +249,7 @@ int main(int argc, char** argv) {
   const int64_t left = 100, right = 37;
   const std::string variant =
       schedule_name + " " + std::to_string(tile.block_m) + "x" + std::to_string(tile.block_n) + "x" +
-      std::to_string(tile.stages);
+      std::to_string(tile.stages) + (persistent ? " persistent" : "");
   return fp16 ? run<__half>(hd, mask, b, h, hk, sq, sk, iters, found->second, left, right, variant)
               : run<__nv_bfloat16>(hd, mask, b, h, hk, sq, sk, iters, found->second, left, right, variant);
 }

@@ -9,7 +9,9 @@ OUT="${OUT:-/tmp/sm90_fwd_check}"; mkdir -p "$OUT"
 SCHEDULES="${1:-serial overlap pingpong}"
 for hd in 64 128 192 256; do
   nvcc -O3 -std=c++20 --use_fast_math --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -Icsrc \
-    -Icsrc/include -DFLASH_CHECK_HEAD_DIM=$hd tools/sm90_fwd_check.cu -o "$OUT/check_hd$hd" > "$OUT/build_hd$hd.log" 2>&1 &
+    -Icsrc/include -DFLASH_WITH_CUDA -DFLASH_CHECK_HEAD_DIM=$hd tools/sm90_fwd_check.cu \
+    csrc/dispatch/device_attributes.cpp csrc/dispatch/loaded_code_arch.cu -o "$OUT/check_hd$hd" \
+    > "$OUT/build_hd$hd.log" 2>&1 &
 done
 wait
 for hd in 64 128 192 256; do [ -x "$OUT/check_hd$hd" ] || { tail -20 "$OUT/build_hd$hd.log"; exit 1; }; done
@@ -27,6 +29,15 @@ for schedule in $SCHEDULES; do
   run 128 none 2 3 3 300 517 2 fp16 "$schedule"
   run 128 causal 2 3 3 1 1 2 bf16 "$schedule"
 done > "$OUT/correctness.log" 2>&1
+# The persistent form (several tiles per CTA: many heads, small batch) with the overlapped schedules.
+for schedule in overlap pingpong; do
+  for hd in 64 128 192 256; do
+    for mask in none causal; do
+      run "$hd" "$mask" 3 40 8 300 517 2 bf16 "$schedule" 0 0 1
+      run "$hd" "$mask" 2 40 40 517 300 2 bf16 "$schedule" 0 0 1
+    done
+  done
+done >> "$OUT/correctness.log" 2>&1
 for schedule in $SCHEDULES; do
   for hd in 64 128 256; do
     for s in 512 2048 8192 16384; do
@@ -35,7 +46,16 @@ for schedule in $SCHEDULES; do
     done
   done
 done > "$OUT/speed.log" 2>&1
-# The other tiles (tools/sm90_fwd_check.cu add_head_dim) at 16k and 2k, overlapped schedules.
+# The persistent form against one tile per CTA where it should matter most (512 and 2k), then the other tiles
+# (tools/sm90_fwd_check.cu add_head_dim) at 16k and 2k, overlapped schedules.
+for schedule in overlap pingpong; do
+  for hd in 64 128 256; do
+    for s in 512 2048; do
+      for mask in none causal; do run "$hd" "$mask" $((16384 / s)) $((2048 / hd)) $((2048 / hd)) "$s" "$s" 20 bf16 \
+        "$schedule" 0 0 1; done
+    done
+  done
+done > "$OUT/tiles.log" 2>&1
 for schedule in overlap pingpong; do
   for tile in "64 192 2" "64 128 4" "128 176 2" "128 128 3" "192 96 2" "192 64 3" "256 64 2" "256 48 3"; do
     set -- $tile
@@ -44,7 +64,7 @@ for schedule in overlap pingpong; do
         "$schedule" "$2" "$3"; done
     done
   done
-done > "$OUT/tiles.log" 2>&1
+done >> "$OUT/tiles.log" 2>&1
 grep -c "nonfinite 0" "$OUT/correctness.log" | sed 's/^/correct runs: /'
 grep -E "FAILED|nonfinite [1-9]" "$OUT/correctness.log" | head -20
 cat "$OUT/speed.log" "$OUT/tiles.log" | sed -E 's/ max\|dO\|.*\| / /'

@@ -35,6 +35,7 @@ struct FwdKernelArgs {
                       // whose transform_scores turns scores into log2-domain logits first
   int heads_per_kv;   // nheads_q / nheads_k
   int num_m_blocks;
+  int64_t num_tiles;  // query blocks x heads x batch entries (persistent kernels walk them)
 };
 
 // Byte offsets of the tiles and barriers in the (1024-byte aligned) dynamic shared memory.
@@ -47,8 +48,8 @@ struct FwdSmemLayout {
   static constexpr int kK = kQ + kQBytes;
   static constexpr int kV = kK + kStages * kKvBytes;
   static constexpr int kBarriers = kV + kStages * kKvBytes;
-  // q_full, then per stage k_full, k_empty, v_full, v_empty
-  static constexpr int kBarrierCount = 1 + 4 * kStages;
+  // q_full, q_empty, then per stage k_full, k_empty, v_full, v_empty
+  static constexpr int kBarrierCount = 2 + 4 * kStages;
   static constexpr int kBytes = kBarriers + kBarrierCount * 8;
   static constexpr int kLaunchBytes = kBytes + static_cast<int>(ptx::kSwizzleAtomBytes);  // room to align the base
   static_assert(kHeadDim % kSegmentElems == 0, "TMA segments of 64 columns");
@@ -158,9 +159,77 @@ __device__ __forceinline__ void pass_turn(int consumer) {
   ptx::named_barrier_arrive(kPingpongBarrier + (1 - consumer), kPingpongThreads);
 }
 
+// One work tile of a CTA: block_m query rows of one (batch entry, head), and the key blocks its rows see.
+struct FwdTile {
+  int m_block;
+  int head;
+  int batch;
+  Sequence sequence;
+  bool has_rows;      // false: a varlen sequence shorter than this tile's first row (nothing to do)
+  int64_t offset;     // diagonal offset of the sequence
+  int64_t row_first;  // first query row, relative to the sequence
+  int n_min;          // key blocks [n_min, n_max) hold every key some row of the tile sees
+  int n_max;
+  int full_lo;        // key blocks [full_lo, full_hi) need no mask for any row
+  int full_hi;
+};
+
+// Tile `index` of the launch: the grid coordinates of a one-tile CTA, or, for persistent CTAs, a linear index with
+// causal / local tiles longest first (query blocks from the last down, across every head and batch entry) and the
+// others query block fastest (concurrent CTAs share a head's K/V in L2).
+template <MaskKind kMask, bool kPersistent, int kBlockM, int kBlockN>
+__device__ __forceinline__ FwdTile plan_tile(const FwdKernelArgs& args, int64_t index) {
+  const FwdParams& p = args.params;
+  FwdTile tile;
+  if constexpr (kPersistent) {
+    const int64_t heads = p.shape.nheads_q;
+    const int64_t heads_batches = heads * p.shape.batch;
+    if constexpr (kMask == MaskKind::kNone) {
+      tile.m_block = static_cast<int>(index % args.num_m_blocks);
+      const int64_t rest = index / args.num_m_blocks;
+      tile.head = static_cast<int>(rest % heads);
+      tile.batch = static_cast<int>(rest / heads);
+    } else {
+      tile.m_block = args.num_m_blocks - 1 - static_cast<int>(index / heads_batches);
+      const int64_t rest = index % heads_batches;
+      tile.head = static_cast<int>(rest % heads);
+      tile.batch = static_cast<int>(rest / heads);
+    }
+  } else {
+    (void)index;
+    tile.m_block = kMask == MaskKind::kNone ? static_cast<int>(blockIdx.x)
+                                            : args.num_m_blocks - 1 - static_cast<int>(blockIdx.x);
+    tile.head = blockIdx.y;
+    tile.batch = blockIdx.z;
+  }
+  tile.sequence = locate_sequence(p.shape, tile.batch);
+  const int64_t seqlen_q = tile.sequence.seqlen_q;
+  const int64_t seqlen_k = tile.sequence.seqlen_k;
+  tile.row_first = static_cast<int64_t>(tile.m_block) * kBlockM;
+  tile.has_rows = tile.row_first < seqlen_q;
+  tile.offset = diagonal_offset(p.mask, seqlen_q, seqlen_k);
+  const int64_t row_last = (tile.row_first + kBlockM < seqlen_q ? tile.row_first + kBlockM : seqlen_q) - 1;
+  const KeyRange first_keys = visible_keys(p.mask, tile.row_first, tile.offset, seqlen_k);
+  const KeyRange last_keys = visible_keys(p.mask, row_last, tile.offset, seqlen_k);
+  const int64_t key_begin = first_keys.begin > 0 ? first_keys.begin : 0;
+  const int64_t key_end = last_keys.end < seqlen_k ? last_keys.end : seqlen_k;
+  tile.n_min = static_cast<int>(key_begin / kBlockN);
+  tile.n_max = tile.has_rows && key_end > key_begin ? static_cast<int>((key_end + kBlockN - 1) / kBlockN)
+                                                    : tile.n_min;
+  const int64_t full_begin = last_keys.begin > 0 ? last_keys.begin : 0;
+  const int64_t full_end = first_keys.end < seqlen_k ? first_keys.end : seqlen_k;
+  tile.full_lo = static_cast<int>((full_begin + kBlockN - 1) / kBlockN);
+  tile.full_hi = static_cast<int>(full_end / kBlockN);
+  return tile;
+}
+
 // kGeneral: softcap and / or ALiBi (transform_scores); the lean kernels fold the scale into the exponent alone.
 // kBlockN, kStages: a FwdTileConfig's (nvcc's host stubs take no class-type template arguments for kernels).
-template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool kGeneral, int kBlockN, int kStages>
+// kPersistent: gridDim.x CTAs walk args.num_tiles tiles with a stride; the producer loads the next tile's Q as soon as
+// both consumers finished the current tile's last S GEMM, and its K / V through the same rings, so a tile's first
+// loads overlap the previous tile's last P.V and epilogue. Otherwise one tile per CTA from the grid coordinates.
+template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool kGeneral, int kBlockN, int kStages,
+          bool kPersistent>
 __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_constant__ FwdKernelArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(kConsumerWarpgroups == 2 || kSchedule != FwdSchedule::kPingpong, "ping-pong pairs two warpgroups");
@@ -177,40 +246,22 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
   uint8_t* v_tiles = smem + Layout::kV;
   uint64_t* barriers = reinterpret_cast<uint64_t*>(smem + Layout::kBarriers);
   uint64_t* q_full = barriers;
-  uint64_t* k_full = barriers + 1;
+  uint64_t* q_empty = barriers + 1;
+  uint64_t* k_full = barriers + 2;
   uint64_t* k_empty = k_full + kStages;
   uint64_t* v_full = k_empty + kStages;
   uint64_t* v_empty = v_full + kStages;
 
   const FwdParams& p = args.params;
-  const int m_block = kMask == MaskKind::kNone ? blockIdx.x : args.num_m_blocks - 1 - blockIdx.x;  // longest first
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
-  const int kv_head = head / args.heads_per_kv;
-  const Sequence sequence = locate_sequence(p.shape, batch);
-  const int64_t seqlen_q = sequence.seqlen_q;
-  const int64_t seqlen_k = sequence.seqlen_k;
-  if (static_cast<int64_t>(m_block) * kBlockM >= seqlen_q) return;  // a varlen sequence shorter than the grid
-  const int64_t offset = diagonal_offset(p.mask, seqlen_q, seqlen_k);
   const bool varlen = p.shape.cu_seqlens_q != nullptr;
-  const int map_batch = varlen ? 0 : batch;  // varlen maps are (head dim, head, total rows, 1)
-
-  // Key blocks any row of the tile sees: [n_min, n_max); blocks in [full_lo, full_hi) need no mask for any row.
-  const int64_t row_first = static_cast<int64_t>(m_block) * kBlockM;
-  const int64_t row_last = (row_first + kBlockM < seqlen_q ? row_first + kBlockM : seqlen_q) - 1;
-  const KeyRange first_keys = visible_keys(p.mask, row_first, offset, seqlen_k);
-  const KeyRange last_keys = visible_keys(p.mask, row_last, offset, seqlen_k);
-  const int64_t key_begin = first_keys.begin > 0 ? first_keys.begin : 0;
-  const int64_t key_end = last_keys.end < seqlen_k ? last_keys.end : seqlen_k;
-  const int n_min = static_cast<int>(key_begin / kBlockN);
-  const int n_max = key_end > key_begin ? static_cast<int>((key_end + kBlockN - 1) / kBlockN) : n_min;
-  const int64_t full_begin = last_keys.begin > 0 ? last_keys.begin : 0;
-  const int64_t full_end = first_keys.end < seqlen_k ? first_keys.end : seqlen_k;
-  const int full_lo = static_cast<int>((full_begin + kBlockN - 1) / kBlockN);
-  const int full_hi = static_cast<int>(full_end / kBlockN);
+  const int64_t tile_count = kPersistent ? args.num_tiles : 1;
+  const int64_t tile_stride = kPersistent ? gridDim.x : 1;
+  const int64_t tile_first = kPersistent ? blockIdx.x : 0;
+  if (!kPersistent && !plan_tile<kMask, kPersistent, kBlockM, kBlockN>(args, 0).has_rows) return;
 
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(q_full, 1);
+    ptx::mbarrier_init(q_empty, kConsumerWarpgroups);
     for (int s = 0; s < kStages; ++s) {
       ptx::mbarrier_init(&k_full[s], 1);
       ptx::mbarrier_init(&v_full[s], 1);
@@ -223,29 +274,41 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
 
   const int warpgroup = threadIdx.x / ptx::kWarpgroupThreads;
   if (warpgroup == 0) {
-    // Producer: one thread; K[j] and V[j] of iteration i go to slot i % kStages once the consumers released it.
+    // Producer: one thread. Q of the q-th loaded tile once the consumers released the previous one (q_empty phase
+    // q - 1); K[j] and V[j] of ring iteration i (counted across tiles) into slot i % kStages once released.
     ptx::release_registers<kProducerRegisters>();
-    if (threadIdx.x != 0 || n_max <= n_min) return;
-    ptx::mbarrier_arrive_expect_tx(q_full, Layout::kQBytes);
-    for (int seg = 0; seg < kSegments; ++seg) {
-      ptx::tma_load_4d(q_tile + seg * kBlockM * kSegmentBytes, &args.q_map, q_full, seg * kSegmentElems, head,
-                       static_cast<int>(sequence.q_row0 + row_first), map_batch);
-    }
-    for (int i = 0, n = n_max - 1; n >= n_min; ++i, --n) {
-      const Slot slot(i);
-      uint8_t* k_slot = k_tiles + slot.stage * Layout::kKvBytes;
-      uint8_t* v_slot = v_tiles + slot.stage * Layout::kKvBytes;
-      ptx::mbarrier_wait_parity(&k_empty[slot.stage], slot.parity ^ 1);
-      ptx::mbarrier_arrive_expect_tx(&k_full[slot.stage], Layout::kKvBytes);
+    if (threadIdx.x != 0) return;
+    int ring = 0;
+    int loaded_q = 0;
+    for (int64_t index = tile_first; index < tile_count; index += tile_stride) {
+      const FwdTile tile = plan_tile<kMask, kPersistent, kBlockM, kBlockN>(args, index);
+      if (tile.n_max <= tile.n_min) continue;  // no rows, or no key any row sees: the consumers write O = 0
+      const int kv_head = tile.head / args.heads_per_kv;
+      const int map_batch = varlen ? 0 : tile.batch;  // varlen maps are (head dim, head, total rows, 1)
+      if (loaded_q > 0) ptx::mbarrier_wait_parity(q_empty, (loaded_q - 1) & 1);
+      ptx::mbarrier_arrive_expect_tx(q_full, Layout::kQBytes);
       for (int seg = 0; seg < kSegments; ++seg) {
-        ptx::tma_load_4d(k_slot + seg * kBlockN * kSegmentBytes, &args.k_map, &k_full[slot.stage],
-                         seg * kSegmentElems, kv_head, static_cast<int>(sequence.k_row0) + n * kBlockN, map_batch);
+        ptx::tma_load_4d(q_tile + seg * kBlockM * kSegmentBytes, &args.q_map, q_full, seg * kSegmentElems, tile.head,
+                         static_cast<int>(tile.sequence.q_row0 + tile.row_first), map_batch);
       }
-      ptx::mbarrier_wait_parity(&v_empty[slot.stage], slot.parity ^ 1);
-      ptx::mbarrier_arrive_expect_tx(&v_full[slot.stage], Layout::kKvBytes);
-      for (int seg = 0; seg < kSegments; ++seg) {
-        ptx::tma_load_4d(v_slot + seg * kBlockN * kSegmentBytes, &args.v_map, &v_full[slot.stage],
-                         seg * kSegmentElems, kv_head, static_cast<int>(sequence.k_row0) + n * kBlockN, map_batch);
+      ++loaded_q;
+      const int k_row0 = static_cast<int>(tile.sequence.k_row0);
+      for (int n = tile.n_max - 1; n >= tile.n_min; --n, ++ring) {
+        const Slot slot(ring);
+        uint8_t* k_slot = k_tiles + slot.stage * Layout::kKvBytes;
+        uint8_t* v_slot = v_tiles + slot.stage * Layout::kKvBytes;
+        ptx::mbarrier_wait_parity(&k_empty[slot.stage], slot.parity ^ 1);
+        ptx::mbarrier_arrive_expect_tx(&k_full[slot.stage], Layout::kKvBytes);
+        for (int seg = 0; seg < kSegments; ++seg) {
+          ptx::tma_load_4d(k_slot + seg * kBlockN * kSegmentBytes, &args.k_map, &k_full[slot.stage],
+                           seg * kSegmentElems, kv_head, k_row0 + n * kBlockN, map_batch);
+        }
+        ptx::mbarrier_wait_parity(&v_empty[slot.stage], slot.parity ^ 1);
+        ptx::mbarrier_arrive_expect_tx(&v_full[slot.stage], Layout::kKvBytes);
+        for (int seg = 0; seg < kSegments; ++seg) {
+          ptx::tma_load_4d(v_slot + seg * kBlockN * kSegmentBytes, &args.v_map, &v_full[slot.stage],
+                           seg * kSegmentElems, kv_head, k_row0 + n * kBlockN, map_batch);
+        }
       }
     }
     return;
@@ -257,141 +320,160 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
   const int warp = thread / 32;
   const int lane = thread % 32;
   const int quad_col = 2 * (lane % kQuadLanes);
+  auto release = [&](uint64_t* barrier) {
+    if (thread == 0) ptx::mbarrier_arrive(barrier);
+  };
+  const uint64_t q_desc = ptx::smem_descriptor(q_tile + consumer * kRowsPerConsumer * kSegmentBytes,
+                                               ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes);
+  auto k_desc = [&](const Slot& slot) {
+    return ptx::smem_descriptor(k_tiles + slot.stage * Layout::kKvBytes, ptx::kDescriptorUnitBytes,
+                                ptx::kSwizzleAtomBytes);
+  };
+  auto v_desc = [&](const Slot& slot) {
+    return ptx::smem_descriptor(v_tiles + slot.stage * Layout::kKvBytes, kBlockN * kSegmentBytes,
+                                ptx::kSwizzleAtomBytes);
+  };
+  int ring = 0;
+  int loaded_q = 0;
 
-  ConsumerRows rows;
-  for (int r = 0; r < 2; ++r) {
-    rows.row[r] = row_first + consumer * kRowsPerConsumer + warp * 16 + lane / kQuadLanes + 8 * r;
-    rows.keys[r] = visible_keys(p.mask, rows.row[r], offset, seqlen_k);
-    if (rows.keys[r].end > seqlen_k) rows.keys[r].end = seqlen_k;
-    rows.max[r] = -INFINITY;
-    rows.sum[r] = 0.f;
-  }
-  float o[kHeadDim / 2];
-#pragma unroll
-  for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
+  for (int64_t index = tile_first; index < tile_count; index += tile_stride) {
+    const FwdTile tile = plan_tile<kMask, kPersistent, kBlockM, kBlockN>(args, index);
+    if (!tile.has_rows) continue;
+    const int64_t seqlen_q = tile.sequence.seqlen_q;
+    const int64_t seqlen_k = tile.sequence.seqlen_k;
+    const int n_min = tile.n_min, n_max = tile.n_max;
 
-  if (n_max > n_min) {
-    const uint64_t q_desc = ptx::smem_descriptor(q_tile + consumer * kRowsPerConsumer * kSegmentBytes,
-                                                 ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes);
-    auto k_desc = [&](const Slot& slot) {
-      return ptx::smem_descriptor(k_tiles + slot.stage * Layout::kKvBytes, ptx::kDescriptorUnitBytes,
-                                  ptx::kSwizzleAtomBytes);
-    };
-    auto v_desc = [&](const Slot& slot) {
-      return ptx::smem_descriptor(v_tiles + slot.stage * Layout::kKvBytes, kBlockN * kSegmentBytes,
-                                  ptx::kSwizzleAtomBytes);
-    };
-    auto masked = [&](int n) { return n < full_lo || n >= full_hi; };
-    ScoreTransform transform{static_cast<float>(p.softmax_scale), static_cast<float>(p.softcap),
-                             p.softcap > 0.0 ? static_cast<float>(1.0 / p.softcap) : 0.f, 0.f, offset};
-    if (kGeneral && p.mask.alibi_slopes != nullptr) {
-      transform.alibi_slope = p.mask.alibi_slopes[batch * p.mask.alibi_batch_stride + head];
+    ConsumerRows rows;
+    for (int r = 0; r < 2; ++r) {
+      rows.row[r] = tile.row_first + consumer * kRowsPerConsumer + warp * 16 + lane / kQuadLanes + 8 * r;
+      rows.keys[r] = visible_keys(p.mask, rows.row[r], tile.offset, seqlen_k);
+      if (rows.keys[r].end > seqlen_k) rows.keys[r].end = seqlen_k;
+      rows.max[r] = -INFINITY;
+      rows.sum[r] = 0.f;
     }
-    // S of key block n -> what softmax_step exponentiates: the general transform, then the mask where needed.
-    auto prepare_scores = [&](float (&scores)[kBlockN / 2], int n) {
-      const int64_t col0 = static_cast<int64_t>(n) * kBlockN + quad_col;
-      if constexpr (kGeneral) transform_scores<kBlockN>(scores, rows, col0, transform);
-      if (masked(n)) mask_scores<kBlockN>(scores, rows, col0);
-    };
-    auto release = [&](uint64_t* barrier) {
-      if (thread == 0) ptx::mbarrier_arrive(barrier);
-    };
-    float s[kBlockN / 2];
-    uint32_t a[kBlockN / 16][4];
-    float factor[2];
-    ptx::mbarrier_wait_parity(q_full, 0);
+    float o[kHeadDim / 2];
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
 
-    if constexpr (kSchedule == FwdSchedule::kSerial) {
-      for (int i = 0, n = n_max - 1; n >= n_min; ++i, --n) {
-        const Slot slot(i);
-        ptx::mbarrier_wait_parity(&k_full[slot.stage], slot.parity);
-        issue_scores<T, kHeadDim, kBlockM, kBlockN>(s, q_desc, k_desc(slot));
-        ptx::warpgroup_wait<0>();
-        pin_all(s);
-        release(&k_empty[slot.stage]);
-        prepare_scores(s, n);
-        softmax_step<kBlockN>(s, rows, args.scale_log2, factor);
-        rescale_o<kHeadDim>(o, factor);
-        pack_probs<T, kBlockN>(s, a);
-        ptx::mbarrier_wait_parity(&v_full[slot.stage], slot.parity);
-        issue_pv<T, kHeadDim, kBlockN>(o, a, v_desc(slot));
-        ptx::warpgroup_wait<0>();
-        pin_all(o);
-        release(&v_empty[slot.stage]);
+    if (n_max > n_min) {
+      auto masked = [&](int n) { return n < tile.full_lo || n >= tile.full_hi; };
+      ScoreTransform transform{static_cast<float>(p.softmax_scale), static_cast<float>(p.softcap),
+                               p.softcap > 0.0 ? static_cast<float>(1.0 / p.softcap) : 0.f, 0.f, tile.offset};
+      if (kGeneral && p.mask.alibi_slopes != nullptr) {
+        transform.alibi_slope = p.mask.alibi_slopes[tile.batch * p.mask.alibi_batch_stride + tile.head];
       }
-    } else {
-      // Overlapped: block j's P.V is issued right after block j+1's S GEMM, and block j+1's softmax runs while it
-      // is on the tensor cores; O is rescaled once that P.V has landed. The first S and the last P.V are peeled.
-      constexpr bool kPingpong = kSchedule == FwdSchedule::kPingpong;
-      if (kPingpong && consumer == 1) pass_turn(consumer);  // warpgroup 0 takes the first turn
-      const Slot first(0);
-      ptx::mbarrier_wait_parity(&k_full[first.stage], first.parity);
-      if (kPingpong) take_turn(consumer);
-      issue_scores<T, kHeadDim, kBlockM, kBlockN>(s, q_desc, k_desc(first));
-      if (kPingpong) pass_turn(consumer);
-      ptx::warpgroup_wait<0>();
-      pin_all(s);
-      release(&k_empty[first.stage]);
-      prepare_scores(s, n_max - 1);
-      softmax_step<kBlockN>(s, rows, args.scale_log2, factor);  // O is still 0: no rescale
-      pack_probs<T, kBlockN>(s, a);
-      int i = 1;
-      for (int n = n_max - 2; n >= n_min; ++i, --n) {
-        const Slot slot(i), previous(i - 1);
-        ptx::mbarrier_wait_parity(&k_full[slot.stage], slot.parity);
+      // S of key block n -> what softmax_step exponentiates: the general transform, then the mask where needed.
+      auto prepare_scores = [&](float (&scores)[kBlockN / 2], int n) {
+        const int64_t col0 = static_cast<int64_t>(n) * kBlockN + quad_col;
+        if constexpr (kGeneral) transform_scores<kBlockN>(scores, rows, col0, transform);
+        if (masked(n)) mask_scores<kBlockN>(scores, rows, col0);
+      };
+      // After the tile's last S GEMM (key block n_min) has completed, Q may be overwritten by the next tile's.
+      auto scores_done = [&](int n) {
+        if (n == n_min) release(q_empty);
+      };
+      float s[kBlockN / 2];
+      uint32_t a[kBlockN / 16][4];
+      float factor[2];
+      ptx::mbarrier_wait_parity(q_full, loaded_q & 1);
+
+      if constexpr (kSchedule == FwdSchedule::kSerial) {
+        for (int n = n_max - 1; n >= n_min; --n, ++ring) {
+          const Slot slot(ring);
+          ptx::mbarrier_wait_parity(&k_full[slot.stage], slot.parity);
+          issue_scores<T, kHeadDim, kBlockM, kBlockN>(s, q_desc, k_desc(slot));
+          ptx::warpgroup_wait<0>();
+          pin_all(s);
+          release(&k_empty[slot.stage]);
+          scores_done(n);
+          prepare_scores(s, n);
+          softmax_step<kBlockN>(s, rows, args.scale_log2, factor);
+          rescale_o<kHeadDim>(o, factor);
+          pack_probs<T, kBlockN>(s, a);
+          ptx::mbarrier_wait_parity(&v_full[slot.stage], slot.parity);
+          issue_pv<T, kHeadDim, kBlockN>(o, a, v_desc(slot));
+          ptx::warpgroup_wait<0>();
+          pin_all(o);
+          release(&v_empty[slot.stage]);
+        }
+      } else {
+        // Overlapped: block j's P.V is issued right after block j+1's S GEMM, and block j+1's softmax runs while it
+        // is on the tensor cores; O is rescaled once that P.V has landed. The first S and the last P.V are peeled.
+        constexpr bool kPingpong = kSchedule == FwdSchedule::kPingpong;
+        if (kPingpong && consumer == 1) pass_turn(consumer);  // warpgroup 0 takes the first turn
+        const Slot first(ring);
+        ptx::mbarrier_wait_parity(&k_full[first.stage], first.parity);
         if (kPingpong) take_turn(consumer);
-        issue_scores<T, kHeadDim, kBlockM, kBlockN>(s, q_desc, k_desc(slot));
-        ptx::mbarrier_wait_parity(&v_full[previous.stage], previous.parity);
-        issue_pv<T, kHeadDim, kBlockN>(o, a, v_desc(previous));
+        issue_scores<T, kHeadDim, kBlockM, kBlockN>(s, q_desc, k_desc(first));
         if (kPingpong) pass_turn(consumer);
-        ptx::warpgroup_wait<1>();
+        ptx::warpgroup_wait<0>();
         pin_all(s);
-        release(&k_empty[slot.stage]);
-        prepare_scores(s, n);
-        softmax_step<kBlockN>(s, rows, args.scale_log2, factor);
+        release(&k_empty[first.stage]);
+        scores_done(n_max - 1);
+        prepare_scores(s, n_max - 1);
+        softmax_step<kBlockN>(s, rows, args.scale_log2, factor);  // O is still 0: no rescale
+        pack_probs<T, kBlockN>(s, a);
+        ++ring;
+        for (int n = n_max - 2; n >= n_min; --n, ++ring) {
+          const Slot slot(ring), previous(ring - 1);
+          ptx::mbarrier_wait_parity(&k_full[slot.stage], slot.parity);
+          if (kPingpong) take_turn(consumer);
+          issue_scores<T, kHeadDim, kBlockM, kBlockN>(s, q_desc, k_desc(slot));
+          ptx::mbarrier_wait_parity(&v_full[previous.stage], previous.parity);
+          issue_pv<T, kHeadDim, kBlockN>(o, a, v_desc(previous));
+          if (kPingpong) pass_turn(consumer);
+          ptx::warpgroup_wait<1>();
+          pin_all(s);
+          release(&k_empty[slot.stage]);
+          scores_done(n);
+          prepare_scores(s, n);
+          softmax_step<kBlockN>(s, rows, args.scale_log2, factor);
+          ptx::warpgroup_wait<0>();
+          pin_all(o);
+          release(&v_empty[previous.stage]);
+          rescale_o<kHeadDim>(o, factor);
+          pack_probs<T, kBlockN>(s, a);
+        }
+        const Slot last(ring - 1);
+        ptx::mbarrier_wait_parity(&v_full[last.stage], last.parity);
+        if (kPingpong) take_turn(consumer);
+        issue_pv<T, kHeadDim, kBlockN>(o, a, v_desc(last));
+        if (kPingpong) pass_turn(consumer);
         ptx::warpgroup_wait<0>();
         pin_all(o);
-        release(&v_empty[previous.stage]);
-        rescale_o<kHeadDim>(o, factor);
-        pack_probs<T, kBlockN>(s, a);
+        release(&v_empty[last.stage]);
+        if (kPingpong && consumer == 0) take_turn(consumer);  // consumes warpgroup 1's last hand-over
       }
-      const Slot last(i - 1);
-      ptx::mbarrier_wait_parity(&v_full[last.stage], last.parity);
-      if (kPingpong) take_turn(consumer);
-      issue_pv<T, kHeadDim, kBlockN>(o, a, v_desc(last));
-      if (kPingpong) pass_turn(consumer);
-      ptx::warpgroup_wait<0>();
-      pin_all(o);
-      release(&v_empty[last.stage]);
-      if (kPingpong && consumer == 0) take_turn(consumer);  // consumes warpgroup 1's last hand-over
+      ++loaded_q;
     }
-  }
 
-  // Epilogue: O / sum and LSE = max * scale_log2 * ln(2) + ln(sum) (max * softmax_scale for lean kernels, whose max
-  // is a raw score; max * ln(2) for general ones, whose max is a log2-domain logit); rows that saw no key give O = 0
-  // and LSE = +inf.
-  T* out = static_cast<T*>(p.out) + batch * p.out_strides.batch + head * p.out_strides.head +
-           sequence.q_row0 * p.out_strides.row;
-  float* lse = static_cast<float*>(p.lse) + batch * p.lse_batch_stride + head * p.lse_head_stride + sequence.q_row0;
-  const float lse_scale = args.scale_log2 * static_cast<float>(kLn2);
+    // Epilogue: O / sum and LSE = max * scale_log2 * ln(2) + ln(sum) (max * softmax_scale for lean kernels, whose
+    // max is a raw score; max * ln(2) for general ones, whose max is a log2-domain logit); rows that saw no key give
+    // O = 0 and LSE = +inf. From registers: shared memory stays with the next tile's loads.
+    T* out = static_cast<T*>(p.out) + tile.batch * p.out_strides.batch + tile.head * p.out_strides.head +
+             tile.sequence.q_row0 * p.out_strides.row;
+    float* lse = static_cast<float*>(p.lse) + tile.batch * p.lse_batch_stride + tile.head * p.lse_head_stride +
+                 tile.sequence.q_row0;
+    const float lse_scale = args.scale_log2 * static_cast<float>(kLn2);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float sum = rows.sum[r];
-    sum += __shfl_xor_sync(0xffffffff, sum, 1);
-    sum += __shfl_xor_sync(0xffffffff, sum, 2);
-    const float inverse = sum > 0.f ? 1.f / sum : 0.f;
-    if (rows.row[r] >= seqlen_q) continue;
-    T* out_row = out + rows.row[r] * p.out_strides.row;
+    for (int r = 0; r < 2; ++r) {
+      float sum = rows.sum[r];
+      sum += __shfl_xor_sync(0xffffffff, sum, 1);
+      sum += __shfl_xor_sync(0xffffffff, sum, 2);
+      const float inverse = sum > 0.f ? 1.f / sum : 0.f;
+      if (rows.row[r] >= seqlen_q) continue;
+      T* out_row = out + rows.row[r] * p.out_strides.row;
 #pragma unroll
-    for (int j = 0; j < kHeadDim / 8; ++j) {
-      const int col = 8 * j + quad_col;
-      if (col < p.shape.head_dim) {
-        *reinterpret_cast<uint32_t*>(out_row + col) =
-            pack_pair<T>(o[4 * j + 2 * r] * inverse, o[4 * j + 2 * r + 1] * inverse);
+      for (int j = 0; j < kHeadDim / 8; ++j) {
+        const int col = 8 * j + quad_col;
+        if (col < p.shape.head_dim) {
+          *reinterpret_cast<uint32_t*>(out_row + col) =
+              pack_pair<T>(o[4 * j + 2 * r] * inverse, o[4 * j + 2 * r + 1] * inverse);
+        }
       }
-    }
-    if (lane % kQuadLanes == 0) {
-      lse[rows.row[r]] = sum > 0.f ? rows.max[r] * lse_scale + logf(sum) : INFINITY;
+      if (lane % kQuadLanes == 0) {
+        lse[rows.row[r]] = sum > 0.f ? rows.max[r] * lse_scale + logf(sum) : INFINITY;
+      }
     }
   }
 #else

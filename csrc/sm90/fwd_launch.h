@@ -10,6 +10,7 @@
 #include <string>
 #include <type_traits>
 
+#include "dispatch/device_attributes.h"
 #include "flash_attn/common/math.h"
 #include "flash_attn/tensor_map_sm90.h"
 #include "sm90/fwd_kernel.h"
@@ -46,11 +47,12 @@ inline bool fwd_needs_general_kernel(const FwdParams& p) {
   return p.softcap > 0.0 || p.mask.alibi_slopes != nullptr;
 }
 
-template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool kGeneral, FwdTileConfig kTile>
+template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool kGeneral, FwdTileConfig kTile,
+          bool kPersistent>
 void launch_fwd(FwdKernelArgs& args, cudaStream_t stream) {
   static_assert(kTile.block_m == kRowsPerConsumer * kConsumerWarpgroups, "one 64-row slice per consumer warpgroup");
   using Layout = FwdSmemLayout<kHeadDim, kTile.block_m, kTile.block_n, kTile.stages>;
-  auto kernel = fwd_kernel<T, kHeadDim, kMask, kSchedule, kGeneral, kTile.block_n, kTile.stages>;
+  auto kernel = fwd_kernel<T, kHeadDim, kMask, kSchedule, kGeneral, kTile.block_n, kTile.stages, kPersistent>;
   // Above 48 KB of dynamic shared memory a kernel must opt in; once per instantiation and process.
   static const cudaError_t opt_in =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::kLaunchBytes);
@@ -59,14 +61,23 @@ void launch_fwd(FwdKernelArgs& args, cudaStream_t stream) {
                              std::to_string(Layout::kLaunchBytes) + " bytes failed: " + cudaGetErrorString(opt_in));
   }
   const AttentionShape& shape = args.params.shape;
-  const dim3 grid(args.num_m_blocks, static_cast<unsigned>(shape.nheads_q), static_cast<unsigned>(shape.batch));
-  kernel<<<grid, kFwdThreads, Layout::kLaunchBytes, stream>>>(args);
+  if constexpr (kPersistent) {
+    // One CTA per SM (each holds a whole SM's shared memory), striding over the tiles.
+    int device = 0;
+    cudaGetDevice(&device);
+    const int64_t sms = device_attributes(device).num_sms;
+    const int64_t ctas = args.num_tiles < sms ? args.num_tiles : sms;
+    kernel<<<static_cast<unsigned>(ctas), kFwdThreads, Layout::kLaunchBytes, stream>>>(args);
+  } else {
+    const dim3 grid(args.num_m_blocks, static_cast<unsigned>(shape.nheads_q), static_cast<unsigned>(shape.batch));
+    kernel<<<grid, kFwdThreads, Layout::kLaunchBytes, stream>>>(args);
+  }
 }
 
-// kSchedule and kTile: the policies' (fwd_schedule, fwd_tile_config) unless a caller compares others
-// (tools/sm90_fwd_check.cu).
+// kSchedule, kTile and kPersistent: the policies' (fwd_schedule, fwd_tile_config, fwd_persistent) unless a caller
+// compares others (tools/sm90_fwd_check.cu).
 template <DType kDType, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule = fwd_schedule(kHeadDim),
-          FwdTileConfig kTile = fwd_tile_config(kHeadDim)>
+          FwdTileConfig kTile = fwd_tile_config(kHeadDim), bool kPersistent = fwd_persistent(kHeadDim)>
 void run_fwd(const FwdParams& params, void* stream) {
   using T = Element<kDType>;
   const AttentionShape& shape = params.shape;
@@ -76,6 +87,7 @@ void run_fwd(const FwdParams& params, void* stream) {
   args.scale_log2 = general ? 1.f : static_cast<float>(params.softmax_scale * kLog2e);
   args.heads_per_kv = static_cast<int>(shape.nheads_q / shape.nheads_k);
   args.num_m_blocks = static_cast<int>((shape.seqlen_q + kTile.block_m - 1) / kTile.block_m);
+  args.num_tiles = static_cast<int64_t>(args.num_m_blocks) * shape.nheads_q * shape.batch;
   // Varlen tensors are (total rows, heads, head dim): one map over every row, the sequence's first row added to the
   // row coordinate (rows past a sequence belong to the next one: masked keys, dropped query rows).
   const bool varlen = shape.cu_seqlens_q != nullptr;
@@ -97,9 +109,9 @@ void run_fwd(const FwdParams& params, void* stream) {
   }
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (general) {
-    launch_fwd<T, kHeadDim, kMask, kSchedule, true, kTile>(args, s);
+    launch_fwd<T, kHeadDim, kMask, kSchedule, true, kTile, kPersistent>(args, s);
   } else {
-    launch_fwd<T, kHeadDim, kMask, kSchedule, false, kTile>(args, s);
+    launch_fwd<T, kHeadDim, kMask, kSchedule, false, kTile, kPersistent>(args, s);
   }
 }
 

@@ -26,6 +26,14 @@ struct FwdTileConfig {
   int stages;   // K/V ring depth
 };
 
+// One tile per CTA until the persistent form (fwd_kernel.h kPersistent: the next tile's loads overlap the current
+// tile's tail) is timed against it; predicted to matter at short sequences, where a tile is a few key blocks and its
+// prologue (barrier setup, Q and first K/V loads) is exposed once per CTA.
+constexpr bool fwd_persistent(int head_dim) {
+  (void)head_dim;
+  return false;
+}
+
 // kSerial until the schedules are measured on the H200 against each other (the check tool
 // tools/sm90_fwd_check.cu builds all three); FA3's ablation (HOPPER_NOTES.md 1.11) has overlap + pingpong 13-16 %
 // ahead of the serial order at hd 128.
