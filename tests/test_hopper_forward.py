@@ -1,9 +1,9 @@
 # The Hopper forward path (csrc/sm90/, sm_90a: TMA, wgmma, warp specialisation) against the fp64 reference under the
 # FlashAttention rule, with FLASH_ATTN_HOPPER=force so that a call the path does not take fails instead of passing on
-# the portable kernels: each built head-dim bucket (and head dims below their bucket), odd sequence lengths both ways,
-# causal (bottom-right and top-left through SDPA), sliding windows, GQA / MQA, packed (strided) qkv, rows that see no
-# key, large scores, softcap and ALiBi (the general kernels), varlen with empty and ragged sequences, LSE, and the
-# sm80 backward on the Hopper forward's output and LSE. Then the fallbacks: each
+# the portable kernels: each built head-dim bucket and head dims below it (96, 160 and 224 take the next whole-segment
+# kernel), odd sequence lengths both ways, causal (bottom-right and top-left through SDPA), sliding windows, GQA /
+# MQA, packed (strided) qkv, rows that see no key, large scores, softcap and ALiBi (the general kernels), varlen with
+# empty and ragged sequences, LSE, and the backward on the Hopper forward's output and LSE. Then the fallbacks: each
 # feature the path does not serve runs on the portable kernels under FLASH_ATTN_HOPPER=1 and fails, naming the
 # feature, under force. Collected where a Hopper GPU runs sm_90a code of a build with sm90 forward kernels.
 import pytest
@@ -72,7 +72,7 @@ def _check_out_lse(out, lse, truth, naive, mult):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim", [40, 64, 100, 128, 176, 192, 232, 256])
+@pytest.mark.parametrize("head_dim", [40, 64, 96, 100, 128, 160, 176, 192, 224, 232, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_head_dims(forced, head_dim, causal, dtype):
     _require(dtype, head_dim, "causal" if causal else "none")

@@ -69,8 +69,8 @@ constexpr int kHopperArch = 90;
     why = std::string("it does not serve ") + declined + " yet";
   } else {
     why = "this build has no sm90 kernel for " + describe(canonical_key(kHopperArch, params, direction)) +
-          " (the forward covers head-dim buckets 64, 128, 192 and 256, the backward 64 and 128; build knobs may have "
-          "left it out)";
+          " (the forward has kernels for head dims 64, 128, 192 and 256, which serve every head dim up to 256, the "
+          "backward for 64 and 128; build knobs may have left them out)";
   }
   FLASH_FAIL(kHopperSwitchEnv, "=force: the Hopper ", direction_name(direction), " path did not take this call: ",
              why, ". Unset ", kHopperSwitchEnv, " (or set it to 1) to let such calls run on the portable kernels.");

@@ -2,6 +2,7 @@
 #include "flash_attn/kernel_key.h"
 
 #include "kernels/generated/kernel_table.h"
+#include "sm90_policy.h"
 
 namespace flash {
 
@@ -16,7 +17,10 @@ KernelKey canonical_key(int arch, const FwdParams& params, Direction direction) 
   KernelKey key;
   key.arch = arch;
   key.dtype = params.dtype;
-  key.head_dim = head_dim_bucket(params.shape.head_dim);
+  // The Hopper kernels come in whole 64-column segments only; other head dims take the next one's (sm90_policy.h).
+  constexpr int kHopperArch = 90;
+  const int bucket = head_dim_bucket(params.shape.head_dim);
+  key.head_dim = arch == kHopperArch && bucket > 0 ? sm90_head_dim_bucket(params.shape.head_dim) : bucket;
   key.mask = mask_kind(params.mask);
   key.direction = direction;
   return key;

@@ -58,6 +58,11 @@ const char* sm90_fwd_declines(const FwdParams& p) {
   return nullptr;
 }
 
+int sm90_head_dim_bucket(int64_t head_dim) {
+  constexpr int64_t kSegment = 64;
+  return static_cast<int>((head_dim + kSegment - 1) / kSegment * kSegment);
+}
+
 const char* sm90_bwd_declines(const BwdParams& p) {
   if (const char* declined = sm90_fwd_declines(p.fwd)) return declined;
   if (p.deterministic) return "deterministic=True";

@@ -26,4 +26,10 @@ const char* sm90_fwd_declines(const FwdParams& p);
 // The same for the backward (the forward's limits, and no deterministic mode or bias gradient yet).
 const char* sm90_bwd_declines(const BwdParams& p);
 
+// The head-dim bucket whose Hopper kernel serves a call: the next whole 64-column segment count (96 -> 128, 160 -> 192,
+// 224 -> 256), its columns past head_dim zero-filled by TMA, since the Hopper kernels exist only there
+// (tools/kernel_matrix.py PAIR_HEAD_DIMS). Predicted: hd 96 at 128's speed less the 25 % of padded columns, still
+// ahead of the portable kernel's mma.sync (issue 22 measured it at 0.89x FA2); to be timed against it.
+int sm90_head_dim_bucket(int64_t head_dim);
+
 }  // namespace flash
