@@ -79,7 +79,7 @@ def test_head_dims(forced, head_dim, causal, dtype):
     _check_forward(*_qkv(2, 113, 255, 4, 2, head_dim, dtype), causal=causal)
 
 
-@pytest.mark.parametrize("seqlens", [(1, 1), (17, 1000), (1000, 17), (127, 129), (128, 128), (129, 127), (255, 640),
+@pytest.mark.parametrize("seqlens", [(17, 1), (17, 1000), (1000, 17), (127, 129), (128, 128), (129, 127), (255, 640),
                                      (1000, 1000)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
@@ -181,8 +181,8 @@ def test_backward_on_hopper_forward(forced):
         assert_close_fa(ours.cpu(), exact.cpu(), low.cpu(), 3.0)
 
 
-def _dense_call(**kwargs):
-    q, k, v = _qkv(2, 200, 200, 4, 4, 128, torch.bfloat16)
+def _dense_call(seqlen_q=200, **kwargs):
+    q, k, v = _qkv(2, seqlen_q, 200, 4, 4, 128, torch.bfloat16)
     return lambda: flash_attn_func(q, k, v, **kwargs)
 
 
@@ -201,6 +201,7 @@ def _sdpa_mask_call():
 
 # Forward calls the Hopper path does not serve yet: feature (as its force error names it) -> a maker of the call.
 FALLBACK_CALLS = {
+    "decode": lambda: _dense_call(seqlen_q=1),
     "dropout": lambda: _dense_call(dropout_p=0.1),
     "attn_mask": lambda: _sdpa_mask_call(),
     "KV-cache": _kvcache_call,

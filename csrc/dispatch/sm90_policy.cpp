@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "sm80/fwd_tile_config.h"
+
 namespace flash {
 namespace {
 
@@ -47,6 +49,9 @@ const char* sm90_fwd_declines(const FwdParams& p) {
   if (p.probs != nullptr) return "return_attn_probs";
   if (!(p.softmax_scale > 0.0) || !std::isfinite(p.softmax_scale)) return "a softmax_scale that is not positive";
   if (p.num_splits > 1) return "split-KV calls (few query tiles over many keys: decode shapes)";
+  // Decode-shaped calls are memory-bound, and the portable path has 16-row decode tiles for them (sm80/fwd_tile_config.h
+  // kDecodeMaxRows) where a 128-row wgmma tile would be at least 7/8 padding. Predicted, to be timed.
+  if (s.seqlen_q <= sm80::kDecodeMaxRows) return "decode-shaped calls (at most 16 query rows)";
   if (s.nheads_k < 1 || s.nheads_q % s.nheads_k != 0) return "query heads that are not a multiple of the KV heads";
   if (s.nheads_q > kMaxGridYZ || s.batch > kMaxGridYZ) return "more than 65535 heads or batch entries";
   if (s.seqlen_q > kMaxInt32 || s.seqlen_k > kMaxInt32 || s.total_q > kMaxInt32 || s.total_k > kMaxInt32) {
