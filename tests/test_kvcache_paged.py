@@ -186,3 +186,45 @@ def test_serving_loop_over_paged_cache(page_size, device):
         page, offset = table[b].long()[rows[:n + steps] // page_size], rows[:n + steps] % page_size
         assert torch.equal(k_pool[page, offset], history_k[b, :n + steps])
         assert torch.equal(v_pool[page, offset], history_v[b, :n + steps])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("page_size", [16, 5])
+def test_paged_decode_step_in_cuda_graph(page_size):
+    """A serving engine's captured decode step over a paged cache (issue 21): one CUDA graph holds
+    flash_attn_with_kvcache with an append, cache_seqlens and block_table read from device memory; replayed for 50
+    steps with the lengths, the new token and the query updated in place, each replay equals the eager call on a
+    copy of the pages, and the pages end up equal too."""
+    _require_forward("cuda")
+    generator = torch.Generator().manual_seed(page_size)
+    batch, h, hk, rows = 3, 8, 2, page_size * (300 // page_size)
+    k_pool, table = _paged(randn(batch, rows, hk, HEAD_DIM, dtype=torch.bfloat16, device="cuda"), page_size, 4,
+                           generator)
+    v_pool = randn(*k_pool.shape, dtype=torch.bfloat16, device="cuda")
+    lengths = torch.tensor([10, 0, 200], dtype=torch.int32, device="cuda")
+    q, k_new, v_new = (randn(batch, 1, n, HEAD_DIM, dtype=torch.bfloat16, device="cuda") for n in (h, hk, hk))
+    eager_k, eager_v = k_pool.clone(), v_pool.clone()
+
+    def step(k_cache, v_cache):
+        return flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lengths, block_table=table,
+                                       causal=True)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step(k_pool.clone(), v_pool.clone())  # warm-up on scratch pages: the captured step appends to k_pool
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = step(k_pool, v_pool)
+    k_pool.copy_(eager_k)  # capture does not run the kernels, but keep the pools equal whatever the backend does
+    v_pool.copy_(eager_v)
+    for _ in range(50):
+        q.copy_(randn(batch, 1, h, HEAD_DIM, dtype=torch.bfloat16, device="cuda"))
+        k_new.copy_(randn(batch, 1, hk, HEAD_DIM, dtype=torch.bfloat16, device="cuda"))
+        v_new.copy_(randn(batch, 1, hk, HEAD_DIM, dtype=torch.bfloat16, device="cuda"))
+        graph.replay()
+        expected = step(eager_k, eager_v)
+        assert torch.equal(static_out, expected)
+        lengths += 1
+    assert torch.equal(k_pool, eager_k) and torch.equal(v_pool, eager_v)
