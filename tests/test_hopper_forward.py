@@ -165,6 +165,18 @@ def test_varlen(forced, causal, window, head_dim):
     _check_out_lse(out, lse, truth, naive, 2.0)
 
 
+def test_returned_probabilities(forced):
+    """return_attn_probs=True: the probabilities kernel recomputes P from q, k and the Hopper forward's LSE."""
+    _require(torch.bfloat16, 128, "causal")
+    q, k, v = _qkv(2, 150, 190, 4, 2, 128, torch.bfloat16)
+    out, lse, probs = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    truth = attention_ref(q.double(), k.double(), v.double(), causal=True, compute_dtype=torch.float64,
+                          return_probs=True)
+    naive = attention_ref(q, k, v, causal=True, compute_dtype=torch.bfloat16, return_probs=True)
+    assert_close_fa(out.cpu(), truth[0].cpu(), naive[0].cpu(), 2.0)
+    assert_close_fa(probs.cpu(), truth[2].cpu(), naive[2].cpu(), 2.0)
+
+
 def test_backward_on_hopper_forward(forced):
     """The portable backward reads the Hopper forward's output and LSE (same natural-log convention)."""
     _require(torch.bfloat16, 128, "causal")

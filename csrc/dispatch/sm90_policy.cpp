@@ -46,7 +46,6 @@ const char* sm90_fwd_declines(const FwdParams& p) {
   if (s.seqused_k != nullptr) return "KV-cache lengths (seqused_k / cache_seqlens)";
   if (p.dropout.p > 0.0) return "dropout";
   if (p.mask.bias != nullptr) return "an additive attention bias (attn_mask)";
-  if (p.probs != nullptr) return "return_attn_probs";
   if (!(p.softmax_scale > 0.0) || !std::isfinite(p.softmax_scale)) return "a softmax_scale that is not positive";
   if (p.num_splits > 1) return "split-KV calls (few query tiles over many keys: decode shapes)";
   // Decode-shaped calls are memory-bound, and the portable path has 16-row decode tiles for them (sm80/fwd_tile_config.h
