@@ -3,8 +3,8 @@
 # take fails instead of passing on the portable kernels: head dims 64 and 128 (and below their buckets), odd sequence
 # lengths both ways (ragged query and key blocks, rows and keys no one sees), causal, windows, GQA / MQA (dK, dV summed
 # over a group's query heads in registers), packed qkv strides, varlen with empty sequences, softcap and ALiBi (the
-# general kernels). Then the fallback: deterministic mode runs on the portable backward under FLASH_ATTN_HOPPER=1 and,
-# under force, its backward fails naming the feature (its forward is served). Collected where a Hopper GPU runs sm_90a code of a build with sm90 backward kernels.
+# general kernels), deterministic mode (bitwise repeatable). Then the fallback: a bias gradient runs on the portable
+# kernels under FLASH_ATTN_HOPPER=1 and fails under force, naming the mask. Collected where a Hopper GPU runs sm_90a code of a build with sm90 backward kernels.
 import pytest
 import torch
 
@@ -146,23 +146,42 @@ def test_softcap_and_alibi(forced, feature, causal, head_dim):
     _check_grads(out, (q, k, v), dout, lambda *x, **kw: attention_ref(*x, **kwargs, **kw))
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_deterministic(forced, head_dim, causal):
+    """deterministic=True: each CTA owns one dq accumulator and walks its key blocks in order (at hd 64 the two
+    consumers also take turns adding); dq, dk, dv are bitwise equal over repeated runs, and correct."""
+    _require(torch.bfloat16, head_dim, "causal" if causal else "none")
+    q, k, v = _leaves((2, 700, 4, head_dim), (2, 900, 2, head_dim), (2, 900, 2, head_dim))
+    dout = randn(2, 700, 4, head_dim, dtype=torch.bfloat16, device="cuda")
+    runs = []
+    for _ in range(3):
+        out = flash_attn_func(q, k, v, causal=causal, deterministic=True)
+        runs.append(torch.autograd.grad(out, (q, k, v), dout))
+    for later in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], later))
+    out = flash_attn_func(q, k, v, causal=causal, deterministic=True)
+    _check_grads(out, (q, k, v), dout, lambda *x, **kw: attention_ref(*x, causal=causal, **kw))
+
+
 # Backward calls the Hopper backward does not serve yet: feature (as its force error names it) -> flash_attn_func
-# keyword arguments.
+# keyword arguments. The bias gradient (SDPA's attn_mask with requires_grad) is the one left.
 FALLBACKS = {
-    "deterministic": dict(deterministic=True),
+    "bias": "attn_mask",
 }
 
 
 @pytest.mark.parametrize("feature", list(FALLBACKS))
 def test_fallback_runs_and_force_names_the_feature(monkeypatch, feature):
+    """An additive mask that requires grad: its forward is not served either, so force fails at the forward, naming
+    the mask; under FLASH_ATTN_HOPPER=1 the portable kernels run both directions."""
     _require(torch.bfloat16, 128)
-    kwargs = dict(FALLBACKS[feature])
-    q, k, v = _leaves((2, 200, 4, 128), (2, 200, 4, 128), (2, 200, 4, 128))
+    q, k, v = (randn(2, 4, 200, 128, dtype=torch.bfloat16, device="cuda").requires_grad_() for _ in range(3))
+    mask = randn(2, 4, 200, 200, dtype=torch.bfloat16, device="cuda").requires_grad_()
     monkeypatch.setenv(SWITCH, "1")
-    out = flash_attn_func(q, k, v, **kwargs)
-    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    out = flash_attn.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    grads = torch.autograd.grad(out.sum(), (q, k, v, mask))
     assert all(torch.isfinite(g).all() for g in grads)
-    monkeypatch.setenv(SWITCH, "force")  # the Hopper forward serves the call; only the backward falls back
-    out = flash_attn_func(q, k, v, **kwargs)
-    with pytest.raises(RuntimeError, match=f"{SWITCH}=force.*backward.*{feature}"):
-        torch.autograd.grad(out.sum(), (q, k, v))
+    monkeypatch.setenv(SWITCH, "force")
+    with pytest.raises(RuntimeError, match=f"{SWITCH}=force.*{FALLBACKS[feature]}"):
+        flash_attn.scaled_dot_product_attention(q, k, v, attn_mask=mask)

@@ -48,8 +48,9 @@ const char* sm90_fwd_declines(const FwdParams& p) {
   if (p.mask.bias != nullptr) return "an additive attention bias (attn_mask)";
   if (!(p.softmax_scale > 0.0) || !std::isfinite(p.softmax_scale)) return "a softmax_scale that is not positive";
   if (p.num_splits > 1) return "split-KV calls (few query tiles over many keys: decode shapes)";
-  // Decode-shaped calls are memory-bound, and the portable path has 16-row decode tiles for them (sm80/fwd_tile_config.h
-  // kDecodeMaxRows) where a 128-row wgmma tile would be at least 7/8 padding. Predicted, to be timed.
+  // Decode-shaped calls are memory-bound, and the portable path has 16-row decode tiles for them
+  // (sm80/fwd_tile_config.h kDecodeMaxRows) where a 128-row wgmma tile would be at least 7/8 padding. Predicted, to be
+  // timed.
   if (s.seqlen_q <= sm80::kDecodeMaxRows) return "decode-shaped calls (at most 16 query rows)";
   if (s.nheads_k < 1 || s.nheads_q % s.nheads_k != 0) return "query heads that are not a multiple of the KV heads";
   if (s.nheads_q > kMaxGridYZ || s.batch > kMaxGridYZ) return "more than 65535 heads or batch entries";
@@ -69,9 +70,8 @@ int sm90_head_dim_bucket(int64_t head_dim) {
 
 const char* sm90_bwd_declines(const BwdParams& p) {
   if (const char* declined = sm90_fwd_declines(p.fwd)) return declined;
-  if (p.deterministic) return "deterministic=True";
   if (p.dbias != nullptr) return "a bias gradient";
-  if (p.dq_splits != 1) return "split dq accumulators";
+  if (p.dq_splits < 1 || (!p.deterministic && p.dq_splits != 1)) return "split dq accumulators without deterministic";
   return nullptr;
 }
 

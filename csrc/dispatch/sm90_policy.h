@@ -24,7 +24,7 @@ HopperSwitch hopper_switch();
 // FLASH_ATTN_HOPPER=force errors. The head-dim bucket is the kernel table's concern.
 const char* sm90_fwd_declines(const FwdParams& p);
 
-// The same for the backward (the forward's limits, and no deterministic mode or bias gradient yet).
+// The same for the backward (the forward's limits, and no bias gradient yet).
 const char* sm90_bwd_declines(const BwdParams& p);
 
 // The head-dim bucket whose Hopper kernel serves a call: the next whole 64-column segment count (96 -> 128, 160 -> 192,

@@ -36,6 +36,7 @@ struct BwdKernelArgs {
   BwdParams params;
   float scale_log2;  // softmax_scale * log2(e)
   int heads_per_kv;
+  int num_n_blocks;  // key blocks of the longest sequence; CTA x takes blocks x, x + gridDim.x, ...
 };
 
 template <int kHeadDim, int kBlockM, int kBlockN, int kStages>
@@ -52,8 +53,8 @@ struct BwdSmemLayout {
   static constexpr int kDs = kDo + kStages * kRowsBytes;   // two tiles: step i writes tile i % 2
   static constexpr int kStats = kDs + 2 * kDsBytes;         // [consumer][step % 2][kStatFloats]
   static constexpr int kBarriers = kStats + kBwdConsumerWarpgroups * 2 * kStatFloats * 4;
-  // kv_full, then per stage q_full, q_empty, do_full, do_empty
-  static constexpr int kBarrierCount = 1 + 4 * kStages;
+  // kv_full, kv_empty, then per stage q_full, q_empty, do_full, do_empty
+  static constexpr int kBarrierCount = 2 + 4 * kStages;
   static constexpr int kBytes = kBarriers + kBarrierCount * 8;
   static constexpr int kLaunchBytes = kBytes + static_cast<int>(ptx::kSwizzleAtomBytes);
   static_assert(kBlockM * 2 == kSegmentBytes, "a dS^T line is one 128-byte swizzled line of block_m queries");
@@ -68,6 +69,16 @@ struct BwdSmemLayout {
 constexpr int kBwdStatsBarrier = 1;     // + consumer
 constexpr int kBwdOwnDsBarrier = 3;     // + consumer
 constexpr int kBwdSharedDsBarrier = 5;  // both consumers
+constexpr int kBwdOrderBarrier = 6;     // + consumer: deterministic own-keys dQ, consumer 0's additions, then 1's
+
+// One key block's work: its keys, the query blocks that see them, and the (query head, query block) steps.
+struct BwdBlock {
+  int64_t key0;
+  bool has_keys;  // false: a varlen sequence shorter than this block
+  int m_min;
+  int m_count;
+  int steps;
+};
 
 // Query rows [q_lo, q_hi) that see any key of [key0, key1) (visible_keys' begin and end never decrease with the row).
 __device__ __forceinline__ void rows_seeing_keys(const MaskParams& mask, int64_t key0, int64_t key1, int64_t offset,
@@ -109,34 +120,43 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   float* stats = reinterpret_cast<float*>(smem + Layout::kStats);
   uint64_t* barriers = reinterpret_cast<uint64_t*>(smem + Layout::kBarriers);
   uint64_t* kv_full = barriers;
-  uint64_t* q_full = barriers + 1;
+  uint64_t* kv_empty = barriers + 1;
+  uint64_t* q_full = barriers + 2;
   uint64_t* q_empty = q_full + kStages;
   uint64_t* do_full = q_empty + kStages;
   uint64_t* do_empty = do_full + kStages;
 
   const BwdParams& bp = args.params;
   const FwdParams& p = bp.fwd;
-  const int n_block = blockIdx.x;
   const int kv_head = blockIdx.y;
   const int batch = blockIdx.z;
   const Sequence sequence = locate_sequence(p.shape, batch);
   const int64_t seqlen_q = sequence.seqlen_q;
   const int64_t seqlen_k = sequence.seqlen_k;
-  const int64_t key0 = static_cast<int64_t>(n_block) * kBlockN;
-  if (key0 >= seqlen_k) return;  // a varlen sequence shorter than the grid
-  const int64_t key1 = key0 + kBlockN < seqlen_k ? key0 + kBlockN : seqlen_k;
   const int64_t offset = diagonal_offset(p.mask, seqlen_q, seqlen_k);
   const bool varlen = p.shape.cu_seqlens_q != nullptr;
   const int map_batch = varlen ? 0 : batch;
-  int64_t q_lo, q_hi;
-  rows_seeing_keys(p.mask, key0, key1, offset, seqlen_q, q_lo, q_hi);
-  const int m_min = static_cast<int>(q_lo / kBlockM);
-  const int m_max = q_hi > q_lo ? static_cast<int>((q_hi + kBlockM - 1) / kBlockM) : m_min;
-  const int m_count = m_max - m_min;
-  const int steps = args.heads_per_kv * m_count;  // (query head of the group, query block) pairs
+  // Deterministic calls: CTA x adds dQ into accumulator x alone (the dq conversion sums them in a fixed order) and
+  // walks its key blocks in order; otherwise gridDim.x covers every key block and all add into accumulator 0.
+  const int64_t dq_split = bp.deterministic ? blockIdx.x : 0;
+  const bool ordered_dq = bp.deterministic && !kColumnHalves;
+  auto plan_block = [&](int n_block) {
+    BwdBlock block{static_cast<int64_t>(n_block) * kBlockN, false, 0, 0, 0};
+    block.has_keys = block.key0 < seqlen_k;
+    if (!block.has_keys) return block;
+    const int64_t key1 = block.key0 + kBlockN < seqlen_k ? block.key0 + kBlockN : seqlen_k;
+    int64_t q_lo, q_hi;
+    rows_seeing_keys(p.mask, block.key0, key1, offset, seqlen_q, q_lo, q_hi);
+    block.m_min = static_cast<int>(q_lo / kBlockM);
+    const int m_max = q_hi > q_lo ? static_cast<int>((q_hi + kBlockM - 1) / kBlockM) : block.m_min;
+    block.m_count = m_max - block.m_min;
+    block.steps = args.heads_per_kv * block.m_count;  // (query head of the group, query block) pairs
+    return block;
+  };
 
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(kv_full, 1);
+    ptx::mbarrier_init(kv_empty, kBwdConsumerWarpgroups);
     for (int s = 0; s < kStages; ++s) {
       ptx::mbarrier_init(&q_full[s], 1);
       ptx::mbarrier_init(&do_full[s], 1);
@@ -150,30 +170,39 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   const int warpgroup = threadIdx.x / ptx::kWarpgroupThreads;
   if (warpgroup == 0) {
     ptx::release_registers<kProducerRegisters>();
-    if (threadIdx.x != 0 || steps == 0) return;
-    const int k_row = static_cast<int>(sequence.k_row0 + key0);
-    ptx::mbarrier_arrive_expect_tx(kv_full, 2 * Layout::kKvBytes);
-    for (int seg = 0; seg < kSegments; ++seg) {
-      ptx::tma_load_4d(k_tile + seg * kBlockN * kSegmentBytes, &args.k_map, kv_full, seg * kSegmentElems, kv_head,
-                       k_row, map_batch);
-      ptx::tma_load_4d(v_tile + seg * kBlockN * kSegmentBytes, &args.v_map, kv_full, seg * kSegmentElems, kv_head,
-                       k_row, map_batch);
-    }
-    for (int i = 0; i < steps; ++i) {
-      const Slot slot(i);
-      const int head = kv_head * args.heads_per_kv + i / m_count;
-      const int q_row = static_cast<int>(sequence.q_row0 + static_cast<int64_t>(m_min + i % m_count) * kBlockM);
-      ptx::mbarrier_wait_parity(&q_empty[slot.stage], slot.parity ^ 1);
-      ptx::mbarrier_arrive_expect_tx(&q_full[slot.stage], Layout::kRowsBytes);
+    if (threadIdx.x != 0) return;
+    int ring = 0;       // Q / dO ring iterations, counted across key blocks
+    int loaded_kv = 0;  // key blocks whose K / V were loaded
+    for (int n_block = blockIdx.x; n_block < args.num_n_blocks; n_block += gridDim.x) {
+      const BwdBlock block = plan_block(n_block);
+      if (block.steps == 0) continue;  // no keys, or no query sees them: the consumers write zeros
+      if (loaded_kv > 0) ptx::mbarrier_wait_parity(kv_empty, (loaded_kv - 1) & 1);
+      const int k_row = static_cast<int>(sequence.k_row0 + block.key0);
+      ptx::mbarrier_arrive_expect_tx(kv_full, 2 * Layout::kKvBytes);
       for (int seg = 0; seg < kSegments; ++seg) {
-        ptx::tma_load_4d(q_tiles + slot.stage * Layout::kRowsBytes + seg * kBlockM * kSegmentBytes, &args.q_map,
-                         &q_full[slot.stage], seg * kSegmentElems, head, q_row, map_batch);
+        ptx::tma_load_4d(k_tile + seg * kBlockN * kSegmentBytes, &args.k_map, kv_full, seg * kSegmentElems, kv_head,
+                         k_row, map_batch);
+        ptx::tma_load_4d(v_tile + seg * kBlockN * kSegmentBytes, &args.v_map, kv_full, seg * kSegmentElems, kv_head,
+                         k_row, map_batch);
       }
-      ptx::mbarrier_wait_parity(&do_empty[slot.stage], slot.parity ^ 1);
-      ptx::mbarrier_arrive_expect_tx(&do_full[slot.stage], Layout::kRowsBytes);
-      for (int seg = 0; seg < kSegments; ++seg) {
-        ptx::tma_load_4d(do_tiles + slot.stage * Layout::kRowsBytes + seg * kBlockM * kSegmentBytes, &args.do_map,
-                         &do_full[slot.stage], seg * kSegmentElems, head, q_row, map_batch);
+      ++loaded_kv;
+      for (int i = 0; i < block.steps; ++i, ++ring) {
+        const Slot slot(ring);
+        const int head = kv_head * args.heads_per_kv + i / block.m_count;
+        const int q_row =
+            static_cast<int>(sequence.q_row0 + static_cast<int64_t>(block.m_min + i % block.m_count) * kBlockM);
+        ptx::mbarrier_wait_parity(&q_empty[slot.stage], slot.parity ^ 1);
+        ptx::mbarrier_arrive_expect_tx(&q_full[slot.stage], Layout::kRowsBytes);
+        for (int seg = 0; seg < kSegments; ++seg) {
+          ptx::tma_load_4d(q_tiles + slot.stage * Layout::kRowsBytes + seg * kBlockM * kSegmentBytes, &args.q_map,
+                           &q_full[slot.stage], seg * kSegmentElems, head, q_row, map_batch);
+        }
+        ptx::mbarrier_wait_parity(&do_empty[slot.stage], slot.parity ^ 1);
+        ptx::mbarrier_arrive_expect_tx(&do_full[slot.stage], Layout::kRowsBytes);
+        for (int seg = 0; seg < kSegments; ++seg) {
+          ptx::tma_load_4d(do_tiles + slot.stage * Layout::kRowsBytes + seg * kBlockM * kSegmentBytes, &args.do_map,
+                           &do_full[slot.stage], seg * kSegmentElems, head, q_row, map_batch);
+        }
       }
     }
     return;
@@ -185,223 +214,248 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   const int warp = thread / 32;
   const int lane = thread % 32;
   const int quad_col = 2 * (lane % kQuadLanes);
-  // This thread's two key rows (of the 64 its consumer owns) in every m64 accumulator, relative to the sequence.
-  int64_t keys[2];
-  for (int r = 0; r < 2; ++r) keys[r] = key0 + consumer * kBwdRowsPerConsumer + warp * 16 + lane / kQuadLanes + 8 * r;
+  const BwdWorkspace workspace = bwd_workspace(bp, DqLayout::kRows);
+  const int64_t global_q_row0 = varlen ? sequence.q_row0 : static_cast<int64_t>(batch) * p.shape.seqlen_q;
+  // A operands of S^T and dP^T: this consumer's 64 rows of K and V (K-major, segments block_n rows apart).
+  const uint64_t k_rows_desc = ptx::smem_descriptor(k_tile + consumer * kBwdRowsPerConsumer * kSegmentBytes,
+                                                    ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes);
+  const uint64_t v_rows_desc = ptx::smem_descriptor(v_tile + consumer * kBwdRowsPerConsumer * kSegmentBytes,
+                                                    ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes);
+  // B operand of dQ: K read MN-major (head-dim columns contiguous), this consumer's columns and keys.
+  const int dq_key0 = kColumnHalves ? 0 : consumer * kBwdRowsPerConsumer;
+  const int dq_segment = kColumnHalves ? consumer : 0;
+  const uint64_t k_dq_desc =
+      ptx::smem_descriptor(k_tile + dq_segment * kBlockN * kSegmentBytes + dq_key0 * kSegmentBytes,
+                           kBlockN * kSegmentBytes, ptx::kSwizzleAtomBytes);
+  const float scale = static_cast<float>(p.softmax_scale);
+  const float softcap = static_cast<float>(p.softcap);
+  const float inverse_softcap = p.softcap > 0.0 ? static_cast<float>(1.0 / p.softcap) : 0.f;
+  // Deterministic own-keys dQ: both consumers add into the same elements, so they take turns, consumer 0 first in
+  // every step (each turn's reductions fenced before the hand-over); consumer 1 hands over the first turn here.
+  if (ordered_dq && consumer == 1) {
+    ptx::named_barrier_arrive(kBwdOrderBarrier, kBwdConsumerWarpgroups * ptx::kWarpgroupThreads);
+  }
+  int ring = 0;       // Q / dO ring iterations, counted across key blocks (as the producer counts them)
+  int loaded_kv = 0;  // key blocks whose K / V this consumer waited for
 
-  float dv[kHeadDim / 2];
-  float dk[kHeadDim / 2];
+  for (int n_block = blockIdx.x; n_block < args.num_n_blocks; n_block += gridDim.x) {
+    const BwdBlock block = plan_block(n_block);
+    if (!block.has_keys) continue;
+    const int64_t key0 = block.key0;
+    const int m_min = block.m_min, m_count = block.m_count, steps = block.steps;
+    // This thread's two key rows (of the 64 its consumer owns) in every m64 accumulator, relative to the sequence.
+    int64_t keys[2];
+    for (int r = 0; r < 2; ++r) keys[r] = key0 + consumer * kBwdRowsPerConsumer + warp * 16 + lane / kQuadLanes + 8 * r;
+
+    float dv[kHeadDim / 2];
+    float dk[kHeadDim / 2];
 #pragma unroll
-  for (int i = 0; i < kHeadDim / 2; ++i) dv[i] = dk[i] = 0.f;
+    for (int i = 0; i < kHeadDim / 2; ++i) dv[i] = dk[i] = 0.f;
 
-  if (steps > 0) {
-    const BwdWorkspace workspace = bwd_workspace(bp, DqLayout::kRows);
-    const int64_t global_q_row0 = varlen ? sequence.q_row0 : static_cast<int64_t>(batch) * p.shape.seqlen_q;
-    // A operands of S^T and dP^T: this consumer's 64 rows of K and V (K-major, segments block_n rows apart).
-    const uint64_t k_rows_desc = ptx::smem_descriptor(k_tile + consumer * kBwdRowsPerConsumer * kSegmentBytes,
-                                                      ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes);
-    const uint64_t v_rows_desc = ptx::smem_descriptor(v_tile + consumer * kBwdRowsPerConsumer * kSegmentBytes,
-                                                      ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes);
-    // B operand of dQ: K read MN-major (head-dim columns contiguous), this consumer's columns and keys.
-    const int dq_key0 = kColumnHalves ? 0 : consumer * kBwdRowsPerConsumer;
-    const int dq_segment = kColumnHalves ? consumer : 0;
-    const uint64_t k_dq_desc =
-        ptx::smem_descriptor(k_tile + dq_segment * kBlockN * kSegmentBytes + dq_key0 * kSegmentBytes,
-                             kBlockN * kSegmentBytes, ptx::kSwizzleAtomBytes);
-    const float scale = static_cast<float>(p.softmax_scale);
-    const float softcap = static_cast<float>(p.softcap);
-    const float inverse_softcap = p.softcap > 0.0 ? static_cast<float>(1.0 / p.softcap) : 0.f;
-    ptx::mbarrier_wait_parity(kv_full, 0);
+    if (steps > 0) {
+      ptx::mbarrier_wait_parity(kv_full, loaded_kv & 1);
 
-    for (int i = 0; i < steps; ++i) {
-      const Slot slot(i);
-      const int head = kv_head * args.heads_per_kv + i / m_count;
-      const int64_t q0 = static_cast<int64_t>(m_min + i % m_count) * kBlockM;
-      const float alibi_slope = kGeneral && p.mask.alibi_slopes != nullptr
-                                    ? p.mask.alibi_slopes[batch * p.mask.alibi_batch_stride + head]
-                                    : 0.f;
+      for (int i = 0; i < steps; ++i, ++ring) {
+        const Slot slot(ring);
+        const int head = kv_head * args.heads_per_kv + i / m_count;
+        const int64_t q0 = static_cast<int64_t>(m_min + i % m_count) * kBlockM;
+        const float alibi_slope = kGeneral && p.mask.alibi_slopes != nullptr
+                                      ? p.mask.alibi_slopes[batch * p.mask.alibi_batch_stride + head]
+                                      : 0.f;
 
-      // The step's LSE (log2 units; +inf for rows past the sequence, so P = 0 there) and D, per consumer.
-      float* step_stats = stats + (consumer * 2 + i % 2) * Layout::kStatFloats;
-      {
-        const int col = thread % kBlockM;
-        const int64_t q = q0 + col;
-        const bool valid = q < seqlen_q;
-        if (thread < kBlockM) {
-          const float lse = valid ? static_cast<const float*>(p.lse)[batch * p.lse_batch_stride +
-                                                                      head * p.lse_head_stride + sequence.q_row0 + q]
-                                  : INFINITY;
-          step_stats[col] = lse * static_cast<float>(kLog2e);
-        } else {
-          step_stats[kBlockM + col] =
-              valid ? workspace.delta[head * workspace.delta_head_stride + global_q_row0 + q] : 0.f;
-        }
-      }
-      ptx::named_barrier_sync(kBwdStatsBarrier + consumer, ptx::kWarpgroupThreads);
-
-      const uint8_t* q_slot = q_tiles + slot.stage * Layout::kRowsBytes;
-      const uint8_t* do_slot = do_tiles + slot.stage * Layout::kRowsBytes;
-      float s[kBlockM / 2];
-      float dp[kBlockM / 2];
-      ptx::mbarrier_wait_parity(&q_full[slot.stage], slot.parity);
-      issue_scores<T, kHeadDim, kBlockN, kBlockM>(
-          s, k_rows_desc, ptx::smem_descriptor(q_slot, ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes));
-      ptx::mbarrier_wait_parity(&do_full[slot.stage], slot.parity);
-      issue_scores<T, kHeadDim, kBlockN, kBlockM>(
-          dp, v_rows_desc, ptx::smem_descriptor(do_slot, ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes));
-
-      // P^T: register 4j + 2r + e holds key row keys[r], query column 8j + quad_col + e.
-      const KeyRange first = visible_keys(p.mask, q0, offset, seqlen_k);
-      const KeyRange last = visible_keys(p.mask, q0 + kBlockM - 1, offset, seqlen_k);
-      const bool masked = q0 + kBlockM > seqlen_q || key0 + kBlockN > seqlen_k ||
-                          (kMask != MaskKind::kNone && (last.begin > key0 || first.end < key0 + kBlockN));
-      // P^T, then dS^T = P^T (dP^T - D). Lean kernels exponentiate while dP^T is still on the tensor cores; general
-      // ones wait for both and do both in one pass, so softcap's derivative 1 - tanh^2 needs no registers of its own
-      // (stored, it spilled 156 bytes at hd 128).
-      auto probability = [&](int j, int e, float score, float& derivative) {
-        const int col = 8 * j + quad_col + (e % 2);
-        float prob;
-        if constexpr (kGeneral) {
-          float z = score * scale;
-          if (softcap > 0.f) {
-            const float th = fast_tanh(z * inverse_softcap);
-            z = softcap * th;
-            derivative = 1.f - th * th;
-          }
-          z -= alibi_slope * fabsf(static_cast<float>(q0 + col + offset - keys[e / 2]));
-          prob = exp2f(fmaf(z, static_cast<float>(kLog2e), -step_stats[col]));
-        } else {
-          prob = exp2f(fmaf(score, args.scale_log2, -step_stats[col]));
-        }
-        if (masked) {
+        // The step's LSE (log2 units; +inf for rows past the sequence, so P = 0 there) and D, per consumer.
+        float* step_stats = stats + (consumer * 2 + ring % 2) * Layout::kStatFloats;
+        {
+          const int col = thread % kBlockM;
           const int64_t q = q0 + col;
-          const int64_t key = keys[e / 2];
-          const KeyRange seen = visible_keys(p.mask, q, offset, seqlen_k);
-          if (q >= seqlen_q || key >= seqlen_k || key < seen.begin || key >= seen.end) prob = 0.f;
-        }
-        return prob;
-      };
-      auto score_gradient = [&](int j, int e, float prob, float d_prob, float derivative) {
-        return prob * (d_prob - step_stats[kBlockM + 8 * j + quad_col + (e % 2)]) * derivative;
-      };
-      if constexpr (kGeneral) {
-        ptx::warpgroup_wait<0>();
-        pin_all(s);
-        pin_all(dp);
-#pragma unroll
-        for (int j = 0; j < kBlockM / 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float derivative = 1.f;
-            s[4 * j + e] = probability(j, e, s[4 * j + e], derivative);
-            dp[4 * j + e] = score_gradient(j, e, s[4 * j + e], dp[4 * j + e], derivative);
+          const bool valid = q < seqlen_q;
+          if (thread < kBlockM) {
+            const float lse = valid ? static_cast<const float*>(p.lse)[batch * p.lse_batch_stride +
+                                                                        head * p.lse_head_stride + sequence.q_row0 + q]
+                                    : INFINITY;
+            step_stats[col] = lse * static_cast<float>(kLog2e);
+          } else {
+            step_stats[kBlockM + col] =
+                valid ? workspace.delta[head * workspace.delta_head_stride + global_q_row0 + q] : 0.f;
           }
         }
-      } else {
-        ptx::warpgroup_wait<1>();
-        pin_all(s);
+        ptx::named_barrier_sync(kBwdStatsBarrier + consumer, ptx::kWarpgroupThreads);
+
+        const uint8_t* q_slot = q_tiles + slot.stage * Layout::kRowsBytes;
+        const uint8_t* do_slot = do_tiles + slot.stage * Layout::kRowsBytes;
+        float s[kBlockM / 2];
+        float dp[kBlockM / 2];
+        ptx::mbarrier_wait_parity(&q_full[slot.stage], slot.parity);
+        issue_scores<T, kHeadDim, kBlockN, kBlockM>(
+            s, k_rows_desc, ptx::smem_descriptor(q_slot, ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes));
+        ptx::mbarrier_wait_parity(&do_full[slot.stage], slot.parity);
+        issue_scores<T, kHeadDim, kBlockN, kBlockM>(
+            dp, v_rows_desc, ptx::smem_descriptor(do_slot, ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes));
+
+        // P^T: register 4j + 2r + e holds key row keys[r], query column 8j + quad_col + e.
+        const KeyRange first = visible_keys(p.mask, q0, offset, seqlen_k);
+        const KeyRange last = visible_keys(p.mask, q0 + kBlockM - 1, offset, seqlen_k);
+        const bool masked = q0 + kBlockM > seqlen_q || key0 + kBlockN > seqlen_k ||
+                            (kMask != MaskKind::kNone && (last.begin > key0 || first.end < key0 + kBlockN));
+        // P^T, then dS^T = P^T (dP^T - D). Lean kernels exponentiate while dP^T is still on the tensor cores; general
+        // ones wait for both and do both in one pass, so softcap's derivative 1 - tanh^2 needs no registers of its own
+        // (stored, it spilled 156 bytes at hd 128).
+        auto probability = [&](int j, int e, float score, float& derivative) {
+          const int col = 8 * j + quad_col + (e % 2);
+          float prob;
+          if constexpr (kGeneral) {
+            float z = score * scale;
+            if (softcap > 0.f) {
+              const float th = fast_tanh(z * inverse_softcap);
+              z = softcap * th;
+              derivative = 1.f - th * th;
+            }
+            z -= alibi_slope * fabsf(static_cast<float>(q0 + col + offset - keys[e / 2]));
+            prob = exp2f(fmaf(z, static_cast<float>(kLog2e), -step_stats[col]));
+          } else {
+            prob = exp2f(fmaf(score, args.scale_log2, -step_stats[col]));
+          }
+          if (masked) {
+            const int64_t q = q0 + col;
+            const int64_t key = keys[e / 2];
+            const KeyRange seen = visible_keys(p.mask, q, offset, seqlen_k);
+            if (q >= seqlen_q || key >= seqlen_k || key < seen.begin || key >= seen.end) prob = 0.f;
+          }
+          return prob;
+        };
+        auto score_gradient = [&](int j, int e, float prob, float d_prob, float derivative) {
+          return prob * (d_prob - step_stats[kBlockM + 8 * j + quad_col + (e % 2)]) * derivative;
+        };
+        if constexpr (kGeneral) {
+          ptx::warpgroup_wait<0>();
+          pin_all(s);
+          pin_all(dp);
 #pragma unroll
-        for (int j = 0; j < kBlockM / 8; ++j) {
+          for (int j = 0; j < kBlockM / 8; ++j) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float unused = 1.f;
-            s[4 * j + e] = probability(j, e, s[4 * j + e], unused);
+            for (int e = 0; e < 4; ++e) {
+              float derivative = 1.f;
+              s[4 * j + e] = probability(j, e, s[4 * j + e], derivative);
+              dp[4 * j + e] = score_gradient(j, e, s[4 * j + e], dp[4 * j + e], derivative);
+            }
+          }
+        } else {
+          ptx::warpgroup_wait<1>();
+          pin_all(s);
+#pragma unroll
+          for (int j = 0; j < kBlockM / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              float unused = 1.f;
+              s[4 * j + e] = probability(j, e, s[4 * j + e], unused);
+            }
+          }
+          ptx::warpgroup_wait<0>();
+          pin_all(dp);
+#pragma unroll
+          for (int j = 0; j < kBlockM / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dp[4 * j + e] = score_gradient(j, e, s[4 * j + e], dp[4 * j + e], 1.f);
           }
         }
+        uint32_t p_frag[kBlockM / 16][4];
+        uint32_t ds_frag[kBlockM / 16][4];
+        pack_probs<T, kBlockM>(s, p_frag);
+        pack_probs<T, kBlockM>(dp, ds_frag);
+
+        // dV += P^T.dO and dK += dS^T.Q: B read MN-major (head-dim columns contiguous), 16 query rows per k16 step.
+        issue_pv<T, kHeadDim, kBlockM>(
+            dv, p_frag, ptx::smem_descriptor(do_slot, kBlockM * kSegmentBytes, ptx::kSwizzleAtomBytes));
+        issue_pv<T, kHeadDim, kBlockM>(
+            dk, ds_frag, ptx::smem_descriptor(q_slot, kBlockM * kSegmentBytes, ptx::kSwizzleAtomBytes));
+
+        // dS^T into its shared tile: line = key row of the block, 64 queries per line, 128-byte swizzle.
+        uint8_t* ds_tile = ds_tiles + (ring % 2) * Layout::kDsBytes;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int line = consumer * kBwdRowsPerConsumer + warp * 16 + lane / kQuadLanes + 8 * r;
+#pragma unroll
+          for (int j = 0; j < kBlockM / 8; ++j) {
+            const int chunk = j ^ (line % 8);
+            *reinterpret_cast<uint32_t*>(ds_tile + line * kSegmentBytes + chunk * 16 + quad_col * 2) =
+                ds_frag[j / 2][(j % 2) * 2 + r];
+          }
+        }
+        ptx::fence_proxy_async_shared();
+        if constexpr (kColumnHalves) {
+          ptx::named_barrier_sync(kBwdSharedDsBarrier, kBwdConsumerWarpgroups * ptx::kWarpgroupThreads);
+        } else {
+          ptx::named_barrier_sync(kBwdOwnDsBarrier + consumer, ptx::kWarpgroupThreads);
+        }
+        // dQ (block_m x this consumer's 64 columns) = dS.K over kDqKeys keys: A = dS^T read M-major, B = K MN-major.
+        float dq[kDqColumns / 2];
+        {
+          const uint64_t ds_desc = ptx::smem_descriptor(ds_tile + dq_key0 * kSegmentBytes, kBlockN * kSegmentBytes,
+                                                        ptx::kSwizzleAtomBytes);
+          ptx::warpgroup_fence();
+#pragma unroll
+          for (int kk = 0; kk < kDqKeys / 16; ++kk) {
+            ptx::Wgmma<T, kDqColumns>::template ss<1, 1>(dq, ptx::advance_descriptor(ds_desc, kk * kK16MnMajorBytes),
+                                                         ptx::advance_descriptor(k_dq_desc, kk * kK16MnMajorBytes),
+                                                         kk > 0);
+          }
+          ptx::warpgroup_commit();
+        }
         ptx::warpgroup_wait<0>();
-        pin_all(dp);
+        pin_all(dv);
+        pin_all(dk);
+        pin_all(dq);
+        if (thread == 0) {
+          ptx::mbarrier_arrive(&q_empty[slot.stage]);
+          ptx::mbarrier_arrive(&do_empty[slot.stage]);
+        }
+        // dQ into the fp32 accumulator (DqLayout::kRows, columns interleaved by dq_slot): a thread's columns 8j +
+        // quad_col + e of j = 2g, 2g + 1 are slots 4 (lane % 4) .. + 3 of slot group g, one 16-byte reduction.
+        float* dq_head = workspace.dq_accum + dq_split * workspace.dq_split_stride + head * workspace.dq_head_stride;
+        constexpr int kBothConsumers = kBwdConsumerWarpgroups * ptx::kWarpgroupThreads;
+        if (ordered_dq) ptx::named_barrier_sync(kBwdOrderBarrier + consumer, kBothConsumers);
 #pragma unroll
-        for (int j = 0; j < kBlockM / 8; ++j) {
+        for (int r = 0; r < 2; ++r) {
+          const int64_t q = q0 + warp * 16 + lane / kQuadLanes + 8 * r;
+          if (q >= seqlen_q) continue;
+          float* dq_row = dq_head + (global_q_row0 + q) * workspace.dq_row_stride + dq_segment * kSegmentElems;
 #pragma unroll
-          for (int e = 0; e < 4; ++e) dp[4 * j + e] = score_gradient(j, e, s[4 * j + e], dp[4 * j + e], 1.f);
+          for (int g = 0; g < kDqColumns / kDqSlotGroup; ++g) {
+            ptx::red_add_v4_f32(dq_row + g * kDqSlotGroup + 2 * quad_col, dq[8 * g + 2 * r], dq[8 * g + 2 * r + 1],
+                                dq[8 * g + 4 + 2 * r], dq[8 * g + 4 + 2 * r + 1]);
+          }
+        }
+        if (ordered_dq) {
+          __threadfence();  // this turn's reductions land before the other consumer's
+          ptx::named_barrier_arrive(kBwdOrderBarrier + (1 - consumer), kBothConsumers);
         }
       }
-      uint32_t p_frag[kBlockM / 16][4];
-      uint32_t ds_frag[kBlockM / 16][4];
-      pack_probs<T, kBlockM>(s, p_frag);
-      pack_probs<T, kBlockM>(dp, ds_frag);
+      if (thread == 0) ptx::mbarrier_arrive(kv_empty);  // the block's last GEMMs (the final wait above) are done
+      ++loaded_kv;
+    }
 
-      // dV += P^T.dO and dK += dS^T.Q: B read MN-major (head-dim columns contiguous), 16 query rows per k16 step.
-      issue_pv<T, kHeadDim, kBlockM>(
-          dv, p_frag, ptx::smem_descriptor(do_slot, kBlockM * kSegmentBytes, ptx::kSwizzleAtomBytes));
-      issue_pv<T, kHeadDim, kBlockM>(
-          dk, ds_frag, ptx::smem_descriptor(q_slot, kBlockM * kSegmentBytes, ptx::kSwizzleAtomBytes));
-
-      // dS^T into its shared tile: line = key row of the block, 64 queries per line, 128-byte swizzle.
-      uint8_t* ds_tile = ds_tiles + (i % 2) * Layout::kDsBytes;
+    // dK = softmax_scale * sum dS^T.Q, dV = sum P^T.dO, for the keys this block owns (zeros where no query sees them).
+    T* dk_out = static_cast<T*>(bp.dk) + batch * bp.dk_strides.batch + kv_head * bp.dk_strides.head;
+    T* dv_out = static_cast<T*>(bp.dv) + batch * bp.dv_strides.batch + kv_head * bp.dv_strides.head;
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int line = consumer * kBwdRowsPerConsumer + warp * 16 + lane / kQuadLanes + 8 * r;
+    for (int r = 0; r < 2; ++r) {
+      if (keys[r] >= seqlen_k) continue;
+      T* dk_row = dk_out + (sequence.k_row0 + keys[r]) * bp.dk_strides.row;
+      T* dv_row = dv_out + (sequence.k_row0 + keys[r]) * bp.dv_strides.row;
 #pragma unroll
-        for (int j = 0; j < kBlockM / 8; ++j) {
-          const int chunk = j ^ (line % 8);
-          *reinterpret_cast<uint32_t*>(ds_tile + line * kSegmentBytes + chunk * 16 + quad_col * 2) =
-              ds_frag[j / 2][(j % 2) * 2 + r];
-        }
-      }
-      ptx::fence_proxy_async_shared();
-      if constexpr (kColumnHalves) {
-        ptx::named_barrier_sync(kBwdSharedDsBarrier, kBwdConsumerWarpgroups * ptx::kWarpgroupThreads);
-      } else {
-        ptx::named_barrier_sync(kBwdOwnDsBarrier + consumer, ptx::kWarpgroupThreads);
-      }
-      // dQ (block_m x this consumer's 64 columns) = dS.K over kDqKeys keys: A = dS^T read M-major, B = K MN-major.
-      float dq[kDqColumns / 2];
-      {
-        const uint64_t ds_desc = ptx::smem_descriptor(ds_tile + dq_key0 * kSegmentBytes, kBlockN * kSegmentBytes,
-                                                      ptx::kSwizzleAtomBytes);
-        ptx::warpgroup_fence();
-#pragma unroll
-        for (int kk = 0; kk < kDqKeys / 16; ++kk) {
-          ptx::Wgmma<T, kDqColumns>::template ss<1, 1>(dq, ptx::advance_descriptor(ds_desc, kk * kK16MnMajorBytes),
-                                                       ptx::advance_descriptor(k_dq_desc, kk * kK16MnMajorBytes),
-                                                       kk > 0);
-        }
-        ptx::warpgroup_commit();
-      }
-      ptx::warpgroup_wait<0>();
-      pin_all(dv);
-      pin_all(dk);
-      pin_all(dq);
-      if (thread == 0) {
-        ptx::mbarrier_arrive(&q_empty[slot.stage]);
-        ptx::mbarrier_arrive(&do_empty[slot.stage]);
-      }
-      // dQ into the fp32 accumulator (DqLayout::kRows, columns interleaved by dq_slot): a thread's columns 8j +
-      // quad_col + e of j = 2g, 2g + 1 are slots 4 (lane % 4) .. + 3 of slot group g, one 16-byte reduction.
-      float* dq_head = workspace.dq_accum + head * workspace.dq_head_stride;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int64_t q = q0 + warp * 16 + lane / kQuadLanes + 8 * r;
-        if (q >= seqlen_q) continue;
-        float* dq_row = dq_head + (global_q_row0 + q) * workspace.dq_row_stride + dq_segment * kSegmentElems;
-#pragma unroll
-        for (int g = 0; g < kDqColumns / kDqSlotGroup; ++g) {
-          ptx::red_add_v4_f32(dq_row + g * kDqSlotGroup + 2 * quad_col, dq[8 * g + 2 * r], dq[8 * g + 2 * r + 1],
-                              dq[8 * g + 4 + 2 * r], dq[8 * g + 4 + 2 * r + 1]);
+      for (int j = 0; j < kHeadDim / 8; ++j) {
+        const int col = 8 * j + quad_col;
+        if (col < p.shape.head_dim) {
+          *reinterpret_cast<uint32_t*>(dk_row + col) =
+              pack_pair<T>(dk[4 * j + 2 * r] * scale, dk[4 * j + 2 * r + 1] * scale);
+          *reinterpret_cast<uint32_t*>(dv_row + col) = pack_pair<T>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
         }
       }
     }
   }
-
-  // dK = softmax_scale * sum dS^T.Q, dV = sum P^T.dO, for the keys this block owns (zeros where no query sees them).
-  const float scale = static_cast<float>(p.softmax_scale);
-  T* dk_out = static_cast<T*>(bp.dk) + batch * bp.dk_strides.batch + kv_head * bp.dk_strides.head;
-  T* dv_out = static_cast<T*>(bp.dv) + batch * bp.dv_strides.batch + kv_head * bp.dv_strides.head;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (keys[r] >= seqlen_k) continue;
-    T* dk_row = dk_out + (sequence.k_row0 + keys[r]) * bp.dk_strides.row;
-    T* dv_row = dv_out + (sequence.k_row0 + keys[r]) * bp.dv_strides.row;
-#pragma unroll
-    for (int j = 0; j < kHeadDim / 8; ++j) {
-      const int col = 8 * j + quad_col;
-      if (col < p.shape.head_dim) {
-        *reinterpret_cast<uint32_t*>(dk_row + col) =
-            pack_pair<T>(dk[4 * j + 2 * r] * scale, dk[4 * j + 2 * r + 1] * scale);
-        *reinterpret_cast<uint32_t*>(dv_row + col) = pack_pair<T>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
-      }
-    }
+  if (ordered_dq && consumer == 0) {
+    // The last hand-over.
+    ptx::named_barrier_sync(kBwdOrderBarrier, kBwdConsumerWarpgroups * ptx::kWarpgroupThreads);
   }
 #else
   (void)args;

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -72,8 +73,11 @@ void run_bwd(const BwdParams& params, void* stream) {
         "tensors, or set FLASH_ATTN_HOPPER=0 to use the portable kernels.");
   }
   const int64_t key_blocks = (shape.seqlen_k + kTile.block_n - 1) / kTile.block_n;
+  args.num_n_blocks = static_cast<int>(key_blocks);
   if (key_blocks > 0) {
-    const dim3 grid(static_cast<unsigned>(key_blocks), static_cast<unsigned>(shape.nheads_k), batch);
+    // Deterministic: one CTA per dq accumulator, walking key blocks x, x + grid, ... (bwd_kernel.h); else one per block.
+    const int64_t ctas_x = params.deterministic ? std::min<int64_t>(params.dq_splits, key_blocks) : key_blocks;
+    const dim3 grid(static_cast<unsigned>(ctas_x), static_cast<unsigned>(shape.nheads_k), batch);
     if (fwd_needs_general_kernel(p)) {
       launch_bwd<T, kHeadDim, kMask, true, kTile>(grid, args, s);
     } else {
