@@ -211,8 +211,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   ptx::claim_registers<kConsumerRegisters>();
   const int consumer = warpgroup - 1;
   const int thread = threadIdx.x % ptx::kWarpgroupThreads;
-  const int warp = thread / 32;
-  const int lane = thread % 32;
+  const int warp = thread / kWarpSize;
+  const int lane = thread % kWarpSize;
   const int quad_col = 2 * (lane % kQuadLanes);
   const BwdWorkspace workspace = bwd_workspace(bp, DqLayout::kRows);
   const int64_t global_q_row0 = varlen ? sequence.q_row0 : static_cast<int64_t>(batch) * p.shape.seqlen_q;
@@ -245,7 +245,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
     const int m_min = block.m_min, m_count = block.m_count, steps = block.steps;
     // This thread's two key rows (of the 64 its consumer owns) in every m64 accumulator, relative to the sequence.
     int64_t keys[2];
-    for (int r = 0; r < 2; ++r) keys[r] = key0 + consumer * kBwdRowsPerConsumer + warp * 16 + lane / kQuadLanes + 8 * r;
+    for (int r = 0; r < 2; ++r) {
+      keys[r] = key0 + consumer * kBwdRowsPerConsumer + warp * kRowsPerWarp + lane / kQuadLanes + kSecondRow * r;
+    }
 
     float dv[kHeadDim / 2];
     float dk[kHeadDim / 2];
@@ -373,7 +375,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
         uint8_t* ds_tile = ds_tiles + (ring % 2) * Layout::kDsBytes;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int line = consumer * kBwdRowsPerConsumer + warp * 16 + lane / kQuadLanes + 8 * r;
+          const int line = consumer * kBwdRowsPerConsumer + warp * kRowsPerWarp + lane / kQuadLanes + kSecondRow * r;
 #pragma unroll
           for (int j = 0; j < kBlockM / 8; ++j) {
             const int chunk = j ^ (line % 8);
@@ -416,7 +418,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
         if (ordered_dq) ptx::named_barrier_sync(kBwdOrderBarrier + consumer, kBothConsumers);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int64_t q = q0 + warp * 16 + lane / kQuadLanes + 8 * r;
+          const int64_t q = q0 + warp * kRowsPerWarp + lane / kQuadLanes + kSecondRow * r;
           if (q >= seqlen_q) continue;
           float* dq_row = dq_head + (global_q_row0 + q) * workspace.dq_row_stride + dq_segment * kSegmentElems;
 #pragma unroll

@@ -75,7 +75,8 @@ void run_bwd(const BwdParams& params, void* stream) {
   const int64_t key_blocks = (shape.seqlen_k + kTile.block_n - 1) / kTile.block_n;
   args.num_n_blocks = static_cast<int>(key_blocks);
   if (key_blocks > 0) {
-    // Deterministic: one CTA per dq accumulator, walking key blocks x, x + grid, ... (bwd_kernel.h); else one per block.
+    // Deterministic: one CTA per dq accumulator, walking key blocks x, x + grid, ... (bwd_kernel.h); else one per
+    // key block.
     const int64_t ctas_x = params.deterministic ? std::min<int64_t>(params.dq_splits, key_blocks) : key_blocks;
     const dim3 grid(static_cast<unsigned>(ctas_x), static_cast<unsigned>(shape.nheads_k), batch);
     if (fwd_needs_general_kernel(p)) {

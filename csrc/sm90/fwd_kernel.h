@@ -93,8 +93,8 @@ __device__ __forceinline__ void softmax_step(float (&s)[kBlockN / 2], ConsumerRo
     float block_max = rows.max[r];
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) block_max = fmaxf(block_max, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-    block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffff, block_max, 1));
-    block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffff, block_max, 2));
+    block_max = fmaxf(block_max, __shfl_xor_sync(kFullWarp, block_max, 1));
+    block_max = fmaxf(block_max, __shfl_xor_sync(kFullWarp, block_max, 2));
     const float max_used = block_max == -INFINITY ? 0.f : block_max;
     factor[r] = exp2f((rows.max[r] - max_used) * scale_log2);
     rows.max[r] = block_max;
@@ -317,8 +317,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
   ptx::claim_registers<kConsumerRegisters>();
   const int consumer = warpgroup - 1;
   const int thread = threadIdx.x % ptx::kWarpgroupThreads;
-  const int warp = thread / 32;
-  const int lane = thread % 32;
+  const int warp = thread / kWarpSize;
+  const int lane = thread % kWarpSize;
   const int quad_col = 2 * (lane % kQuadLanes);
   auto release = [&](uint64_t* barrier) {
     if (thread == 0) ptx::mbarrier_arrive(barrier);
@@ -345,7 +345,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
 
     ConsumerRows rows;
     for (int r = 0; r < 2; ++r) {
-      rows.row[r] = tile.row_first + consumer * kRowsPerConsumer + warp * 16 + lane / kQuadLanes + 8 * r;
+      rows.row[r] =
+          tile.row_first + consumer * kRowsPerConsumer + warp * kRowsPerWarp + lane / kQuadLanes + kSecondRow * r;
       rows.keys[r] = visible_keys(p.mask, rows.row[r], tile.offset, seqlen_k);
       if (rows.keys[r].end > seqlen_k) rows.keys[r].end = seqlen_k;
       rows.max[r] = -INFINITY;
@@ -458,8 +459,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float sum = rows.sum[r];
-      sum += __shfl_xor_sync(0xffffffff, sum, 1);
-      sum += __shfl_xor_sync(0xffffffff, sum, 2);
+      sum += __shfl_xor_sync(kFullWarp, sum, 1);
+      sum += __shfl_xor_sync(kFullWarp, sum, 2);
       const float inverse = sum > 0.f ? 1.f / sum : 0.f;
       if (rows.row[r] >= seqlen_q) continue;
       T* out_row = out + rows.row[r] * p.out_strides.row;

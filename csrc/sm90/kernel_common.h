@@ -27,6 +27,10 @@ constexpr int kSegmentBytes = 128;
 constexpr int kK16Bytes = 32;      // one k16 step along a K-major line
 constexpr int kK16MnMajorBytes = 16 * kSegmentBytes;  // one k16 step (16 rows) of an MN-major operand
 constexpr int kQuadLanes = 4;      // lanes sharing one accumulator row
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullWarp = 0xffffffffu;
+constexpr int kRowsPerWarp = 16;   // a warp's rows of an m64 accumulator: lane / 4 and lane / 4 + kSecondRow
+constexpr int kSecondRow = 8;
 
 template <typename T>
 __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
