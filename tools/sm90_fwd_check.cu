@@ -5,7 +5,7 @@
 //        -DFLASH_WITH_CUDA -Icsrc -Icsrc/include tools/sm90_fwd_check.cu csrc/dispatch/device_attributes.cpp
 //        csrc/dispatch/loaded_code_arch.cu -o sm90_fwd_check   [-DFLASH_CHECK_HEAD_DIM=128: one head dim only]
 // Run:   ./sm90_fwd_check hd none|causal|local batch heads kv_heads seqlen_q seqlen_k [iters] [bf16|fp16]
-//        [serial|overlap|pingpong] [block_n stages (0 0: the policy's)] [persistent 0|1]
+//        [serial|overlap|pingpong] [block_n stages (0 0: the policy's)] [persistent 0|1] [poly-exp share 0|2|4]
 //        (window of local: 100 left, 37 right)
 #include <cuda_runtime.h>
 
@@ -37,8 +37,8 @@ using Launch = void (*)(const flash::FwdParams&, void*);
 
 using flash::sm90::FwdSchedule;
 using flash::sm90::FwdTileConfig;
-using Key = std::tuple<int, int, int, int, int, int, bool>;  // dtype, head dim, mask, schedule, block_n, stages,
-                                                             // persistent
+// dtype, head dim, mask, schedule, block_n, stages, persistent, FMA-pipe exponential share (fwd_poly_exp_every)
+using Key = std::tuple<int, int, int, int, int, int, bool, int>;
 
 // -DFLASH_CHECK_HEAD_DIM=<bucket> builds one head dim's kernels only (tools/sm90_fwd_check.sh builds the four in
 // parallel); 0 builds all.
@@ -47,13 +47,13 @@ using Key = std::tuple<int, int, int, int, int, int, bool>;  // dtype, head dim,
 #endif
 constexpr int kOnlyHeadDim = FLASH_CHECK_HEAD_DIM;
 
-Key key_of(DType d, int h, MaskKind m, FwdSchedule s, FwdTileConfig c, bool persistent) {
-  return {static_cast<int>(d), h, static_cast<int>(m), static_cast<int>(s), c.block_n, c.stages, persistent};
+Key key_of(DType d, int h, MaskKind m, FwdSchedule s, FwdTileConfig c, bool persistent, int poly) {
+  return {static_cast<int>(d), h, static_cast<int>(m), static_cast<int>(s), c.block_n, c.stages, persistent, poly};
 }
 
-template <DType D, int H, MaskKind M, FwdSchedule S, FwdTileConfig C, bool P = false>
+template <DType D, int H, MaskKind M, FwdSchedule S, FwdTileConfig C, bool P = false, int kPoly = 0>
 void add_variant(std::map<Key, Launch>& table) {
-  table[key_of(D, H, M, S, C, P)] = flash::sm90::run_fwd<D, H, M, S, C, P>;
+  table[key_of(D, H, M, S, C, P, kPoly)] = flash::sm90::run_fwd<D, H, M, S, C, P, kPoly>;
 }
 
 // The policy's tile with every mask and schedule (and persistent with the overlapped schedules); other tiles (to time
@@ -76,6 +76,11 @@ void add_head_dim(std::map<Key, Launch>& table) {
     add_variant<D, H, MaskKind::kLocal, FwdSchedule::kOverlap, kPolicy, true>(table);
     add_variant<D, H, MaskKind::kNone, FwdSchedule::kPingpong, kPolicy, true>(table);
     add_variant<D, H, MaskKind::kCausal, FwdSchedule::kPingpong, kPolicy, true>(table);
+    // A quarter and a half of the exponentials on the FMA pipe (exp2_polynomial).
+    add_variant<D, H, MaskKind::kNone, FwdSchedule::kPingpong, kPolicy, false, 4>(table);
+    add_variant<D, H, MaskKind::kCausal, FwdSchedule::kPingpong, kPolicy, false, 4>(table);
+    add_variant<D, H, MaskKind::kNone, FwdSchedule::kPingpong, kPolicy, false, 2>(table);
+    add_variant<D, H, MaskKind::kNone, FwdSchedule::kOverlap, kPolicy, false, 4>(table);
     (add_variant<D, H, MaskKind::kNone, FwdSchedule::kOverlap, kOthers>(table), ...);
     (add_variant<D, H, MaskKind::kCausal, FwdSchedule::kOverlap, kOthers>(table), ...);
     (add_variant<D, H, MaskKind::kNone, FwdSchedule::kPingpong, kOthers>(table), ...);
@@ -211,7 +216,7 @@ int run(int hd, MaskKind mask, int64_t b, int64_t h, int64_t hk, int64_t sq, int
 int main(int argc, char** argv) {
   if (argc < 8) {
     std::fprintf(stderr, "usage: %s hd none|causal|local batch heads kv_heads seqlen_q seqlen_k [iters] [bf16|fp16] "
-                 "[serial|overlap|pingpong] [block_n stages] [persistent]\n",
+                 "[serial|overlap|pingpong] [block_n stages] [persistent] [poly]\n",
                  argv[0]);
     return 2;
   }
@@ -237,8 +242,9 @@ int main(int argc, char** argv) {
   FwdTileConfig tile = flash::sm90::fwd_tile_config(bucket);
   if (argc > 12 && std::atoi(argv[11]) > 0) tile = FwdTileConfig{tile.block_m, std::atoi(argv[11]), std::atoi(argv[12])};
   const bool persistent = argc > 13 && std::atoi(argv[13]) != 0;
+  const int poly = argc > 14 ? std::atoi(argv[14]) : 0;
   const DType dtype = fp16 ? DType::kFloat16 : DType::kBFloat16;
-  const auto found = table.find(key_of(dtype, bucket, mask, schedule, tile, persistent));
+  const auto found = table.find(key_of(dtype, bucket, mask, schedule, tile, persistent, poly));
   if (found == table.end()) {
     std::fprintf(stderr, "not instantiated in this build (FLASH_CHECK_HEAD_DIM=%d): hd %d %s %s block_n %d stages %d\n",
                  kOnlyHeadDim, hd, mask_name.c_str(), schedule_name.c_str(), tile.block_n, tile.stages);
@@ -249,7 +255,8 @@ int main(int argc, char** argv) {
   const int64_t left = 100, right = 37;
   const std::string variant =
       schedule_name + " " + std::to_string(tile.block_m) + "x" + std::to_string(tile.block_n) + "x" +
-      std::to_string(tile.stages) + (persistent ? " persistent" : "");
+      std::to_string(tile.stages) + (persistent ? " persistent" : "") +
+      (poly > 0 ? " poly-exp 1/" + std::to_string(poly) : "");
   return fp16 ? run<__half>(hd, mask, b, h, hk, sq, sk, iters, found->second, left, right, variant)
               : run<__nv_bfloat16>(hd, mask, b, h, hk, sq, sk, iters, found->second, left, right, variant);
 }

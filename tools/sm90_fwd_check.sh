@@ -47,8 +47,17 @@ done >> "$OUT/correctness.log" 2>&1
     done
   done
 done > "$OUT/speed.log" 2>&1
-# The persistent form against one tile per CTA where it should matter most (512 and 2k), then the other tiles
+# The FMA-pipe exponentials against MUFU alone at hd 64 and 128, then the persistent form against one tile per CTA
+# where it should matter most (512 and 2k), then the other tiles
 # (tools/sm90_fwd_check.cu add_head_dim) at 16k and 2k, overlapped schedules.
+[ "${CHECK_TILES:-0}" = 1 ] && for hd in 64 128; do
+  for s in 2048 16384; do
+    for mask in none causal; do
+      for poly in 4 2; do run "$hd" "$mask" $((16384 / s)) $((2048 / hd)) $((2048 / hd)) "$s" "$s" 20 bf16 pingpong \
+        0 0 0 "$poly"; done
+    done
+  done
+done > "$OUT/tiles.log" 2>&1
 [ "${CHECK_TILES:-0}" = 1 ] && for schedule in overlap pingpong; do
   for hd in 64 128 256; do
     for s in 512 2048; do
@@ -56,7 +65,7 @@ done > "$OUT/speed.log" 2>&1
         "$schedule" 0 0 1; done
     done
   done
-done > "$OUT/tiles.log" 2>&1
+done >> "$OUT/tiles.log" 2>&1
 [ "${CHECK_TILES:-0}" = 1 ] && for schedule in overlap pingpong; do
   for tile in "64 192 2" "64 128 4" "128 176 2" "128 128 3" "192 96 2" "192 64 3" "256 64 2" "256 48 3"; do
     set -- $tile

@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "flash_attn/common/mask.h"
+#include "flash_attn/common/exp2_polynomial.h"
 #include "flash_attn/common/fast_tanh.h"
 #include "flash_attn/common/math.h"
 #include "flash_attn/common/seqlen.h"
@@ -84,8 +85,9 @@ __device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], const Consu
 
 // Online softmax of one key block: the max over raw scores (quad shuffles), the scale folded into the exponent (one
 // FFMA + ex2 per score), S replaced by P, the running sum rescaled; `factor` is what O must be multiplied by. A row
-// whose max is still -inf uses 0 in its place, so it gets P = 0 and factor 0, never NaN.
-template <int kBlockN>
+// whose max is still -inf uses 0 in its place, so it gets P = 0 and factor 0, never NaN. kPolyEvery > 0: every
+// kPolyEvery-th column group's exponentials run on the FMA pipe (exp2_polynomial), the rest on the MUFU unit.
+template <int kBlockN, int kPolyEvery = 0>
 __device__ __forceinline__ void softmax_step(float (&s)[kBlockN / 2], ConsumerRows& rows, float scale_log2,
                                              float (&factor)[2]) {
 #pragma unroll
@@ -104,7 +106,13 @@ __device__ __forceinline__ void softmax_step(float (&s)[kBlockN / 2], ConsumerRo
     for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float prob = exp2f(fmaf(s[4 * j + 2 * r + e], scale_log2, bias));
+        const float exponent = fmaf(s[4 * j + 2 * r + e], scale_log2, bias);
+        float prob;
+        if constexpr (kPolyEvery > 0) {
+          prob = j % kPolyEvery == kPolyEvery - 1 ? exp2_polynomial(exponent) : exp2f(exponent);
+        } else {
+          prob = exp2f(exponent);
+        }
         s[4 * j + 2 * r + e] = prob;
         sum += prob;
       }
@@ -228,8 +236,9 @@ __device__ __forceinline__ FwdTile plan_tile(const FwdKernelArgs& args, int64_t 
 // kPersistent: gridDim.x CTAs walk args.num_tiles tiles with a stride; the producer loads the next tile's Q as soon as
 // both consumers finished the current tile's last S GEMM, and its K / V through the same rings, so a tile's first
 // loads overlap the previous tile's last P.V and epilogue. Otherwise one tile per CTA from the grid coordinates.
+// kPolyEvery: softmax_step's share of exponentials on the FMA pipe (0: none).
 template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool kGeneral, int kBlockN, int kStages,
-          bool kPersistent>
+          bool kPersistent, int kPolyEvery>
 __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_constant__ FwdKernelArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(kConsumerWarpgroups == 2 || kSchedule != FwdSchedule::kPingpong, "ping-pong pairs two warpgroups");
@@ -388,7 +397,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
           release(&k_empty[slot.stage]);
           scores_done(n);
           prepare_scores(s, n);
-          softmax_step<kBlockN>(s, rows, args.scale_log2, factor);
+          softmax_step<kBlockN, kPolyEvery>(s, rows, args.scale_log2, factor);
           rescale_o<kHeadDim>(o, factor);
           pack_probs<T, kBlockN>(s, a);
           ptx::mbarrier_wait_parity(&v_full[slot.stage], slot.parity);
@@ -412,7 +421,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
         release(&k_empty[first.stage]);
         scores_done(n_max - 1);
         prepare_scores(s, n_max - 1);
-        softmax_step<kBlockN>(s, rows, args.scale_log2, factor);  // O is still 0: no rescale
+        softmax_step<kBlockN, kPolyEvery>(s, rows, args.scale_log2, factor);  // O is still 0: no rescale
         pack_probs<T, kBlockN>(s, a);
         ++ring;
         for (int n = n_max - 2; n >= n_min; --n, ++ring) {
@@ -428,7 +437,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
           release(&k_empty[slot.stage]);
           scores_done(n);
           prepare_scores(s, n);
-          softmax_step<kBlockN>(s, rows, args.scale_log2, factor);
+          softmax_step<kBlockN, kPolyEvery>(s, rows, args.scale_log2, factor);
           ptx::warpgroup_wait<0>();
           pin_all(o);
           release(&v_empty[previous.stage]);

@@ -48,11 +48,12 @@ inline bool fwd_needs_general_kernel(const FwdParams& p) {
 }
 
 template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool kGeneral, FwdTileConfig kTile,
-          bool kPersistent>
+          bool kPersistent, int kPolyEvery>
 void launch_fwd(FwdKernelArgs& args, cudaStream_t stream) {
   static_assert(kTile.block_m == kRowsPerConsumer * kConsumerWarpgroups, "one 64-row slice per consumer warpgroup");
   using Layout = FwdSmemLayout<kHeadDim, kTile.block_m, kTile.block_n, kTile.stages>;
-  auto kernel = fwd_kernel<T, kHeadDim, kMask, kSchedule, kGeneral, kTile.block_n, kTile.stages, kPersistent>;
+  auto kernel =
+      fwd_kernel<T, kHeadDim, kMask, kSchedule, kGeneral, kTile.block_n, kTile.stages, kPersistent, kPolyEvery>;
   // Above 48 KB of dynamic shared memory a kernel must opt in; once per instantiation and process.
   static const cudaError_t opt_in =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::kLaunchBytes);
@@ -74,10 +75,11 @@ void launch_fwd(FwdKernelArgs& args, cudaStream_t stream) {
   }
 }
 
-// kSchedule, kTile and kPersistent: the policies' (fwd_schedule, fwd_tile_config, fwd_persistent) unless a caller
-// compares others (tools/sm90_fwd_check.cu).
+// kSchedule, kTile, kPersistent and kPolyEvery: the policies' (fwd_schedule, fwd_tile_config, fwd_persistent,
+// fwd_poly_exp_every) unless a caller compares others (tools/sm90_fwd_check.cu).
 template <DType kDType, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule = fwd_schedule(kHeadDim),
-          FwdTileConfig kTile = fwd_tile_config(kHeadDim), bool kPersistent = fwd_persistent(kHeadDim)>
+          FwdTileConfig kTile = fwd_tile_config(kHeadDim), bool kPersistent = fwd_persistent(kHeadDim),
+          int kPolyEvery = fwd_poly_exp_every(kHeadDim)>
 void run_fwd(const FwdParams& params, void* stream) {
   using T = Element<kDType>;
   const AttentionShape& shape = params.shape;
@@ -109,9 +111,9 @@ void run_fwd(const FwdParams& params, void* stream) {
   }
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (general) {
-    launch_fwd<T, kHeadDim, kMask, kSchedule, true, kTile, kPersistent>(args, s);
+    launch_fwd<T, kHeadDim, kMask, kSchedule, true, kTile, kPersistent, kPolyEvery>(args, s);
   } else {
-    launch_fwd<T, kHeadDim, kMask, kSchedule, false, kTile, kPersistent>(args, s);
+    launch_fwd<T, kHeadDim, kMask, kSchedule, false, kTile, kPersistent, kPolyEvery>(args, s);
   }
 }
 

@@ -34,6 +34,14 @@ constexpr bool fwd_persistent(int head_dim) {
   return false;
 }
 
+// How many column groups of a key block share one group of FMA-pipe exponentials (fwd_kernel.h softmax_step): 0
+// (all on the MUFU unit) until timed. HOPPER_NOTES.md section 7 measured 15.8 exp/clk/SM on MUFU alone and 20.6 with
+// one polynomial for three MUFU ops, so 4 should lift the exp-bound hd 64 forward; predicted +10-20 % there.
+constexpr int fwd_poly_exp_every(int head_dim) {
+  (void)head_dim;
+  return 0;
+}
+
 // kSerial until the schedules are measured on the H200 against each other (the check tool
 // tools/sm90_fwd_check.cu builds all three); FA3's ablation (HOPPER_NOTES.md 1.11) has overlap + pingpong 13-16 %
 // ahead of the serial order at hd 128.
