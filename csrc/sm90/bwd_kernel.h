@@ -23,6 +23,7 @@
 #include "flash_attn/ptx/tma_load_sm90.h"
 #include "flash_attn/ptx/warpgroup_sm90.h"
 #include "flash_attn/ptx/wgmma_sm90_generated.h"
+#include "sm90/block_ranges.h"
 #include "sm90/bwd_tile_config.h"
 #include "sm90/kernel_common.h"
 
@@ -80,21 +81,6 @@ struct BwdBlock {
   int steps;
 };
 
-// Query rows [q_lo, q_hi) that see any key of [key0, key1) (visible_keys' begin and end never decrease with the row).
-__device__ __forceinline__ void rows_seeing_keys(const MaskParams& mask, int64_t key0, int64_t key1, int64_t offset,
-                                                 int64_t seqlen_q, int64_t& q_lo, int64_t& q_hi) {
-  q_lo = 0;
-  q_hi = seqlen_q;
-  if (mask.window_right != kUnboundedWindow) {
-    const int64_t lo = key0 - offset - mask.window_right;  // end(q) = q + offset + right + 1 > key0
-    q_lo = lo > 0 ? lo : 0;
-  }
-  if (mask.window_left != kUnboundedWindow) {
-    const int64_t hi = key1 - offset + mask.window_left;  // begin(q) = q + offset - left <= key1 - 1
-    q_hi = hi < seqlen_q ? hi : seqlen_q;
-  }
-}
-
 // kGeneral: softcap and / or ALiBi, recomputed as the forward's general kernels apply them (z = softcap tanh(s scale /
 // softcap) - slope |distance|); dS then carries softcap's derivative 1 - tanh^2 (the final softmax_scale factors of dQ
 // and dK stay where they are).
@@ -145,10 +131,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
     block.has_keys = block.key0 < seqlen_k;
     if (!block.has_keys) return block;
     const int64_t key1 = block.key0 + kBlockN < seqlen_k ? block.key0 + kBlockN : seqlen_k;
-    int64_t q_lo, q_hi;
-    rows_seeing_keys(p.mask, block.key0, key1, offset, seqlen_q, q_lo, q_hi);
-    block.m_min = static_cast<int>(q_lo / kBlockM);
-    const int m_max = q_hi > q_lo ? static_cast<int>((q_hi + kBlockM - 1) / kBlockM) : block.m_min;
+    const QueryRows rows = rows_seeing_keys(p.mask, block.key0, key1, offset, seqlen_q);
+    block.m_min = static_cast<int>(rows.begin / kBlockM);
+    const int m_max = rows.end > rows.begin ? static_cast<int>((rows.end + kBlockM - 1) / kBlockM) : block.m_min;
     block.m_count = m_max - block.m_min;
     block.steps = args.heads_per_kv * block.m_count;  // (query head of the group, query block) pairs
     return block;
@@ -295,10 +280,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
             dp, v_rows_desc, ptx::smem_descriptor(do_slot, ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes));
 
         // P^T: register 4j + 2r + e holds key row keys[r], query column 8j + quad_col + e.
-        const KeyRange first = visible_keys(p.mask, q0, offset, seqlen_k);
-        const KeyRange last = visible_keys(p.mask, q0 + kBlockM - 1, offset, seqlen_k);
-        const bool masked = q0 + kBlockM > seqlen_q || key0 + kBlockN > seqlen_k ||
-                            (kMask != MaskKind::kNone && (last.begin > key0 || first.end < key0 + kBlockN));
+        const bool masked = block_pair_needs_mask(p.mask, kMask != MaskKind::kNone, q0, kBlockM, key0, kBlockN,
+                                                  seqlen_q, seqlen_k, offset);
         // P^T, then dS^T = P^T (dP^T - D). Lean kernels exponentiate while dP^T is still on the tensor cores; general
         // ones wait for both and do both in one pass, so softcap's derivative 1 - tanh^2 needs no registers of its own
         // (stored, it spilled 156 bytes at hd 128).

@@ -21,6 +21,7 @@
 #include "flash_attn/ptx/tma_load_sm90.h"
 #include "flash_attn/ptx/warpgroup_sm90.h"
 #include "flash_attn/ptx/wgmma_sm90_generated.h"
+#include "sm90/block_ranges.h"
 #include "sm90/fwd_tile_config.h"
 #include "sm90/kernel_common.h"
 
@@ -216,18 +217,12 @@ __device__ __forceinline__ FwdTile plan_tile(const FwdKernelArgs& args, int64_t 
   tile.row_first = static_cast<int64_t>(tile.m_block) * kBlockM;
   tile.has_rows = tile.row_first < seqlen_q;
   tile.offset = diagonal_offset(p.mask, seqlen_q, seqlen_k);
-  const int64_t row_last = (tile.row_first + kBlockM < seqlen_q ? tile.row_first + kBlockM : seqlen_q) - 1;
-  const KeyRange first_keys = visible_keys(p.mask, tile.row_first, tile.offset, seqlen_k);
-  const KeyRange last_keys = visible_keys(p.mask, row_last, tile.offset, seqlen_k);
-  const int64_t key_begin = first_keys.begin > 0 ? first_keys.begin : 0;
-  const int64_t key_end = last_keys.end < seqlen_k ? last_keys.end : seqlen_k;
-  tile.n_min = static_cast<int>(key_begin / kBlockN);
-  tile.n_max = tile.has_rows && key_end > key_begin ? static_cast<int>((key_end + kBlockN - 1) / kBlockN)
-                                                    : tile.n_min;
-  const int64_t full_begin = last_keys.begin > 0 ? last_keys.begin : 0;
-  const int64_t full_end = first_keys.end < seqlen_k ? first_keys.end : seqlen_k;
-  tile.full_lo = static_cast<int>((full_begin + kBlockN - 1) / kBlockN);
-  tile.full_hi = static_cast<int>(full_end / kBlockN);
+  const KeyBlocks blocks = key_blocks_of_rows(p.mask, tile.row_first, kBlockM, seqlen_q, seqlen_k, tile.offset,
+                                              kBlockN);
+  tile.n_min = blocks.n_min;
+  tile.n_max = tile.has_rows ? blocks.n_max : blocks.n_min;
+  tile.full_lo = blocks.full_lo;
+  tile.full_hi = blocks.full_hi;
   return tile;
 }
 

@@ -1,0 +1,73 @@
+// Which blocks the Hopper kernels visit under a mask (common/mask.h's rule), host/device so that
+// tests/test_sm90_block_ranges.py can check them against brute force on CPU: the key blocks a tile of query rows sees
+// and those it sees whole (no mask needed), the query blocks that see a block of keys, and whether a (query block, key
+// block) pair needs the per-element mask. visible_keys' begin and end never decrease with the row, so a tile's first
+// and last rows bound every row in between.
+#pragma once
+
+#include <cstdint>
+
+#include "flash_attn/common/host_device.h"
+#include "flash_attn/common/mask.h"
+#include "flash_attn/params.h"
+
+namespace flash::sm90 {
+
+struct KeyBlocks {
+  int n_min;    // key blocks [n_min, n_max) hold every key some row of the tile sees
+  int n_max;
+  int full_lo;  // key blocks [full_lo, full_hi) are seen whole by every row of the tile (may be empty)
+  int full_hi;
+};
+
+// Rows [row_first, row_first + block_m) of a sequence (those below seqlen_q, at least one), keys in blocks of block_n.
+FLASH_HOST_DEVICE KeyBlocks key_blocks_of_rows(const MaskParams& mask, int64_t row_first, int block_m,
+                                               int64_t seqlen_q, int64_t seqlen_k, int64_t offset, int block_n) {
+  const int64_t row_last = (row_first + block_m < seqlen_q ? row_first + block_m : seqlen_q) - 1;
+  const KeyRange first_keys = visible_keys(mask, row_first, offset, seqlen_k);
+  const KeyRange last_keys = visible_keys(mask, row_last, offset, seqlen_k);
+  const int64_t key_begin = first_keys.begin > 0 ? first_keys.begin : 0;
+  const int64_t key_end = last_keys.end < seqlen_k ? last_keys.end : seqlen_k;
+  KeyBlocks blocks;
+  blocks.n_min = static_cast<int>(key_begin / block_n);
+  blocks.n_max = key_end > key_begin ? static_cast<int>((key_end + block_n - 1) / block_n) : blocks.n_min;
+  const int64_t full_begin = last_keys.begin > 0 ? last_keys.begin : 0;
+  const int64_t full_end = first_keys.end < seqlen_k ? first_keys.end : seqlen_k;
+  blocks.full_lo = static_cast<int>((full_begin + block_n - 1) / block_n);
+  blocks.full_hi = full_end > 0 ? static_cast<int>(full_end / block_n) : 0;
+  return blocks;
+}
+
+struct QueryRows {
+  int64_t begin;  // rows [begin, end) hold every row that sees some key of the block
+  int64_t end;
+};
+
+// The query rows that see any key of [key0, key1) (window or causal; all of [0, seqlen_q) without a mask).
+FLASH_HOST_DEVICE QueryRows rows_seeing_keys(const MaskParams& mask, int64_t key0, int64_t key1, int64_t offset,
+                                             int64_t seqlen_q) {
+  QueryRows rows{0, seqlen_q};
+  if (mask.window_right != kUnboundedWindow) {
+    const int64_t lo = key0 - offset - mask.window_right;  // end(q) = q + offset + right + 1 > key0
+    rows.begin = lo > 0 ? lo : 0;
+  }
+  if (mask.window_left != kUnboundedWindow) {
+    const int64_t hi = key1 - offset + mask.window_left;  // begin(q) = q + offset - left <= key1 - 1
+    rows.end = hi < seqlen_q ? hi : seqlen_q;
+  }
+  return rows;
+}
+
+// Whether some (query, key) pair of query rows [q0, q0 + block_m) and keys [key0, key0 + block_n) is out of range or
+// masked: the backward's per-step test.
+FLASH_HOST_DEVICE bool block_pair_needs_mask(const MaskParams& mask, bool masked_kind, int64_t q0, int block_m,
+                                             int64_t key0, int block_n, int64_t seqlen_q, int64_t seqlen_k,
+                                             int64_t offset) {
+  if (q0 + block_m > seqlen_q || key0 + block_n > seqlen_k) return true;
+  if (!masked_kind) return false;
+  const KeyRange first = visible_keys(mask, q0, offset, seqlen_k);
+  const KeyRange last = visible_keys(mask, q0 + block_m - 1, offset, seqlen_k);
+  return last.begin > key0 || first.end < key0 + block_n;
+}
+
+}  // namespace flash::sm90
