@@ -1,8 +1,9 @@
 # The Hopper kernels' block ranges (csrc/sm90/block_ranges.h: the key blocks a query tile visits and those it needs no
 # mask for, the query blocks a key block visits, the backward's per-pair mask test) against brute force over every
 # (query, key) pair, on 600 random shapes with no mask, causal (bottom-right and top-left) and windows, and key blocks
-# of every width the kernels use. CPU only: the helpers are host/device, so the checker (tests/cpp/) is compiled by the
-# host C++ compiler here; a range that skips a visible key, or calls a block unmasked that holds a masked key, fails.
+# of every width the kernels use; and the backward's 16-byte dQ reductions against the accumulator's slot layout. CPU
+# only: the helpers are host/device, so the checker (tests/cpp/) is compiled by the host C++ compiler here; a range
+# that skips a visible key, or calls a block unmasked that holds a masked key, fails.
 import pathlib
 import shutil
 import subprocess

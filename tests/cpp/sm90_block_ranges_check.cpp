@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <random>
 
+#include "flash_attn/bwd_workspace.h"
 #include "sm90/block_ranges.h"
 
 namespace {
@@ -70,9 +71,26 @@ void check(const MaskParams& mask, int64_t sq, int64_t sk, int block_m, int bloc
   }
 }
 
+// The Hopper backward adds a thread's dQ columns 8j + 2 (lane % 4) + e of j = 2g, 2g + 1 (e = 0, 1) with one 16-byte
+// reduction at slots 4 (lane % 4) .. + 3 of slot group g (bwd_kernel.h): they must be the slots dq_slot() assigns
+// those columns, in that order, or the dq conversion reads them back into the wrong columns.
+void check_dq_slots() {
+  for (int quad = 0; quad < 4; ++quad) {
+    const int columns[4] = {2 * quad, 2 * quad + 1, 8 + 2 * quad, 8 + 2 * quad + 1};
+    for (int v = 0; v < 4; ++v) {
+      if (flash::dq_slot(columns[v]) != 4 * quad + v) {
+        ++failures;
+        std::printf("FAIL dq slot of column %d is %d, the reduction writes %d\n", columns[v],
+                    flash::dq_slot(columns[v]), 4 * quad + v);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
+  check_dq_slots();
   std::mt19937 random(20261201);
   const int block_ns[] = {64, 80, 112, 128, 176, 192};
   int cases = 0;
