@@ -128,12 +128,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     and at cache_seqlens[b] otherwise (rotary_interleaved: GPT-J pairs). cache_leftpad (batch,): sequence b's keys
     start at cache row cache_leftpad[b] (rows before it are padding), so it has cache_seqlens[b] - cache_leftpad[b]
     keys and its positions (masks, rotary) count from there; gathered into a copy for now; not with block_table.
-    num_splits is a performance hint of Dao's kernel and is ignored. Returns out, or (out,
-    softmax_lse (batch, nheads, seqlen_q)) when return_softmax_lse. An inference API: with no input requiring grad
+    num_splits (Dao's semantics): how many parts the CUDA kernel splits each sequence's keys into, merged by a combine
+    kernel; 0 lets flash_attn choose, 1 never splits, n > 1 takes n (at most 128); no effect on CPU. Returns out, or
+    (out, softmax_lse (batch, nheads, seqlen_q)) when return_softmax_lse. An inference API: with no input requiring grad
     (or under torch.no_grad()) the op reads each sequence's length directly (seqused_k) and visits only its keys;
     otherwise the lengths become a float32 bias of batch x seqlen_q x seqlen_cache (x nheads with ALiBi) that the
     backward can differentiate through."""
-    del num_splits  # a performance hint of Dao's split kernel
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"{_NAME}: num_splits must be an int >= 0 (0 lets flash_attn choose); got {num_splits!r}")
     if (k is None) != (v is None):
         raise ValueError(f"{_NAME}: k and v must be given together or both omitted")
     if k is not None and cache_seqlens is None:
@@ -185,9 +187,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if _needs_grad(q, keys, values, alibi_slopes):
         bias = _bias(lengths, seqlen_q, cache_rows, window, nheads, alibi_slopes)
         out, lse, _ = attention(q, keys, values, softmax_scale=softmax_scale, softcap=softcap, attn_bias=bias,
-                                bottom_right=False)
+                                bottom_right=False, num_splits=num_splits)
     else:
         slopes = None if alibi_slopes is None else alibi_slopes.to(torch.float32)
         out, lse, _ = attention(q, keys, values, softmax_scale=softmax_scale, window=window, softcap=softcap,
-                                alibi_slopes=slopes, seqused_k=lengths.to(torch.int32))
+                                alibi_slopes=slopes, seqused_k=lengths.to(torch.int32), num_splits=num_splits)
     return (out, lse) if return_softmax_lse else out

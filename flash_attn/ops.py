@@ -14,14 +14,15 @@ bwd_op = torch.ops.flash_attn.bwd.default
 # Position of each fwd input, for ctx.needs_input_grad.
 _FWD_INPUTS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "dropout_p",
                "softmax_scale", "window_left", "window_right", "bottom_right", "softcap", "alibi_slopes",
-               "attn_bias", "rng_state", "return_probs", "deterministic", "seqused_k")
+               "attn_bias", "rng_state", "return_probs", "deterministic", "seqused_k", "num_splits")
+_SEQUSED_K = _FWD_INPUTS.index("seqused_k")
 _GRAD_INPUTS = {"q": 0, "k": 1, "v": 2, "attn_bias": _FWD_INPUTS.index("attn_bias")}
 
 
 @torch.library.register_fake("flash_attn::fwd")
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
               window_left, window_right, bottom_right, softcap, alibi_slopes, attn_bias, rng_state, return_probs,
-              deterministic=False, seqused_k=None):
+              deterministic=False, seqused_k=None, num_splits=0):
     nheads = q.shape[-2]
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     out = q.new_empty(q.shape)
@@ -77,7 +78,7 @@ def _backward(ctx, dout, dlse, _dprobs):
                                o["max_seqlen_k"], o["dropout_p"], o["softmax_scale"], o["window_left"],
                                o["window_right"], o["bottom_right"], o["softcap"], alibi_slopes, attn_bias,
                                rng_state, o["deterministic"], bias_grad)
-    grads = [None] * ctx.num_inputs  # 18 when a caller leaves seqused_k to its default
+    grads = [None] * ctx.num_inputs  # fewer than len(_FWD_INPUTS) when a caller leaves the defaulted ones out
     grads[0], grads[1], grads[2] = dq, dk, dv
     if bias_grad:
         grads[_GRAD_INPUTS["attn_bias"]] = dbias.to(attn_bias.dtype)
@@ -109,14 +110,14 @@ class _FwdFunction(torch.autograd.Function):
 
 
 def fwd(*args):
-    """torch.ops.flash_attn.fwd with autograd, its arguments positional (see _FWD_INPUTS; seqused_k, the last,
-    may be left out). Traced calls (torch.compile) use the op and its registered formula; eager calls that need
-    gradients use _FwdFunction. seqused_k is forward-only: eager calls that need gradients with it raise
+    """torch.ops.flash_attn.fwd with autograd, its arguments positional (see _FWD_INPUTS; seqused_k and num_splits,
+    the last two, may be left out). Traced calls (torch.compile) use the op and its registered formula; eager calls
+    that need gradients use _FwdFunction. seqused_k is forward-only: eager calls that need gradients with it raise
     NotImplementedError here, traced ones when their backward runs."""
     if torch.compiler.is_compiling():
         return fwd_op(*args)
     if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-        if len(args) == len(_FWD_INPUTS) and args[-1] is not None:
+        if len(args) > _SEQUSED_K and args[_SEQUSED_K] is not None:
             raise _seqused_k_refusal()
         return _FwdFunction.apply(*args)
     with torch._C._AutoDispatchBelowAutograd():  # nothing to record: skip the autograd wrapper (~7 us)

@@ -4,6 +4,7 @@
 # (seqused_k) path: empty to full sequences, GQA decode, split-KV, CUDA-graph capture, no bias built.
 import pytest
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 import flash_attn
 from flash_attn import flash_attn_with_kvcache
@@ -162,6 +163,43 @@ def test_kvcache_native_cuda_matches_cpu_split_decode(seqlen_q):
     require_supported("cuda", torch.bfloat16, 128)
     check_kvcache_cuda_matches_cpu([0, 1, 700, 4096], seqlen_q, rows=4096, nheads=8, nheads_k=2, head_dim=128,
                                    causal=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("num_splits", [1, 3, 16, 200])
+def test_kvcache_num_splits_honoured(num_splits):
+    """num_splits as Dao's: 1 never splits, n > 1 splits the keys n ways (at most 128; splits past a short sequence's
+    keys weigh nothing): every choice gives the CPU path's values, and the combine kernel runs exactly when the keys
+    are split."""
+    require_supported("cuda", torch.bfloat16, 128)
+    check_kvcache_cuda_matches_cpu([0, 1, 700, 2048], 1, rows=2048, nheads=8, nheads_k=2, head_dim=128, causal=True,
+                                   num_splits=num_splits)
+    q = randn(2, 1, 8, 128, dtype=torch.bfloat16, device="cuda")
+    cache = randn(2, 2048, 2, 128, dtype=torch.bfloat16, device="cuda")
+    lengths = torch.tensor([700, 2048], dtype=torch.int32, device="cuda")
+    flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths, num_splits=num_splits)  # checks values once
+    with profile(activities=[ProfilerActivity.CUDA]) as trace:
+        flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths, num_splits=num_splits)
+        torch.cuda.synchronize()
+    kernels = [event.name for event in trace.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+    assert any("combine" in name for name in kernels) == (num_splits > 1), kernels
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kvcache_num_splits_checked_and_neutral(device):
+    """num_splits must be an int >= 0; on CPU, where nothing splits, every value gives the same result."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    q = randn(2, 1, 4, 64, dtype=dtype, device=device)
+    cache = randn(2, 64, 2, 64, dtype=dtype, device=device)
+    lengths = torch.tensor([10, 64], dtype=torch.int32, device=device)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="num_splits"):
+            flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths, num_splits=bad)
+    if device == "cpu":
+        base = flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths)
+        for num_splits in (1, 4):
+            assert torch.equal(flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths, num_splits=num_splits),
+                               base)
 
 
 @pytest.mark.parametrize("device", DEVICES)

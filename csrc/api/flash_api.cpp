@@ -125,8 +125,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(
     double dropout_p, double softmax_scale, int64_t window_left, int64_t window_right, bool bottom_right,
     double softcap, const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& attn_bias,
     const std::optional<at::Tensor>& rng_state, bool return_probs, bool deterministic,
-    const std::optional<at::Tensor>& seqused_k) {
+    const std::optional<at::Tensor>& seqused_k, int64_t num_splits) {
   (void)deterministic;  // a backward option, carried by the forward op so autograd can hand it on
+  FLASH_CHECK(num_splits >= 0, kFwdOp, ": num_splits must be >= 0 (0 lets flash_attn choose); got ", num_splits,
+              ". Pass 0, or the number of key splits wanted.");
   const CallArgs args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q.expect_int(), max_seqlen_k.expect_int(),
                       dropout_p, softmax_scale, window_left, window_right, bottom_right, softcap, alibi_slopes,
                       attn_bias, rng_state, seqused_k};
@@ -168,7 +170,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(
     cpu::run_fwd(p);
   } else {
     std::vector<at::Tensor> scratch;
-    plan_cuda_fwd(p, q, scratch);
+    plan_cuda_fwd(p, q, scratch, num_splits);
     launch_cuda(p, nullptr, q.device());
     if (return_probs) launch_cuda_probs(p, q.device());
   }
@@ -359,7 +361,7 @@ TORCH_LIBRARY(flash_attn, m) {
       "fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt max_seqlen_q, "
       "SymInt max_seqlen_k, float dropout_p, float softmax_scale, int window_left, int window_right, "
       "bool bottom_right, float softcap, Tensor? alibi_slopes, Tensor? attn_bias, Tensor? rng_state, "
-      "bool return_probs, bool deterministic=False, Tensor? seqused_k=None) "
+      "bool return_probs, bool deterministic=False, Tensor? seqused_k=None, int num_splits=0) "
       "-> (Tensor out, Tensor softmax_lse, Tensor probs)");
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor? dlse, "

@@ -14,14 +14,15 @@ namespace {
 constexpr int64_t kHeadDimGranule = 32;  // split_out rows are padded to the kernel's head-dim bucket
 }  // namespace
 
-void plan_cuda_fwd(FwdParams& p, const at::Tensor& q, std::vector<at::Tensor>& scratch) {
+void plan_cuda_fwd(FwdParams& p, const at::Tensor& q, std::vector<at::Tensor>& scratch, int64_t requested_splits) {
 #if defined(FLASH_WITH_CUDA)
   pack_gqa_decode(p);
   // Device attributes, not at::cuda::getDeviceProperties: ATen's CUDA context header needs the cuSPARSE
   // headers, which CUDA toolkits without the math libraries (our CI image) lack.
   const DeviceAttributes device = device_attributes(q.device().index());
   // Under FLASH_ATTN_FWD_SMEM_LIMIT the launcher takes a smaller device's tiles; the plan must assume the same.
-  p.num_splits = choose_fwd_num_splits(p, device.num_sms, sm80::fwd_smem_limits(device.smem));
+  p.num_splits = requested_splits > 0 ? requested_fwd_num_splits(p, requested_splits)
+                                      : choose_fwd_num_splits(p, device.num_sms, sm80::fwd_smem_limits(device.smem));
   if (p.num_splits > 1) {
     // One allocation for both (each at::empty is ~3 us of host time there): the partial outputs, then the lses.
     // rows * bucket floats are a multiple of 32, so split_lse keeps 16-byte alignment.
@@ -35,6 +36,7 @@ void plan_cuda_fwd(FwdParams& p, const at::Tensor& q, std::vector<at::Tensor>& s
   (void)p;
   (void)q;
   (void)scratch;
+  (void)requested_splits;
 #endif
 }
 

@@ -11,6 +11,7 @@
 namespace flash::api {
 
 // Rewrites `p` for the kernel launch; `scratch` keeps the split buffers alive until the launch is queued.
-void plan_cuda_fwd(FwdParams& p, const at::Tensor& q, std::vector<at::Tensor>& scratch);
+// requested_splits: a caller's num_splits (0: the heuristic's choice).
+void plan_cuda_fwd(FwdParams& p, const at::Tensor& q, std::vector<at::Tensor>& scratch, int64_t requested_splits);
 
 }  // namespace flash::api

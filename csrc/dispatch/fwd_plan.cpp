@@ -65,4 +65,12 @@ int choose_fwd_num_splits(const FwdParams& p, int num_sms, sm80::SmemLimits smem
   return static_cast<int>((key_tiles + tiles_per_split - 1) / tiles_per_split);
 }
 
+int requested_fwd_num_splits(const FwdParams& p, int64_t requested) {
+  constexpr int64_t kMaxGridZ = 65535;  // the grid's z extent holds batch entries x splits
+  if (p.probs != nullptr || p.shape.seqlen_k <= 0 || requested <= 1) return 1;
+  const int64_t by_grid = p.shape.batch > 0 ? kMaxGridZ / p.shape.batch : 1;
+  const int64_t splits = std::min<int64_t>({requested, sm80::kMaxKeySplits, by_grid});
+  return static_cast<int>(splits < 1 ? 1 : splits);
+}
+
 }  // namespace flash

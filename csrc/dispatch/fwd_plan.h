@@ -20,4 +20,10 @@ bool pack_gqa_decode(FwdParams& p);
 // decides which tile the launcher will take and how many of its CTAs an SM holds (sm80::fwd_tile_kind).
 int choose_fwd_num_splits(const FwdParams& p, int num_sms, sm80::SmemLimits smem);
 
+// A caller's num_splits (flash_attn_with_kvcache's, Dao's semantics: 0 lets choose_fwd_num_splits decide): honoured up
+// to sm80::kMaxKeySplits and to what the grid's z extent (batch entries x splits) holds; 1 where the call cannot be
+// split (returned probabilities, no keys). Splits past a sequence's last key tile see no key and weigh nothing in the
+// combine.
+int requested_fwd_num_splits(const FwdParams& p, int64_t requested);
+
 }  // namespace flash
