@@ -80,6 +80,7 @@ void add_head_dim(std::map<Key, Launch>& table) {
     add_variant<D, H, MaskKind::kNone, FwdSchedule::kPingpong, kPolicy, false, 4>(table);
     add_variant<D, H, MaskKind::kCausal, FwdSchedule::kPingpong, kPolicy, false, 4>(table);
     add_variant<D, H, MaskKind::kNone, FwdSchedule::kPingpong, kPolicy, false, 2>(table);
+    add_variant<D, H, MaskKind::kCausal, FwdSchedule::kPingpong, kPolicy, false, 2>(table);
     add_variant<D, H, MaskKind::kNone, FwdSchedule::kOverlap, kPolicy, false, 4>(table);
     (add_variant<D, H, MaskKind::kNone, FwdSchedule::kOverlap, kOthers>(table), ...);
     (add_variant<D, H, MaskKind::kCausal, FwdSchedule::kOverlap, kOthers>(table), ...);
@@ -246,8 +247,11 @@ int main(int argc, char** argv) {
   const DType dtype = fp16 ? DType::kFloat16 : DType::kBFloat16;
   const auto found = table.find(key_of(dtype, bucket, mask, schedule, tile, persistent, poly));
   if (found == table.end()) {
-    std::fprintf(stderr, "not instantiated in this build (FLASH_CHECK_HEAD_DIM=%d): hd %d %s %s block_n %d stages %d\n",
-                 kOnlyHeadDim, hd, mask_name.c_str(), schedule_name.c_str(), tile.block_n, tile.stages);
+    std::fprintf(stderr,
+                 "not instantiated in this build (FLASH_CHECK_HEAD_DIM=%d): hd %d %s %s block_n %d stages %d "
+                 "persistent %d poly %d\n",
+                 kOnlyHeadDim, hd, mask_name.c_str(), schedule_name.c_str(), tile.block_n, tile.stages,
+                 int(persistent), poly);
     return 2;
   }
   const int64_t b = std::atol(argv[3]), h = std::atol(argv[4]), hk = std::atol(argv[5]);
