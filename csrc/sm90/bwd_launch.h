@@ -25,10 +25,7 @@ void launch_bwd(const dim3& grid, const BwdKernelArgs& args, cudaStream_t stream
   // Above 48 KB of dynamic shared memory a kernel must opt in; once per instantiation and process.
   static const cudaError_t opt_in =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::kLaunchBytes);
-  if (opt_in != cudaSuccess) {
-    throw std::runtime_error(std::string("flash_attn backward (Hopper path): shared-memory opt-in of ") +
-                             std::to_string(Layout::kLaunchBytes) + " bytes failed: " + cudaGetErrorString(opt_in));
-  }
+  require_smem_opt_in(opt_in, Layout::kLaunchBytes, "backward");
   kernel<<<grid, kBwdThreads, Layout::kLaunchBytes, stream>>>(args);
 }
 
@@ -53,25 +50,17 @@ void run_bwd(const BwdParams& params, void* stream) {
   args.params = params;
   args.scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
   args.heads_per_kv = static_cast<int>(shape.nheads_q / shape.nheads_k);
-  const bool varlen = shape.cu_seqlens_q != nullptr;
-  const int64_t q_rows = varlen ? shape.total_q : shape.seqlen_q;
-  const int64_t k_rows = varlen ? shape.total_k : shape.seqlen_k;
-  const int64_t entries = varlen ? 1 : shape.batch;
+  const MapRows rows = map_rows(shape);
   const bool encoded =
-      encode_rows_map<T>(args.q_map, p.q, p.q_strides, shape.head_dim, shape.nheads_q, q_rows, entries,
+      encode_rows_map<T>(args.q_map, p.q, p.q_strides, shape.head_dim, shape.nheads_q, rows.q_rows, rows.entries,
                          kTile.block_m) &&
-      encode_rows_map<T>(args.do_map, params.dout, params.dout_strides, shape.head_dim, shape.nheads_q, q_rows,
-                         entries, kTile.block_m) &&
-      encode_rows_map<T>(args.k_map, p.k, p.k_strides, shape.head_dim, shape.nheads_k, k_rows, entries,
+      encode_rows_map<T>(args.do_map, params.dout, params.dout_strides, shape.head_dim, shape.nheads_q,
+                         rows.q_rows, rows.entries, kTile.block_m) &&
+      encode_rows_map<T>(args.k_map, p.k, p.k_strides, shape.head_dim, shape.nheads_k, rows.k_rows, rows.entries,
                          kTile.block_n) &&
-      encode_rows_map<T>(args.v_map, p.v, p.v_strides, shape.head_dim, shape.nheads_k, k_rows, entries,
+      encode_rows_map<T>(args.v_map, p.v, p.v_strides, shape.head_dim, shape.nheads_k, rows.k_rows, rows.entries,
                          kTile.block_n);
-  if (!encoded) {
-    throw std::runtime_error(
-        "flash_attn backward (Hopper path): the driver could not make TMA tensor maps for q, k, v, dout (head_dim=" +
-        std::to_string(shape.head_dim) + "); strides must be multiples of 16 bytes below 2^40. Pass contiguous "
-        "tensors, or set FLASH_ATTN_HOPPER=0 to use the portable kernels.");
-  }
+  if (!encoded) fail_tensor_maps("backward", "q, k, v, dout", shape.head_dim);
   const int64_t key_blocks = (shape.seqlen_k + kTile.block_n - 1) / kTile.block_n;
   args.num_n_blocks = static_cast<int>(key_blocks);
   if (key_blocks > 0) {

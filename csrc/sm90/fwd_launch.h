@@ -42,6 +42,32 @@ bool encode_rows_map(CUtensorMap& map, const void* base, const TensorStrides& st
 }
 
 // kSchedule: the policy's (fwd_schedule) unless a caller compares schedules (tools/sm90_fwd_check.cu).
+// The rows the tensor maps span: a varlen tensor is one (total rows, heads, head dim) entry, a dense one has its
+// batch entries.
+struct MapRows {
+  int64_t q_rows;
+  int64_t k_rows;
+  int64_t entries;
+};
+inline MapRows map_rows(const AttentionShape& shape) {
+  const bool varlen = shape.cu_seqlens_q != nullptr;
+  return MapRows{varlen ? shape.total_q : shape.seqlen_q, varlen ? shape.total_k : shape.seqlen_k,
+                 varlen ? 1 : shape.batch};
+}
+
+// The failures of a Hopper launch's host steps, as errors that say what to do. `path`: "forward" or "backward".
+[[noreturn]] inline void fail_tensor_maps(const char* path, const char* operands, int64_t head_dim) {
+  throw std::runtime_error(std::string("flash_attn ") + path + " (Hopper path): the driver could not make TMA " +
+                           "tensor maps for " + operands + " (head_dim=" + std::to_string(head_dim) +
+                           "); strides must be multiples of 16 bytes below 2^40. Pass contiguous tensors, or set "
+                           "FLASH_ATTN_HOPPER=0 to use the portable kernels.");
+}
+inline void require_smem_opt_in(cudaError_t status, int bytes, const char* path) {
+  if (status == cudaSuccess) return;
+  throw std::runtime_error(std::string("flash_attn ") + path + " (Hopper path): shared-memory opt-in of " +
+                           std::to_string(bytes) + " bytes failed: " + cudaGetErrorString(status));
+}
+
 // Calls with softcap or ALiBi take the general kernel (transform_scores); the rest the lean one.
 inline bool fwd_needs_general_kernel(const FwdParams& p) {
   return p.softcap > 0.0 || p.mask.alibi_slopes != nullptr;
@@ -57,10 +83,7 @@ void launch_fwd(FwdKernelArgs& args, cudaStream_t stream) {
   // Above 48 KB of dynamic shared memory a kernel must opt in; once per instantiation and process.
   static const cudaError_t opt_in =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::kLaunchBytes);
-  if (opt_in != cudaSuccess) {
-    throw std::runtime_error(std::string("flash_attn forward (Hopper path): shared-memory opt-in of ") +
-                             std::to_string(Layout::kLaunchBytes) + " bytes failed: " + cudaGetErrorString(opt_in));
-  }
+  require_smem_opt_in(opt_in, Layout::kLaunchBytes, "forward");
   const AttentionShape& shape = args.params.shape;
   if constexpr (kPersistent) {
     // One CTA per SM (each holds a whole SM's shared memory), striding over the tiles.
@@ -90,25 +113,17 @@ void run_fwd(const FwdParams& params, void* stream) {
   args.heads_per_kv = static_cast<int>(shape.nheads_q / shape.nheads_k);
   args.num_m_blocks = static_cast<int>((shape.seqlen_q + kTile.block_m - 1) / kTile.block_m);
   args.num_tiles = static_cast<int64_t>(args.num_m_blocks) * shape.nheads_q * shape.batch;
-  // Varlen tensors are (total rows, heads, head dim): one map over every row, the sequence's first row added to the
-  // row coordinate (rows past a sequence belong to the next one: masked keys, dropped query rows).
-  const bool varlen = shape.cu_seqlens_q != nullptr;
-  const int64_t q_rows = varlen ? shape.total_q : shape.seqlen_q;
-  const int64_t k_rows = varlen ? shape.total_k : shape.seqlen_k;
-  const int64_t entries = varlen ? 1 : shape.batch;
+  // Varlen tensors: one map over every row, the sequence's first row added to the row coordinate (rows past a
+  // sequence belong to the next one: masked keys, dropped query rows).
+  const MapRows rows = map_rows(shape);
   const bool encoded =
-      encode_rows_map<T>(args.q_map, params.q, params.q_strides, shape.head_dim, shape.nheads_q, q_rows, entries,
-                         kTile.block_m) &&
-      encode_rows_map<T>(args.k_map, params.k, params.k_strides, shape.head_dim, shape.nheads_k, k_rows, entries,
-                         kTile.block_n) &&
-      encode_rows_map<T>(args.v_map, params.v, params.v_strides, shape.head_dim, shape.nheads_k, k_rows, entries,
-                         kTile.block_n);
-  if (!encoded) {
-    throw std::runtime_error(
-        "flash_attn forward (Hopper path): the driver could not make TMA tensor maps for q, k, v (head_dim=" +
-        std::to_string(shape.head_dim) + "); strides must be multiples of 16 bytes below 2^40. Pass contiguous "
-        "tensors, or set FLASH_ATTN_HOPPER=0 to use the portable kernels.");
-  }
+      encode_rows_map<T>(args.q_map, params.q, params.q_strides, shape.head_dim, shape.nheads_q, rows.q_rows,
+                         rows.entries, kTile.block_m) &&
+      encode_rows_map<T>(args.k_map, params.k, params.k_strides, shape.head_dim, shape.nheads_k, rows.k_rows,
+                         rows.entries, kTile.block_n) &&
+      encode_rows_map<T>(args.v_map, params.v, params.v_strides, shape.head_dim, shape.nheads_k, rows.k_rows,
+                         rows.entries, kTile.block_n);
+  if (!encoded) fail_tensor_maps("forward", "q, k, v", shape.head_dim);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (general) {
     launch_fwd<T, kHeadDim, kMask, kSchedule, true, kTile, kPersistent, kPolyEvery>(args, s);
