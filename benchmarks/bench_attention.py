@@ -91,9 +91,12 @@ OURS = "flash_attn"
 # The same calls with FLASH_ATTN_HOPPER=force: the Hopper kernels (csrc/sm90/), or an error row where they do not
 # serve the call; `flash_attn` runs what dispatch picks by default.
 OURS_HOPPER = "flash_attn_hopper"
+# And with FLASH_ATTN_HOPPER=0: the portable kernels (csrc/sm80/), to time what the Hopper path replaces.
+OURS_PORTABLE = "flash_attn_portable"
+OURS_SWITCHED = {OURS_HOPPER: "force", OURS_PORTABLE: "0"}
 HOPPER_SWITCH = "FLASH_ATTN_HOPPER"
 COPY_CEILING = "copy_ceiling"
-ALL_IMPLS = (OURS, OURS_HOPPER, "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math", "flex")
+ALL_IMPLS = (OURS, OURS_HOPPER, OURS_PORTABLE, "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math", "flex")
 DEFAULT_IMPLS = {
     "cuda": (OURS, "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex"),
     "cpu": (OURS, "sdpa"),
@@ -222,7 +225,9 @@ def make_ours(fa_module, fa_error, backward: bool, name: str = OURS) -> Impl:
         return lambda q, k, v: fa_module.flash_attn_func(q, k, v, causal=p.causal, **extra)
 
     def context():
-        return environment_variable(HOPPER_SWITCH, "force") if name == OURS_HOPPER else contextlib.nullcontext()
+        if name in OURS_SWITCHED:
+            return environment_variable(HOPPER_SWITCH, OURS_SWITCHED[name])
+        return contextlib.nullcontext()
 
     return Impl(name, "bshd", build, context)
 
@@ -284,6 +289,7 @@ def make_impls(names, fa_module, fa_error, backward: bool) -> list:
     factories = {
         OURS: lambda: make_ours(fa_module, fa_error, backward),
         OURS_HOPPER: lambda: make_ours(fa_module, fa_error, backward, OURS_HOPPER),
+        OURS_PORTABLE: lambda: make_ours(fa_module, fa_error, backward, OURS_PORTABLE),
         "sdpa": lambda: make_sdpa("sdpa", None),
         "sdpa_flash": lambda: make_sdpa("sdpa_flash", "FLASH_ATTENTION"),
         "sdpa_cudnn": lambda: make_sdpa("sdpa_cudnn", "CUDNN_ATTENTION"),
@@ -708,10 +714,10 @@ def format_rate(row: Optional[dict], scale: float) -> str:
 
 
 def ratio_to_best_peer(rows: list) -> Optional[float]:
-    """Our default dispatch against the best of the other libraries (not against our own forced Hopper rows)."""
+    """Our default dispatch against the best of the other libraries (not against our own switched rows)."""
     ours = next((rate_of(r) for r in rows if r["impl"] == OURS), None)
     peers = [rate_of(r) for r in rows
-             if r["impl"] not in (OURS, OURS_HOPPER, COPY_CEILING) and rate_of(r) is not None]
+             if r["impl"] not in (OURS, *OURS_SWITCHED, COPY_CEILING) and rate_of(r) is not None]
     if ours is None or not peers:
         return None
     return ours / max(peers)

@@ -29,3 +29,10 @@ def seed():
 @pytest.fixture(params=DEVICES)
 def device(request):
     return request.param
+
+
+@pytest.fixture
+def portable_kernels(monkeypatch):
+    """For tests of the portable (sm80) path's own choices (tiles, kernels, shared-memory knobs): the Hopper kernels
+    would otherwise take their calls on an H200 (FLASH_ATTN_HOPPER is read at every call)."""
+    monkeypatch.setenv("FLASH_ATTN_HOPPER", "0")

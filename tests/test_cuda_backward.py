@@ -401,6 +401,7 @@ def _backward_kernel_names(fn):
 
 
 @pytest.mark.parametrize("limit,compact", [(SM86_SMEM, True), (None, False)])
+@pytest.mark.usefixtures("portable_kernels")
 def test_compact_tiles_selected(limit, compact, monkeypatch):
     """The limit picks the tile set: compact under 99 KB, the full tiles on the real (Hopper-class) device."""
     _require(torch.bfloat16, 128)
@@ -419,6 +420,7 @@ def test_compact_tiles_selected(limit, compact, monkeypatch):
 
 
 @pytest.mark.parametrize("value", ["4096", "abc"])
+@pytest.mark.usefixtures("portable_kernels")
 def test_smem_limit_errors(value, monkeypatch):
     """A limit below every kernel's need, or not a number, fails with a message naming the variable."""
     _require(torch.bfloat16, 64)

@@ -266,6 +266,7 @@ def test_smaller_gpu_tiles_selected(head_dim, seqlen_q, marks, monkeypatch):
 
 
 @pytest.mark.parametrize("value", ["4096", "abc"])
+@pytest.mark.usefixtures("portable_kernels")
 def test_fwd_smem_limit_errors(value, monkeypatch):
     """A limit below every tile's need, or not a number, fails with a message naming the variable."""
     _require(torch.bfloat16, 64)
@@ -322,6 +323,7 @@ def _require_persistent_smem():
 
 
 @pytest.mark.parametrize("head_dim", [160, 256])
+@pytest.mark.usefixtures("portable_kernels")
 def test_persistent_wide_tile_selected(head_dim):
     """Taken for a large non-causal call; not for a causal one or one with fewer items than SMs. Past
     PERSISTENT_MAX_KEYS keys only where K/V arrive by TMA (head dim 256 on sm90+)."""
@@ -339,6 +341,7 @@ def test_persistent_wide_tile_selected(head_dim):
 
 
 @pytest.mark.parametrize("head_dim, causal", [(64, False), (64, True), (128, False)])
+@pytest.mark.usefixtures("portable_kernels")
 def test_one_item_tma_kernel(head_dim, causal):
     """The one-item kernel with K and V by TMA (sm90; fwd_tile_config.h fwd_loads_kv_by_tma): taken for dense calls,
     several key tiles with a ragged last one, GQA, seqlen_q != seqlen_k; varlen and seqused_k calls take the cp.async

@@ -4,7 +4,8 @@
 # tests and tests/test_hopper_{forward,backward}.py (force mode), the whole suite through the Hopper kernels where they
 # serve the call (FLASH_ATTN_HOPPER=1), and the standard table with flash_attn_hopper beside the default dispatch,
 # cuDNN and FA2. Each stage has its own time limit; a short summary is printed last. At most 8 files land in $OUT.
-# Usage: OUT=dir tools/hopper_validate.sh [build_s tests_s suite_s bench_s]   (SWEEP_S=n adds bench_attention.py
+# Usage: OUT=dir tools/hopper_validate.sh [build_s tests_s suite_s bench_s]   (BENCH_IMPLS, BENCH_DIRECTION,
+# BENCH_HEADDIMS, BENCH_SEQLENS pick the table; SWEEP_S=n adds bench_attention.py
 # --sweep with flash_attn_hopper under that limit: every head-dim bucket, GQA, softcap / window / ALiBi, varlen; a
 # second call on the still-warm machine rebuilds nothing, so CHECK=0 BUILD_S=300 TESTS_S=0 SUITE_S=0 BENCH_S=0
 # SWEEP_S=500 runs the sweep alone)
@@ -21,6 +22,8 @@ build_pid=$!
 if [ "${CHECK:-1}" = 1 ]; then
   OUT="$LOGS/check" timeout "$CHECK_S" tools/sm90_fwd_check.sh "${CHECK_SCHEDULES:-serial overlap pingpong}" \
     > "$OUT/check.log" 2>&1
+  # What the check's runs printed, also when its time limit cut the summary off.
+  cat "$LOGS"/check/{correctness,speed,tiles}.log > "$OUT/check_runs.log" 2>/dev/null
 fi
 wait "$build_pid"; build_rc=$?
 build_s=$(( $(date +%s) - start ))
@@ -39,9 +42,9 @@ if [ "$build_rc" -eq 0 ]; then
     suite_rc=$?
   fi
   [ "$BENCH_S" -gt 0 ] && timeout "$BENCH_S" python3 benchmarks/bench_attention.py \
-    --impls flash_attn,flash_attn_hopper,sdpa_cudnn,sdpa_flash --direction both --headdim "${BENCH_HEADDIMS:-128,64}" \
-    --seqlen "${BENCH_SEQLENS:-512,2048,16384}" --causal both --rep-ms "${REP_MS:-50}" --out "$OUT/bench.json" \
-    > "$OUT/bench.log" 2>&1
+    --impls "${BENCH_IMPLS:-flash_attn,flash_attn_hopper,sdpa_cudnn,sdpa_flash}" --direction "${BENCH_DIRECTION:-both}" \
+    --headdim "${BENCH_HEADDIMS:-128,64}" --seqlen "${BENCH_SEQLENS:-512,2048,16384}" --causal both \
+    --rep-ms "${REP_MS:-50}" --out "$OUT/bench.json" > "$OUT/bench.log" 2>&1
   [ "${SWEEP_S:-0}" -gt 0 ] && timeout "$SWEEP_S" python3 benchmarks/bench_attention.py --sweep \
     --impls flash_attn,flash_attn_hopper,sdpa_cudnn,sdpa_flash,flex --direction both --rep-ms "${REP_MS:-50}" \
     --out "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1

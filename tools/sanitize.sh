@@ -18,7 +18,8 @@ fi
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1
 PYTEST=(python3 -m pytest -q -p no:cacheprovider -m sanitize tests/test_cuda_sanitize.py "$@")
 
-for tool in memcheck racecheck; do
+# SANITIZE_PORTABLE=0 runs the Hopper pass alone.
+[ "${SANITIZE_PORTABLE:-1}" = 1 ] && for tool in memcheck racecheck; do
   echo "== compute-sanitizer --tool $tool (portable kernels)"
   FLASH_ATTN_HOPPER=0 "$SANITIZER" --tool "$tool" --error-exitcode 1 --print-limit 20 "${PYTEST[@]}"
 done

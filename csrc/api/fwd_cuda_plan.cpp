@@ -3,6 +3,7 @@
 
 #include "../dispatch/device_attributes.h"
 #include "../dispatch/fwd_plan.h"
+#include "../dispatch/sm90_policy.h"
 
 #if defined(FLASH_WITH_CUDA)
 #include "sm80/smem_limit_env.h"
@@ -21,7 +22,11 @@ void plan_cuda_fwd(FwdParams& p, const at::Tensor& q, std::vector<at::Tensor>& s
   // headers, which CUDA toolkits without the math libraries (our CI image) lack.
   const DeviceAttributes device = device_attributes(q.device().index());
   // Under FLASH_ATTN_FWD_SMEM_LIMIT the launcher takes a smaller device's tiles; the plan must assume the same.
+  // Under FLASH_ATTN_HOPPER=force the Hopper kernels (which do not split) take the call unsplit instead of failing
+  // where the portable path would choose to split; a split the caller asks for (num_splits) still declines them.
+  const bool hopper_forced = hopper_switch() == HopperSwitch::kForce && device.code_arch >= kHopperCodeArch;
   p.num_splits = requested_splits > 0 ? requested_fwd_num_splits(p, requested_splits)
+                 : hopper_forced      ? 1
                                       : choose_fwd_num_splits(p, device.num_sms, sm80::fwd_smem_limits(device.smem));
   if (p.num_splits > 1) {
     // One allocation for both (each at::empty is ~3 us of host time there): the partial outputs, then the lses.

@@ -30,8 +30,12 @@ constexpr Direction direction_of(const char* name) {
 
 // Whether the Hopper path may take this call (the kernel table still has to have its key).
 bool hopper_path_allowed(int code_arch, const FwdParams& params, Direction direction, const BwdParams* bwd) {
-  if (code_arch < kHopperSm || hopper_switch() == HopperSwitch::kOff) return false;
-  if (direction == Direction::kForward) return sm90_fwd_declines(params) == nullptr;
+  const HopperSwitch mode = hopper_switch();
+  if (code_arch < kHopperSm || mode == HopperSwitch::kOff) return false;
+  if (direction == Direction::kForward) {
+    return sm90_fwd_declines(params) == nullptr && (mode == HopperSwitch::kForce || sm90_fwd_pays(params));
+  }
+  if (mode == HopperSwitch::kAuto && !kHopperBackwardInAuto) return false;
   return (bwd != nullptr ? sm90_bwd_declines(*bwd) : sm90_fwd_declines(params)) == nullptr;
 }
 

@@ -10,9 +10,14 @@ namespace flash {
 enum class HopperSwitch { kOff, kAuto, kForce };
 
 constexpr const char* kHopperSwitchEnv = "FLASH_ATTN_HOPPER";
-// Unset FLASH_ATTN_HOPPER means this. Off until the sm90 forward has passed its tests on the H200: it was written and
-// compiled (no spills) in a session that had no device time left (docs/perf_log.md, fourteenth session).
-constexpr HopperSwitch kDefaultHopperSwitch = HopperSwitch::kOff;
+// The loaded code's architecture (DeviceAttributes::code_arch) at which the Hopper kernels exist: sm_90a builds.
+constexpr int kHopperCodeArch = 90;
+// Unset FLASH_ATTN_HOPPER means this: the Hopper path where it serves the call. Its tests passed on the H200 (fifteenth
+// session: tests/test_hopper_*.py under force, the whole suite under 1).
+constexpr HopperSwitch kDefaultHopperSwitch = HopperSwitch::kAuto;
+// Whether kAuto takes the Hopper backward too (force always does). Not yet: measured on the H200 it is slower than the
+// portable backward (bf16, 16k tokens, non-causal: hd 128 312 against 328 TFLOP/s, hd 64 188 against 299).
+constexpr bool kHopperBackwardInAuto = false;
 
 // FLASH_ATTN_HOPPER: "0" / "off" -> kOff, "1" / "auto" / "on" -> kAuto, "force" -> kForce, unset or empty ->
 // kDefaultHopperSwitch. Read on every call (tests flip it in-process); any other value fails naming the choices.
@@ -23,6 +28,10 @@ HopperSwitch hopper_switch();
 // splits or decode shapes; sizes and strides its TMA maps and grid can express); otherwise what it lacks, for
 // FLASH_ATTN_HOPPER=force errors. The head-dim bucket is the kernel table's concern.
 const char* sm90_fwd_declines(const FwdParams& p);
+
+// Whether FLASH_ATTN_HOPPER=1 (the default) hands a forward the Hopper path serves to it rather than to the portable
+// kernels: false where the portable kernel was measured faster (short keys at head dims up to 64). Force ignores it.
+bool sm90_fwd_pays(const FwdParams& p);
 
 // The same for the backward (the forward's limits, and no bias gradient yet).
 const char* sm90_bwd_declines(const BwdParams& p);

@@ -42,12 +42,13 @@ constexpr int fwd_poly_exp_every(int head_dim) {
   return 0;
 }
 
-// kSerial until the schedules are measured on the H200 against each other (the check tool
-// tools/sm90_fwd_check.cu builds all three); FA3's ablation (HOPPER_NOTES.md 1.11) has overlap + pingpong 13-16 %
-// ahead of the serial order at hd 128.
+// kOverlap at every head dim. Measured on the H200 (tools/sm90_fwd_check.sh, bf16, 16k tokens per batch x heads x
+// 2048 columns), serial / overlap / pingpong in TFLOP/s: hd 128 16k 585 / 698 / -, 2k 545 / 609 / 606, 512 374 / 398
+// / 404; hd 64 16k 424 / 452 / 452, 512 275 / 283 / 290; hd 256 16k 691 / 734 / - (serial was never ahead). Pingpong
+// is within 2 % of overlap except +2-5 % at 512; not taken until it is timed at every head dim.
 constexpr FwdSchedule fwd_schedule(int head_dim) {
   (void)head_dim;
-  return FwdSchedule::kSerial;
+  return FwdSchedule::kOverlap;
 }
 
 // Head dims are the kernel table's buckets that are whole 64-element TMA segments (64, 128, 192, 256).
