@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "flash_attn/bwd_workspace.h"
+#include "flash_attn/common/fast_tanh.h"
 #include "flash_attn/common/math.h"
 #include "flash_attn/common/philox.h"
 #include "flash_attn/ptx/bulk_reduce_sm90.h"
@@ -477,7 +478,7 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles>::k
               } else {
                 float z;
                 if (has_softcap) {
-                  th = tanhf(s * scale_over_cap);
+                  th = fast_tanh(s * scale_over_cap);
                   z = softcap * th;
                 } else {
                   z = s * scale;

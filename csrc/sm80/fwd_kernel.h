@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "flash_attn/common/fast_tanh.h"
 #include "flash_attn/common/mask.h"
 #include "flash_attn/common/math.h"
 #include "flash_attn/common/philox.h"
@@ -91,6 +92,7 @@ struct FwdScoreParams {
   float x_scale;
   float scale;
   float softcap;
+  float inverse_softcap;  // 1 / softcap: a multiply per score instead of a division
   float log2e;
   float alibi_slope;
   bool dropout;
@@ -255,6 +257,7 @@ __device__ __forceinline__ FwdScoreParams read_score_params(const FwdParams& p, 
   sp.x_scale = kGeneral ? 1.f : scale_log2;
   sp.scale = static_cast<float>(p.softmax_scale);
   sp.softcap = static_cast<float>(p.softcap);
+  sp.inverse_softcap = p.softcap > 0.0 ? static_cast<float>(1.0 / p.softcap) : 0.f;
   sp.log2e = static_cast<float>(kLog2e);
   sp.alibi_slope = 0.f;
   sp.dropout = false;
@@ -405,7 +408,7 @@ __device__ __forceinline__ void transform_scores(ptx::MmaC (&sc)[kStrips][kNTile
         const int row = rows[s][e / 2];
         const int col = n0 + nt * kMmaN + 2 * cta.t + (e % 2);
         float z = sc[s][nt].reg[e] * sp.scale;
-        if (sp.softcap > 0.f) z = sp.softcap * tanhf(z / sp.softcap);
+        if (sp.softcap > 0.f) z = sp.softcap * fast_tanh(z * sp.inverse_softcap);
         if (p.mask.alibi_slopes != nullptr) {
           z -= sp.alibi_slope * fabsf(static_cast<float>(row + cta.win.offset - col));
         }
