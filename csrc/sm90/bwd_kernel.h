@@ -212,9 +212,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   const uint64_t k_dq_desc =
       ptx::smem_descriptor(k_tile + dq_segment * kBlockN * kSegmentBytes + dq_key0 * kSegmentBytes,
                            kBlockN * kSegmentBytes, ptx::kSwizzleAtomBytes);
+  // The general kernels' logit in log2 units, as the forward's transform_scores forms it: softcap_log2 tanh(s
+  // tanh_scale) or s scale_log2, less alibi_slope_log2 |distance|.
   const float scale = static_cast<float>(p.softmax_scale);
-  const float softcap = static_cast<float>(p.softcap);
-  const float inverse_softcap = p.softcap > 0.0 ? static_cast<float>(1.0 / p.softcap) : 0.f;
+  const bool has_softcap = p.softcap > 0.0;
+  const float tanh_scale = has_softcap ? static_cast<float>(p.softmax_scale / p.softcap) : 0.f;
+  const float softcap_log2 = static_cast<float>(p.softcap * kLog2e);
   // Deterministic own-keys dQ: both consumers add into the same elements, so they take turns, consumer 0 first in
   // every step (each turn's reductions fenced before the hand-over); consumer 1 hands over the first turn here.
   if (ordered_dq && consumer == 1) {
@@ -246,9 +249,15 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
         const Slot slot(ring);
         const int head = kv_head * args.heads_per_kv + i / m_count;
         const int64_t q0 = static_cast<int64_t>(m_min + i % m_count) * kBlockM;
-        const float alibi_slope = kGeneral && p.mask.alibi_slopes != nullptr
-                                      ? p.mask.alibi_slopes[batch * p.mask.alibi_batch_stride + head]
-                                      : 0.f;
+        const float alibi_slope_log2 =
+            kGeneral && p.mask.alibi_slopes != nullptr
+                ? p.mask.alibi_slopes[batch * p.mask.alibi_batch_stride + head] * static_cast<float>(kLog2e)
+                : 0.f;
+        // ALiBi's distance of register 4j + 2r + e is distance0[r] + 8j + e: converted once per row, not per score (the
+        // 64-bit conversion of every score is a quarter-rate I2F.S64); exact while |distance| < 2^24.
+        float distance0[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) distance0[r] = static_cast<float>(q0 + quad_col + offset - keys[r]);
 
         // The step's LSE (log2 units; +inf for rows past the sequence, so P = 0 there) and D, per consumer.
         float* step_stats = stats + (consumer * 2 + ring % 2) * Layout::kStatFloats;
@@ -289,14 +298,18 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
           const int col = 8 * j + quad_col + (e % 2);
           float prob;
           if constexpr (kGeneral) {
-            float z = score * scale;
-            if (softcap > 0.f) {
-              const float th = fast_tanh(z * inverse_softcap);
-              z = softcap * th;
+            float z;
+            if (has_softcap) {
+              const float th = fast_tanh(score * tanh_scale);
+              z = softcap_log2 * th;
               derivative = 1.f - th * th;
+            } else {
+              z = score * args.scale_log2;
             }
-            z -= alibi_slope * fabsf(static_cast<float>(q0 + col + offset - keys[e / 2]));
-            prob = exp2f(fmaf(z, static_cast<float>(kLog2e), -step_stats[col]));
+            if (alibi_slope_log2 != 0.f) {
+              z -= alibi_slope_log2 * fabsf(distance0[e / 2] + static_cast<float>(8 * j + (e % 2)));
+            }
+            prob = exp2f(z - step_stats[col]);
           } else {
             prob = exp2f(fmaf(score, args.scale_log2, -step_stats[col]));
           }
