@@ -35,8 +35,8 @@ bool hopper_path_allowed(int code_arch, const FwdParams& params, Direction direc
   if (direction == Direction::kForward) {
     return sm90_fwd_declines(params) == nullptr && (mode == HopperSwitch::kForce || sm90_fwd_pays(params));
   }
-  if (mode == HopperSwitch::kAuto && !kHopperBackwardInAuto) return false;
-  return (bwd != nullptr ? sm90_bwd_declines(*bwd) : sm90_fwd_declines(params)) == nullptr;
+  if (bwd == nullptr) return sm90_fwd_declines(params) == nullptr && mode == HopperSwitch::kForce;
+  return sm90_bwd_declines(*bwd) == nullptr && (mode == HopperSwitch::kForce || sm90_bwd_pays(*bwd));
 }
 
 }  // namespace

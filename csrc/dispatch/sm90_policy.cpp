@@ -65,15 +65,27 @@ const char* sm90_fwd_declines(const FwdParams& p) {
 }
 
 bool sm90_fwd_pays(const FwdParams& p) {
-  // Head dims up to 64 with short keys: a tile is a few key blocks, and the portable kernel's smaller tiles were
-  // faster. H200, bf16, 16k tokens, hd 64, Hopper / portable TFLOP/s: non-causal 512 keys 276 / 285, 1k 353 / 311;
-  // causal 1k 236 / 265, 2k 313 / 303.
+  // Measured on the H200, bf16, Hopper / portable TFLOP/s (docs/perf_log.md, fifteenth session):
+  // - head dims up to 32 pad to 64 columns and lose everywhere: 4k keys 225 / 238, causal 198 / 214; 512 keys 153 /
+  //   177;
+  // - at head dims up to 64 a tile of short keys is a few key blocks, and the portable kernel's smaller tiles win:
+  //   non-causal 512 keys 276 / 285, 1k 353 / 311; masked 1k 236 / 265, 2k 313 / 303;
+  // - one key block or less (varlen documents of 128 tokens, hd 128): 135 / 143, causal 62 / 72.
+  constexpr int64_t kPaddedHeadDim = 32;
   constexpr int64_t kSmallHeadDim = 64;
-  constexpr int64_t kMinKeys = 513;
-  constexpr int64_t kMinKeysCausal = 1025;
-  if (p.shape.head_dim > kSmallHeadDim) return true;
+  constexpr int64_t kMinKeys = 129;
+  constexpr int64_t kMinKeysSmallHeadDim = 513;
+  constexpr int64_t kMinKeysSmallHeadDimMasked = 1025;
+  if (p.shape.head_dim <= kPaddedHeadDim) return false;
+  if (p.shape.head_dim > kSmallHeadDim) return p.shape.seqlen_k >= kMinKeys;
   const bool masked = mask_kind(p.mask) != MaskKind::kNone;
-  return p.shape.seqlen_k >= (masked ? kMinKeysCausal : kMinKeys);
+  return p.shape.seqlen_k >= (masked ? kMinKeysSmallHeadDimMasked : kMinKeysSmallHeadDim);
+}
+
+bool sm90_bwd_pays(const BwdParams& p) {
+  // Only the general kernels (softcap, ALiBi) so far: H200, bf16, hd 128, 4k non-causal, Hopper / portable TFLOP/s:
+  // softcap 240 / 115, ALiBi 239 / 115; plain 308 / 317, GQA 32/8 302 / 323, 16k 312 / 328, hd 64 16k 188 / 299.
+  return p.fwd.softcap > 0.0 || p.fwd.mask.alibi_slopes != nullptr;
 }
 
 int sm90_head_dim_bucket(int64_t head_dim) {

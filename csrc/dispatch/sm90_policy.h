@@ -15,9 +15,7 @@ constexpr int kHopperCodeArch = 90;
 // Unset FLASH_ATTN_HOPPER means this: the Hopper path where it serves the call. Its tests passed on the H200 (fifteenth
 // session: tests/test_hopper_*.py under force, the whole suite under 1).
 constexpr HopperSwitch kDefaultHopperSwitch = HopperSwitch::kAuto;
-// Whether kAuto takes the Hopper backward too (force always does). Not yet: measured on the H200 it is slower than the
-// portable backward (bf16, 16k tokens, non-causal: hd 128 312 against 328 TFLOP/s, hd 64 188 against 299).
-constexpr bool kHopperBackwardInAuto = false;
+
 
 // FLASH_ATTN_HOPPER: "0" / "off" -> kOff, "1" / "auto" / "on" -> kAuto, "force" -> kForce, unset or empty ->
 // kDefaultHopperSwitch. Read on every call (tests flip it in-process); any other value fails naming the choices.
@@ -29,9 +27,11 @@ HopperSwitch hopper_switch();
 // FLASH_ATTN_HOPPER=force errors. The head-dim bucket is the kernel table's concern.
 const char* sm90_fwd_declines(const FwdParams& p);
 
-// Whether FLASH_ATTN_HOPPER=1 (the default) hands a forward the Hopper path serves to it rather than to the portable
-// kernels: false where the portable kernel was measured faster (short keys at head dims up to 64). Force ignores it.
+// Whether FLASH_ATTN_HOPPER=1 (the default) hands a call the Hopper path serves to it rather than to the portable
+// kernels: false where the portable kernel was measured faster (forward: head dims up to 32, short keys; backward:
+// everything but softcap and ALiBi so far). Force ignores them.
 bool sm90_fwd_pays(const FwdParams& p);
+bool sm90_bwd_pays(const BwdParams& p);
 
 // The same for the backward (the forward's limits, and no bias gradient yet).
 const char* sm90_bwd_declines(const BwdParams& p);
