@@ -36,7 +36,8 @@ def load(paths) -> list:
             tagged = dict(row, device_name=data.get("device_name", "?"), decode=decode)
             tagged["label"] = f"{row['impl']} @ {tagged['device_name']}" if several_devices else row["impl"]
             key = (tagged["device_name"], decode, row["impl"], row["dtype"], row["headdim"], row["causal"],
-                   row["direction"], row["batch"], row["seqlen"])
+                   row["direction"], row["batch"], row["seqlen"], row.get("nheads"), row.get("nheads_k"),
+                   row.get("feature", "none"), row.get("doc_len", 0))
             rows[key] = tagged
     return list(rows.values())
 
@@ -235,26 +236,40 @@ def ratio_summary(rows, ours: str = "flash_attn") -> str:
     return "\n".join(lines)
 
 
+def variant_label(row) -> str:
+    """--sweep rows: the feature beside the plain call (softcap, window, alibi, varlen documents of N tokens)."""
+    feature = row.get("feature", "none")
+    if feature == "varlen":
+        return f"varlen, documents of {row.get('doc_len', 0)}"
+    return "" if feature == "none" else feature
+
+
 def rate_summary(rows, ours: str = "flash_attn", reference: str = "sdpa_flash") -> str:
     """One markdown table with a row per shape: every implementation's forward / backward rate, then ours
-    over `reference` (the issue bars compare with FlashAttention-2, torch's sdpa_flash). Decode rows get their
-    own table (one rate per implementation)."""
+    over `reference` (the issue bars compare with FlashAttention-2, torch's sdpa_flash, or cuDNN). Decode rows get
+    their own table (one rate per implementation). Rows of --sweep files (GQA, features) add heads and feature
+    columns."""
     table = {}
     for row in rows:
         if rate(row) is None:
             continue
-        shape = (row["decode"], row["dtype"], row["headdim"], row["causal"], row["batch"], row["seqlen"])
+        heads = f"{row.get('nheads', '?')}/{row.get('nheads_k', '?')}"
+        shape = (row["decode"], row["dtype"], row["headdim"], row["causal"], row["batch"], row["seqlen"], heads,
+                 variant_label(row))
         table.setdefault(shape, {}).setdefault(row["impl"], {})[row["direction"]] = rate(row)
+    variants = any(s[7] for s in table) or any(len({s[6] for s in table if s[2] == hd}) > 1 for hd in
+                                               {s[2] for s in table})
     out = []
     for decode in (False, True):
-        shapes = sorted((s for s in table if s[0] == decode), key=lambda s: (s[1], s[2], s[3], s[5], s[4]))
+        shapes = sorted((s for s in table if s[0] == decode), key=lambda s: (s[1], s[3], s[7], s[2], s[6], s[5], s[4]))
         if not shapes:
             continue
         impls = sorted({impl for s in shapes for impl in table[s]}, key=lambda i: (i != ours, i))
         unit = "TB/s" if decode else "TFLOP/s fwd / bwd"
-        out.append(f"| dtype | hdim | causal | batch | seqlen{'_k' if decode else ''} | "
+        extra = " heads | feature |" if variants else ""
+        out.append(f"| dtype | hdim | causal | batch | seqlen{'_k' if decode else ''} |{extra} "
                    + " | ".join(impls) + f" | {ours} / {reference} |")
-        out.append("|---" * (5 + len(impls) + 1) + "|")
+        out.append("|---" * (5 + (2 if variants else 0) + len(impls) + 1) + "|")
         for shape in shapes:
             cells = table[shape]
             def fmt(impl):
@@ -263,9 +278,10 @@ def rate_summary(rows, ours: str = "flash_attn", reference: str = "sdpa_flash") 
                                   for d in ("fwd", "bwd") if d in got) or "—"
             mine, ref = cells.get(ours, {}), cells.get(reference, {})
             ratio = " / ".join(f"{mine[d] / ref[d]:.2f}×" for d in ("fwd", "bwd") if d in mine and d in ref)
-            _, dtype, headdim, causal, batch, seqlen = shape
-            out.append(f"| {dtype} | {headdim} | {'yes' if causal else 'no'} | {batch} | {seqlen_label(seqlen)} | "
-                       + " | ".join(fmt(i) for i in impls) + f" | {ratio or '—'} |")
+            _, dtype, headdim, causal, batch, seqlen, heads, variant = shape
+            extra = f" {heads} | {variant or '—'} |" if variants else ""
+            out.append(f"| {dtype} | {headdim} | {'yes' if causal else 'no'} | {batch} | {seqlen_label(seqlen)} |"
+                       f"{extra} " + " | ".join(fmt(i) for i in impls) + f" | {ratio or '—'} |")
         out.append(f"\n({unit})\n")
     return "\n".join(out)
 
@@ -281,7 +297,9 @@ def main(argv=None) -> int:
                         help="print one markdown table of flash_attn / best peer (fwd, bwd, fwd+bwd) per shape")
     parser.add_argument("--summary", action="store_true",
                         help="print one markdown table of every implementation's rates per shape, with "
-                             "flash_attn / sdpa_flash (FlashAttention-2)")
+                             "flash_attn / the --reference implementation")
+    parser.add_argument("--reference", default="sdpa_flash",
+                        help="--summary's ratio denominator (default sdpa_flash, FlashAttention-2; e.g. sdpa_cudnn)")
     args = parser.parse_args(argv)
 
     rows = load(args.results)
@@ -291,7 +309,7 @@ def main(argv=None) -> int:
     if args.ratios:
         print(ratio_summary(rows))
     if args.summary:
-        print(rate_summary(rows))
+        print(rate_summary(rows, reference=args.reference))
     if args.markdown:
         print(markdown(rows))
     if args.out or not (args.markdown or args.ratios or args.summary):
