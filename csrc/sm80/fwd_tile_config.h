@@ -193,15 +193,17 @@ FLASH_HOST_DEVICE constexpr FwdTileConfig fwd_wide_tile_config(bool general, Fwd
 // Head dims <= 128: 128 query rows on 4 warps (two 16-row strips each, so every K/V fragment read from shared
 // memory feeds two MMAs); 128 keys per tile up to head dim 64, 64 keys up to 128 (the S accumulators and O
 // stay within 255 registers). The general kernel (softcap, ALiBi, bias, dropout) keeps one stage and 64-key
-// tiles at head dim 64: with 128 it spilled 1.2 KB.
+// tiles at head dim 64: with 128 it spilled 1.2 KB. Above head dim 64 it takes 8 warps of one strip: with two strips
+// it spilled 520 bytes a thread at hd 128 (softcap and ALiBi ran at 125-129 against 369 TFLOP/s without them, H200,
+// 4k) and 228 at hd 96; with one none at hd 128 (247 registers). Not yet timed.
 FLASH_HOST_DEVICE constexpr FwdTileConfig fwd_tile_config(int head_dim, bool general = false,
                                                           FwdTileKind kind = FwdTileKind::kStandard) {
   const int stages = general || kind == FwdTileKind::kCompact ? 1 : kStagesUpTo128;
   return kind == FwdTileKind::kDecode          ? FwdTileConfig{16, 32, 1, head_dim <= 128 ? 3 : 2}
          : kind == FwdTileKind::kDecodeCompact ? FwdTileConfig{16, 32, 1, 2}
          : head_dim <= 64             ? FwdTileConfig{128, general ? 64 : 128, 4, stages}
-         : head_dim <= 96             ? FwdTileConfig{128, 64, 4, 1}
-         : head_dim <= 128            ? FwdTileConfig{128, 64, 4, stages}
+         : head_dim <= 96             ? FwdTileConfig{128, 64, general ? 8 : 4, 1}
+         : head_dim <= 128            ? FwdTileConfig{128, 64, general ? 8 : 4, stages}
                                       : fwd_wide_tile_config(general, kind);
 }
 
