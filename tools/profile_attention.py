@@ -3,6 +3,7 @@
 # Example:
 #   ncu -k regex:bwd_kernel --launch-skip 2 --launch-count 1 python3 tools/profile_attention.py 128 8192 --direction bwd
 import argparse
+import os
 
 import torch
 
@@ -14,7 +15,9 @@ parser.add_argument("head_dim", type=int)
 parser.add_argument("seqlen", type=int)
 parser.add_argument("--causal", action="store_true")
 parser.add_argument("--direction", choices=("fwd", "bwd"), default="fwd")
-parser.add_argument("--impl", choices=("flash_attn", "sdpa_flash", "sdpa_cudnn"), default="flash_attn")
+parser.add_argument("--impl", choices=("flash_attn", "flash_attn_hopper", "flash_attn_portable", "sdpa_flash",
+                                       "sdpa_cudnn"), default="flash_attn",
+                    help="flash_attn_hopper / _portable: ours with FLASH_ATTN_HOPPER=force / 0")
 parser.add_argument("--calls", type=int, default=4)
 parser.add_argument("--decode-batch", type=int, default=0,
                     help="decode shape instead (BENCHMARKS.md): this batch, 1 query, 32 / 8 heads, seqlen = KV length")
@@ -30,8 +33,12 @@ k, v = (torch.randn(batch, args.seqlen, heads_k, args.head_dim, device="cuda", d
                     requires_grad=grad) for _ in range(2))
 dout = torch.randn_like(q)
 
-if args.impl == "flash_attn":
+if args.impl.startswith("flash_attn"):
     import flash_attn
+
+    switch = {"flash_attn_hopper": "force", "flash_attn_portable": "0"}.get(args.impl)
+    if switch is not None:
+        os.environ["FLASH_ATTN_HOPPER"] = switch
 
     def attention():
         return flash_attn.flash_attn_func(q, k, v, causal=args.causal)
