@@ -4,11 +4,12 @@
 # tests and tests/test_hopper_{forward,backward}.py (force mode), the whole suite through the Hopper kernels where they
 # serve the call (FLASH_ATTN_HOPPER=1), and the standard table with flash_attn_hopper beside the default dispatch,
 # cuDNN and FA2. Each stage has its own time limit; a short summary is printed last. At most 8 files land in $OUT.
-# Usage: OUT=dir tools/hopper_validate.sh [build_s tests_s suite_s bench_s]   (BENCH_IMPLS, BENCH_DIRECTION,
+# Usage: OUT=dir tools/hopper_validate.sh [build_s tests_s suite_s bench_s]   (SUITE_PORTABLE_S=n adds the suite with
+# FLASH_ATTN_HOPPER=0 under that limit; BENCH_IMPLS, BENCH_DIRECTION,
 # BENCH_HEADDIMS, BENCH_SEQLENS pick the table; SWEEP_S=n adds bench_attention.py
-# --sweep with flash_attn_hopper under that limit: every head-dim bucket, GQA, softcap / window / ALiBi, varlen; a
-# second call on the still-warm machine rebuilds nothing, so CHECK=0 BUILD_S=300 TESTS_S=0 SUITE_S=0 BENCH_S=0
-# SWEEP_S=500 runs the sweep alone)
+# --sweep with flash_attn_hopper and flash_attn_portable under that limit: every head-dim bucket, GQA, softcap /
+# window / ALiBi, varlen; a second call within 30 s, on the still-warm machine, rebuilds nothing, so
+# CHECK=0 SWEEP_S=500 tools/hopper_validate.sh 300 0 0 0 runs the sweep alone)
 set -uo pipefail
 OUT="${OUT:-/tmp/hopper_validate}"; mkdir -p "$OUT"
 LOGS="$(mktemp -d)"
@@ -41,19 +42,27 @@ if [ "$build_rc" -eq 0 ]; then
       > "$OUT/tests_suite_hopper.log" 2>&1
     suite_rc=$?
   fi
+  if [ "${SUITE_PORTABLE_S:-0}" -gt 0 ]; then
+    FLASH_ATTN_HOPPER=0 OMP_NUM_THREADS=2 timeout "$SUITE_PORTABLE_S" python3 -m pytest -q -n 8 -p no:cacheprovider \
+      tests > "$OUT/tests_suite_portable.log" 2>&1
+  fi
   [ "$BENCH_S" -gt 0 ] && timeout "$BENCH_S" python3 benchmarks/bench_attention.py \
     --impls "${BENCH_IMPLS:-flash_attn,flash_attn_hopper,sdpa_cudnn,sdpa_flash}" --direction "${BENCH_DIRECTION:-both}" \
     --headdim "${BENCH_HEADDIMS:-128,64}" --seqlen "${BENCH_SEQLENS:-512,2048,16384}" --causal both \
     --rep-ms "${REP_MS:-50}" --out "$OUT/bench.json" > "$OUT/bench.log" 2>&1
   [ "${SWEEP_S:-0}" -gt 0 ] && timeout "$SWEEP_S" python3 benchmarks/bench_attention.py --sweep \
-    --impls flash_attn,flash_attn_hopper,sdpa_cudnn,sdpa_flash,flex --direction both --rep-ms "${REP_MS:-50}" \
+    --impls flash_attn,flash_attn_hopper,flash_attn_portable,sdpa_cudnn,sdpa_flash,flex --direction both --rep-ms "${REP_MS:-50}" \
     --out "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1
 fi
 
 echo "== forward check (tools/sm90_fwd_check.sh)"; grep -E "correct runs|FAILED|nonfinite [1-9]" "$OUT/check.log" | head -12
 echo "== hopper tests"; grep -E "^(FAILED|ERROR)" "$OUT/tests_hopper.log" 2>/dev/null | head -15; tail -1 "$OUT/tests_hopper.log" 2>/dev/null
-echo "== suite with FLASH_ATTN_HOPPER=1"; grep -E "^(FAILED|ERROR)" "$OUT/tests_suite_hopper.log" 2>/dev/null | head -15
+echo "== suite with the Hopper path on (default)"; grep -E "^(FAILED|ERROR)" "$OUT/tests_suite_hopper.log" 2>/dev/null | head -15
 tail -1 "$OUT/tests_suite_hopper.log" 2>/dev/null
+if [ -f "$OUT/tests_suite_portable.log" ]; then
+  echo "== suite with FLASH_ATTN_HOPPER=0"; grep -E "^(FAILED|ERROR)" "$OUT/tests_suite_portable.log" | head -15
+  tail -1 "$OUT/tests_suite_portable.log"
+fi
 echo "== bench (TFLOP/s fwd/bwd)"; grep -E "^ *(bf16|fp16)" "$OUT/bench.log" 2>/dev/null
 [ -f "$OUT/sweep.log" ] && { echo "== sweep"; grep -E "^ *(bf16|fp16)" "$OUT/sweep.log"; }
 echo "build ${build_s}s rc=$build_rc | hopper tests rc=$tests_rc | suite rc=$suite_rc"
