@@ -62,6 +62,11 @@ __host__ __device__ constexpr BwdTileConfig bwd_full_tile_config(int head_dim, b
                     : BwdTileConfig{128, 128, 4, 4, 4, kFullWarps, kTwoStages};
   }
   if (head_dim <= 128) {
+    // The feature kernel at hd 128 takes the compact tile's 32 x 64: at 64 x 128 (dK and dV of 128 keys in registers
+    // beside S^T, dP^T and the softcap / ALiBi / dropout state) it spilled 570 / 1568 bytes and ran softcap and ALiBi at
+    // 115 against 317 TFLOP/s without them (H200, 4k); at 32 x 64 it spills 38 / 36. Hd 96 (46 / 80 bytes) keeps its
+    // tile. Not yet timed; the compact tiles ran the plain hd 128 backward at 179 (docs/perf_log.md, second session).
+    if (features && split_dim_4) return BwdTileConfig{32, 64, 4, 2, 2, kFullWarps, kTwoStages};
     return split_dim_4 ? BwdTileConfig{64, 128, 4, 4, 2, kFullWarps, kTwoStages}
                        : BwdTileConfig{64, 128, 4, 4, 4, kFullWarps, kTwoStages};
   }

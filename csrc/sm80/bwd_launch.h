@@ -127,14 +127,14 @@ BwdMainChoice choose_main(const BwdParams& params, int smem_limit) {
   return choice;
 }
 
-// The chosen main kernel of one tile set. The grid depends only on the key block, which the set's plain and feature
-// kernels share.
+// The chosen main kernel of one tile set, over the key blocks of its own tile (the plain and the feature kernel may
+// differ: bwd_full_tile_config); the dq accumulators do not depend on it (bwd_dq_splits counts keys).
 template <typename T, int kHeadDim, MaskKind kMask, bwd::BwdTiles kTiles>
 void launch_main_tiles(const BwdParams& params, const BwdMainChoice& choice, cudaStream_t stream) {
   const AttentionShape& shape = params.fwd.shape;
-  constexpr bwd::BwdTileConfig kTile = bwd::bwd_tile_config(kHeadDim, false, kTiles);
-  static_assert(kTile.block_n == bwd::bwd_tile_config(kHeadDim, true, kTiles).block_n, "one grid for both kernels");
-  const int64_t key_blocks = (shape.seqlen_k + kTile.block_n - 1) / kTile.block_n;
+  const int block_n = choice.plain ? bwd::bwd_tile_config(kHeadDim, false, kTiles).block_n
+                                   : bwd::bwd_tile_config(kHeadDim, true, kTiles).block_n;
+  const int64_t key_blocks = (shape.seqlen_k + block_n - 1) / block_n;
   if (key_blocks == 0) return;
   // Deterministic: each CTA owns one dq accumulator and walks key blocks x, x + grid, ...
   const int64_t ctas_x = params.deterministic ? std::min(params.dq_splits, key_blocks) : key_blocks;
