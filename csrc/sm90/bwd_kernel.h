@@ -91,6 +91,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   using Slot = RingSlot<kStages>;
   constexpr int kSegments = Layout::kSegments;
   constexpr bool kColumnHalves = bwd_dq_column_halves(kHeadDim);
+  constexpr bool kPrefetchScores = bwd_prefetches_scores(kHeadDim, kGeneral);
   constexpr int kDqColumns = kColumnHalves ? kHeadDim / kBwdConsumerWarpgroups : kHeadDim;
   constexpr int kDqKeys = kColumnHalves ? kBlockN : kBwdRowsPerConsumer;
   static_assert(kDqColumns == kSegmentElems, "each consumer's dQ columns are one 64-column segment of K");
@@ -242,8 +243,25 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) dv[i] = dk[i] = 0.f;
 
+    // S^T and dP^T of a step; with kPrefetchScores S^T is issued at the end of the previous step of the block.
+    float s[kBlockM / 2];
+    float dp[kBlockM / 2];
+    auto issue_step_s = [&](const Slot& step_slot) {
+      const uint8_t* q_slot = q_tiles + step_slot.stage * Layout::kRowsBytes;
+      ptx::mbarrier_wait_parity(&q_full[step_slot.stage], step_slot.parity);
+      issue_scores<T, kHeadDim, kBlockN, kBlockM>(
+          s, k_rows_desc, ptx::smem_descriptor(q_slot, ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes));
+    };
+    auto issue_step_dp = [&](const Slot& step_slot) {
+      const uint8_t* do_slot = do_tiles + step_slot.stage * Layout::kRowsBytes;
+      ptx::mbarrier_wait_parity(&do_full[step_slot.stage], step_slot.parity);
+      issue_scores<T, kHeadDim, kBlockN, kBlockM>(
+          dp, v_rows_desc, ptx::smem_descriptor(do_slot, ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes));
+    };
+    auto issue_step_scores = [&](const Slot& step_slot) { issue_step_s(step_slot); issue_step_dp(step_slot); };
     if (steps > 0) {
       ptx::mbarrier_wait_parity(kv_full, loaded_kv & 1);
+      if constexpr (kPrefetchScores) issue_step_s(Slot(ring));
 
       for (int i = 0; i < steps; ++i, ++ring) {
         const Slot slot(ring);
@@ -279,14 +297,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
 
         const uint8_t* q_slot = q_tiles + slot.stage * Layout::kRowsBytes;
         const uint8_t* do_slot = do_tiles + slot.stage * Layout::kRowsBytes;
-        float s[kBlockM / 2];
-        float dp[kBlockM / 2];
-        ptx::mbarrier_wait_parity(&q_full[slot.stage], slot.parity);
-        issue_scores<T, kHeadDim, kBlockN, kBlockM>(
-            s, k_rows_desc, ptx::smem_descriptor(q_slot, ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes));
-        ptx::mbarrier_wait_parity(&do_full[slot.stage], slot.parity);
-        issue_scores<T, kHeadDim, kBlockN, kBlockM>(
-            dp, v_rows_desc, ptx::smem_descriptor(do_slot, ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes));
+        if constexpr (!kPrefetchScores) issue_step_scores(slot);
+        if constexpr (kPrefetchScores) issue_step_dp(slot);
 
         // P^T: register 4j + 2r + e holds key row keys[r], query column 8j + quad_col + e.
         const bool masked = block_pair_needs_mask(p.mask, kMask != MaskKind::kNone, q0, kBlockM, key0, kBlockN,
@@ -406,6 +418,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
         if (thread == 0) {
           ptx::mbarrier_arrive(&q_empty[slot.stage]);
           ptx::mbarrier_arrive(&do_empty[slot.stage]);
+        }
+        // The next step's S^T goes to the tensor cores while this step's dQ reductions issue and the next step's
+        // statistics load.
+        if constexpr (kPrefetchScores) {
+          if (i + 1 < steps) issue_step_s(Slot(ring + 1));
         }
         // dQ into the fp32 accumulator (DqLayout::kRows, columns interleaved by dq_slot): a thread's columns 8j +
         // quad_col + e of j = 2g, 2g + 1 are slots 4 (lane % 4) .. + 3 of slot group g, one 16-byte reduction.
