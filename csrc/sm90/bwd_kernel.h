@@ -63,6 +63,7 @@ struct BwdSmemLayout {
                     kDsBytes % ptx::kSwizzleAtomBytes == 0,
                 "every tile starts on a swizzle atom");
   static_assert(kLaunchBytes <= kMaxSmemPerBlock, "the tiles must fit the shared memory a block may opt into");
+  static_assert(kStatFloats == ptx::kWarpgroupThreads, "one statistic (LSE or D row) per consumer thread");
 };
 
 // Named barriers of the backward consumers (0 is __syncthreads): per-consumer barriers over its own 128 threads for
@@ -259,6 +260,20 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
           dp, v_rows_desc, ptx::smem_descriptor(do_slot, ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes));
     };
     auto issue_step_scores = [&](const Slot& step_slot) { issue_step_s(step_slot); issue_step_dp(step_slot); };
+    // Row thread % block_m of step i's LSE (thread < block_m, log2 units) or D (the others).
+    auto load_stat = [&](int i) {
+      const int step_head = kv_head * args.heads_per_kv + i / m_count;
+      const int64_t q = static_cast<int64_t>(m_min + i % m_count) * kBlockM + thread % kBlockM;
+      const bool valid = q < seqlen_q;
+      if (thread < kBlockM) {
+        return valid ? static_cast<const float*>(p.lse)[batch * p.lse_batch_stride + step_head * p.lse_head_stride +
+                                                        sequence.q_row0 + q] *
+                           static_cast<float>(kLog2e)
+                     : INFINITY;
+      }
+      return valid ? workspace.delta[step_head * workspace.delta_head_stride + global_q_row0 + q] : 0.f;
+    };
+    float next_stat = 0.f;
     if (steps > 0) {
       ptx::mbarrier_wait_parity(kv_full, loaded_kv & 1);
       if constexpr (kPrefetchScores) issue_step_s(Slot(ring));
@@ -277,22 +292,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
 #pragma unroll
         for (int r = 0; r < 2; ++r) distance0[r] = static_cast<float>(q0 + quad_col + offset - keys[r]);
 
-        // The step's LSE (log2 units; +inf for rows past the sequence, so P = 0 there) and D, per consumer.
+        // The step's LSE (log2 units; +inf for rows past the sequence, so P = 0 there) and D, per consumer: thread t
+        // holds row t of the LSE (t < block_m) or of D; with kPrefetchScores loaded during the previous step.
         float* step_stats = stats + (consumer * 2 + ring % 2) * Layout::kStatFloats;
-        {
-          const int col = thread % kBlockM;
-          const int64_t q = q0 + col;
-          const bool valid = q < seqlen_q;
-          if (thread < kBlockM) {
-            const float lse = valid ? static_cast<const float*>(p.lse)[batch * p.lse_batch_stride +
-                                                                        head * p.lse_head_stride + sequence.q_row0 + q]
-                                    : INFINITY;
-            step_stats[col] = lse * static_cast<float>(kLog2e);
-          } else {
-            step_stats[kBlockM + col] =
-                valid ? workspace.delta[head * workspace.delta_head_stride + global_q_row0 + q] : 0.f;
-          }
-        }
+        step_stats[thread] = kPrefetchScores && i > 0 ? next_stat : load_stat(i);
         ptx::named_barrier_sync(kBwdStatsBarrier + consumer, ptx::kWarpgroupThreads);
 
         const uint8_t* q_slot = q_tiles + slot.stage * Layout::kRowsBytes;
@@ -422,7 +425,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
         // The next step's S^T goes to the tensor cores while this step's dQ reductions issue and the next step's
         // statistics load.
         if constexpr (kPrefetchScores) {
-          if (i + 1 < steps) issue_step_s(Slot(ring + 1));
+          if (i + 1 < steps) {
+            issue_step_s(Slot(ring + 1));
+            next_stat = load_stat(i + 1);
+          }
         }
         // dQ into the fp32 accumulator (DqLayout::kRows, columns interleaved by dq_slot): a thread's columns 8j +
         // quad_col + e of j = 2g, 2g + 1 are slots 4 (lane % 4) .. + 3 of slot group g, one 16-byte reduction.

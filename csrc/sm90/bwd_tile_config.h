@@ -28,12 +28,13 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim) {
 // columns over its own 64 keys, no barrier, twice the reductions.
 constexpr bool bwd_dq_column_halves(int head_dim) { return head_dim >= 128; }
 
-// Whether a consumer issues the next step's S^T GEMM as soon as this step's dV, dK and dQ GEMMs are done, before its
-// dQ reductions, so that the tensor cores work through the reductions and the next step's statistics loads (both on
-// the critical path otherwise; at hd 128 16k, 312 TFLOP/s, a step takes an estimated ~8,000 cycles for ~2,600 of GEMM
-// work). ptxas at hd 128 (bytes of spill, lean / general kernel): serial 16 / 76, S^T ahead 36 / 164, S^T and dP^T
-// ahead 716 / 932; so S^T alone, and for the lean kernels. Off until timed against the serial order
-// (tools/ab_bench.sh with this function flipped).
+// Whether a consumer issues the next step's S^T GEMM and its LSE / D loads as soon as this step's dV, dK and dQ GEMMs
+// are done, before its dQ reductions: the tensor cores then work through the reductions, and the statistics' global
+// latency is hidden (both sit on the critical path otherwise; at hd 128 16k, 312 TFLOP/s, a step takes an estimated
+// ~8,000 cycles for ~2,600 of GEMM work). ptxas at hd 128, bytes of spill: lean kernel 16 serial, 36 with it (in the
+// prologue and epilogue, none in the step loop); with dP^T ahead as well 716, so S^T alone. The general kernels (76
+// serial, 164 with S^T ahead) stay serial. Off until timed against the serial order (tools/ab_bench.sh, this function
+// flipped).
 constexpr bool bwd_prefetches_scores(int head_dim, bool general) {
   (void)head_dim;
   (void)general;
