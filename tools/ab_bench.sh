@@ -6,6 +6,7 @@
 # first), and tools/ab_summary.py prints each variant's best and median TFLOP/s per shape over the rounds.
 # Usage: OUT=dir AB_VARIANTS=". .ab/base" [AB_DIRECTION=fwd AB_HEADDIMS=64,128,256 AB_SEQLENS=... AB_ROUNDS=3
 #        AB_TESTS="tests/x.py" (run on every variant; AB_TEST_FIRST=1: the first only) AB_WORK=dir (where the variant trees go)
+#        AB_IMPL=flash_attn AB_PEER=sdpa_flash (bench_attention.py impls)
 #        AB_DECODE=1 (also the decode shapes of BENCHMARKS.md, TB/s) AB_HIDDEN=n (nheads = n / head dim; 2048 by
 #        default, so head dims that do not divide it, e.g. 96, need one: AB_HIDDEN=3072)]
 #        tools/ab_bench.sh   (build knobs FLASH_ATTN_* and REP_MS from the environment)
@@ -23,6 +24,9 @@ if [ -n "${FLASH_ATTN_DIRECTIONS:-}" ] && ! [[ "$FLASH_ATTN_DIRECTIONS" == *fwd*
   exit 2
 fi
 OUT="${OUT:-/tmp/ab}"; mkdir -p "$OUT"
+# What each variant runs and the peer beside the first: e.g. AB_IMPL=flash_attn_hopper AB_PEER=sdpa_cudnn for a
+# Hopper kernel that dispatch does not take by default.
+IMPL="${AB_IMPL:-flash_attn}"; PEER="${AB_PEER:-sdpa_flash}"
 ROOT="$PWD"; WORK="${AB_WORK:-$(mktemp -d)}"
 VARIANTS=(${AB_VARIANTS:-.}); NV=${#VARIANTS[@]}
 export FLASH_ATTN_CUDA_ARCHS="${FLASH_ATTN_CUDA_ARCHS:-90}" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
@@ -58,7 +62,7 @@ fi
 for r in $(seq "$ROUNDS"); do
   for i in "${!VARIANTS[@]}"; do
     name=$(name_of "${VARIANTS[$i]}")
-    impls=flash_attn; [ "$i" = 0 ] && impls=flash_attn,sdpa_flash
+    impls="$IMPL"; [ "$i" = 0 ] && impls="$IMPL,$PEER"
     # An overlay may narrow its head dims with a file AB_HEADDIMS (e.g. a tile change that only hd 256 takes).
     hds="$HEADDIMS"; [ -f "$WORK/$name/AB_HEADDIMS" ] && hds=$(cat "$WORK/$name/AB_HEADDIMS")
     (cd "$WORK/$name" && python3 benchmarks/bench_attention.py --impls "$impls" --direction "$DIRECTION" \
@@ -71,4 +75,4 @@ for r in $(seq "$ROUNDS"); do
     fi
   done
 done
-python3 "$ROOT/tools/ab_summary.py" "$OUT" $(for v in "${VARIANTS[@]}"; do name_of "$v"; done)
+python3 "$ROOT/tools/ab_summary.py" --peer "$PEER" "$OUT" $(for v in "${VARIANTS[@]}"; do name_of "$v"; done)

@@ -1,7 +1,7 @@
 """Summary of a tools/ab_bench.sh run: per shape and direction, each variant's best and median TFLOP/s over the
-rounds (OUT/r<round>_<variant>.json), FA2's (sdpa_flash) best, and each variant's best as a ratio to FA2's best
-(decode rows, AB_DECODE=1: TB/s, keyed by batch x KV length).
-Usage: python3 tools/ab_summary.py OUT VARIANT [VARIANT ...]"""
+rounds (OUT/r<round>_<variant>.json), the peer's best (FA2, sdpa_flash, unless --peer names another), and each
+variant's best as a ratio to the peer's best (decode rows, AB_DECODE=1: TB/s, keyed by batch x KV length).
+Usage: python3 tools/ab_summary.py [--peer IMPL] OUT VARIANT [VARIANT ...]"""
 
 import collections
 import json
@@ -11,7 +11,11 @@ from pathlib import Path
 
 
 def main() -> None:
-    out, variants = Path(sys.argv[1]), sys.argv[2:]
+    args = sys.argv[1:]
+    peer = "sdpa_flash"
+    if args[:1] == ["--peer"]:
+        peer, args = args[1], args[2:]
+    out, variants = Path(args[0]), args[1:]
     speeds: dict[tuple, dict[str, list[float]]] = collections.defaultdict(lambda: collections.defaultdict(list))
     for path in sorted(out.glob("r*_*.json")):
         variant = path.stem.split("_", 1)[1].removesuffix("_decode")
@@ -22,13 +26,13 @@ def main() -> None:
                 continue
             seqlen = f"{row['batch']}x{row['seqlen']}" if decode else row["seqlen"]
             key = ("decode" if decode else row["direction"], row["headdim"], row["causal"], seqlen)
-            name = "fa2" if row["impl"] == "sdpa_flash" else variant
+            name = "peer" if row["impl"] == peer else variant
             speeds[key][name].append(rate)
-    header = ["dir", "hd", "causal", "seqlen", "fa2 best"] + [f"{v} best/med (x fa2)" for v in variants]
+    header = ["dir", "hd", "causal", "seqlen", f"{peer} best"] + [f"{v} best/med (x {peer})" for v in variants]
     print(" | ".join(header))
     for key in sorted(speeds, key=str):
         cell = speeds[key]
-        fa2 = max(cell["fa2"]) if cell["fa2"] else float("nan")
+        fa2 = max(cell["peer"]) if cell["peer"] else float("nan")
         parts = [str(k) for k in key] + [f"{fa2:.2f}" if key[0] == "decode" else f"{fa2:.0f}"]
         for v in variants:
             got = cell.get(v, [])
