@@ -184,8 +184,16 @@ FLASH_HOST_DEVICE constexpr bool fwd_branches_whole_tiles(int head_dim, bool gen
   return head_dim == kFwdWholeTilesHeadDim && !general && kind == FwdTileKind::kStandard && !masked;
 }
 
-FLASH_HOST_DEVICE constexpr FwdTileConfig fwd_wide_tile_config(bool general, FwdTileKind kind) {
-  return general || kind == FwdTileKind::kCompact || kWideTile == WideTile::k64x64Warps4 ? FwdTileConfig{64, 64, 4, 1}
+// The general kernel takes 32-key tiles at head dims 192 and 224: with 64 keys ptxas spilled 304 / 328 bytes (hd 192)
+// and 520 / 580 (hd 224), with 32 none and 32 / 32 (O alone is 96 / 112 registers there). Head dims 160 (56 bytes) and
+// 256 (none) keep 64 keys, which halve the K/V tiles' barriers per key. Not yet timed.
+constexpr int kGeneralNarrowKeysMinHeadDim = 161;
+constexpr int kGeneralNarrowKeysMaxHeadDim = 224;
+FLASH_HOST_DEVICE constexpr FwdTileConfig fwd_wide_tile_config(int head_dim, bool general, FwdTileKind kind) {
+  const bool narrow_keys =
+      general && head_dim >= kGeneralNarrowKeysMinHeadDim && head_dim <= kGeneralNarrowKeysMaxHeadDim;
+  return narrow_keys ? FwdTileConfig{64, 32, 4, 1}
+         : general || kind == FwdTileKind::kCompact || kWideTile == WideTile::k64x64Warps4 ? FwdTileConfig{64, 64, 4, 1}
          : kWideTile == WideTile::k128x64Warps8 ? FwdTileConfig{128, 64, 8, 1}
                                                 : FwdTileConfig{128, 64, 8, 2};
 }
@@ -204,7 +212,7 @@ FLASH_HOST_DEVICE constexpr FwdTileConfig fwd_tile_config(int head_dim, bool gen
          : head_dim <= 64             ? FwdTileConfig{128, general ? 64 : 128, 4, stages}
          : head_dim <= 96             ? FwdTileConfig{128, 64, general ? 8 : 4, 1}
          : head_dim <= 128            ? FwdTileConfig{128, 64, general ? 8 : 4, stages}
-                                      : fwd_wide_tile_config(general, kind);
+                                      : fwd_wide_tile_config(head_dim, general, kind);
 }
 
 // Whether a call takes the decode tile (fast kernel only; calls with per-element features keep the general one).
