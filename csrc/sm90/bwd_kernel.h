@@ -142,15 +142,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   };
 
   if (threadIdx.x == 0) {
-    ptx::mbarrier_init(kv_full, 1);
-    ptx::mbarrier_init(kv_empty, kBwdConsumerWarpgroups);
-    for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(&q_full[s], 1);
-      ptx::mbarrier_init(&do_full[s], 1);
-      ptx::mbarrier_init(&q_empty[s], kBwdConsumerWarpgroups);
-      ptx::mbarrier_init(&do_empty[s], kBwdConsumerWarpgroups);
-    }
-    ptx::fence_barrier_init();
+    init_pipeline_barriers(kv_full, kv_empty, q_full, do_full, q_empty, do_empty, kStages, kBwdConsumerWarpgroups);
   }
   __syncthreads();
 

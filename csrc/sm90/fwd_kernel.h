@@ -277,15 +277,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
   if (!kPersistent && !plan_tile<kMask, kPersistent, kBlockM, kBlockN>(args, 0).has_rows) return;
 
   if (threadIdx.x == 0) {
-    ptx::mbarrier_init(q_full, 1);
-    ptx::mbarrier_init(q_empty, kConsumerWarpgroups);
-    for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(&k_full[s], 1);
-      ptx::mbarrier_init(&v_full[s], 1);
-      ptx::mbarrier_init(&k_empty[s], kConsumerWarpgroups);
-      ptx::mbarrier_init(&v_empty[s], kConsumerWarpgroups);
-    }
-    ptx::fence_barrier_init();
+    init_pipeline_barriers(q_full, q_empty, k_full, v_full, k_empty, v_empty, kStages, kConsumerWarpgroups);
   }
   __syncthreads();
 

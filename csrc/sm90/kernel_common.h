@@ -11,6 +11,7 @@
 
 #include "flash_attn/common/seqlen.h"
 #include "flash_attn/params.h"
+#include "flash_attn/ptx/tma_load_sm90.h"
 #include "flash_attn/ptx/warpgroup_sm90.h"
 #include "flash_attn/ptx/wgmma_sm90_generated.h"
 
@@ -100,6 +101,23 @@ struct RingSlot {
 
 // One batch entry's rows: dense calls start at row 0 of their batch entry; varlen calls at cu_seqlens (clamped, so any
 // values keep every access inside the tensors: common/seqlen.h).
+// The mbarriers of one CTA's pipeline, initialised by one thread: a once-per-tile (or per key block) operand pair's
+// full / empty barriers, then per stage the two ring operands' (full: the producer's one arrival plus the TMA bytes;
+// empty: one arrival per consumer warpgroup).
+__device__ __forceinline__ void init_pipeline_barriers(uint64_t* once_full, uint64_t* once_empty, uint64_t* a_full,
+                                                       uint64_t* b_full, uint64_t* a_empty, uint64_t* b_empty,
+                                                       int stages, int consumers) {
+  ptx::mbarrier_init(once_full, 1);
+  ptx::mbarrier_init(once_empty, consumers);
+  for (int s = 0; s < stages; ++s) {
+    ptx::mbarrier_init(&a_full[s], 1);
+    ptx::mbarrier_init(&b_full[s], 1);
+    ptx::mbarrier_init(&a_empty[s], consumers);
+    ptx::mbarrier_init(&b_empty[s], consumers);
+  }
+  ptx::fence_barrier_init();
+}
+
 struct Sequence {
   int64_t q_row0;
   int64_t k_row0;
