@@ -67,7 +67,7 @@ def _dense(b, sq, sk, h, hk, d, dtype=torch.bfloat16, **kwargs):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("head_dim", [40, 64, 96, 100, 128])
+@pytest.mark.parametrize("head_dim", [32, 40, 64, 96, 100, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_head_dims(forced, head_dim, causal, dtype):
     _require(dtype, head_dim, "causal" if causal else "none")

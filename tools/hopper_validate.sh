@@ -8,7 +8,7 @@
 # FLASH_ATTN_HOPPER=0 under that limit; BENCH_IMPLS, BENCH_DIRECTION,
 # BENCH_HEADDIMS, BENCH_SEQLENS pick the table; SWEEP_S=n adds bench_attention.py
 # --sweep with flash_attn_hopper and flash_attn_portable under that limit: every head-dim bucket, GQA, softcap /
-# window / ALiBi, varlen; a second call within 30 s, on the still-warm machine, rebuilds nothing, so
+# window / ALiBi, varlen (SWEEP_IMPLS: other impls); a second call within 30 s, on the still-warm machine, rebuilds nothing, so
 # CHECK=0 SWEEP_S=500 tools/hopper_validate.sh 300 0 0 0 runs the sweep alone)
 set -uo pipefail
 OUT="${OUT:-/tmp/hopper_validate}"; mkdir -p "$OUT"
@@ -51,7 +51,7 @@ if [ "$build_rc" -eq 0 ]; then
     --headdim "${BENCH_HEADDIMS:-128,64}" --seqlen "${BENCH_SEQLENS:-512,2048,16384}" --causal both \
     --rep-ms "${REP_MS:-50}" --out "$OUT/bench.json" > "$OUT/bench.log" 2>&1
   [ "${SWEEP_S:-0}" -gt 0 ] && timeout "$SWEEP_S" python3 benchmarks/bench_attention.py --sweep \
-    --impls flash_attn,flash_attn_hopper,flash_attn_portable,sdpa_cudnn,sdpa_flash,flex --direction both --rep-ms "${REP_MS:-50}" \
+    --impls "${SWEEP_IMPLS:-flash_attn,flash_attn_hopper,flash_attn_portable,sdpa_cudnn,sdpa_flash,flex}" --direction both --rep-ms "${REP_MS:-50}" \
     --out "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1
 fi
 

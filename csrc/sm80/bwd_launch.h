@@ -101,11 +101,16 @@ struct BwdMainChoice {
   DqLayout layout;
 };
 
+// Whether a call needs the feature kernel (softcap, ALiBi, bias, dropout, a bias gradient).
+inline bool bwd_call_has_features(const BwdParams& params) {
+  const FwdParams& p = params.fwd;
+  return p.softcap > 0.0 || p.mask.alibi_slopes != nullptr || p.mask.bias != nullptr || p.dropout.p > 0.0 ||
+         params.dbias != nullptr;
+}
+
 template <typename T, int kHeadDim, MaskKind kMask, bwd::BwdTiles kTiles>
 BwdMainChoice choose_main(const BwdParams& params, int smem_limit) {
-  const FwdParams& p = params.fwd;
-  const bool features = p.softcap > 0.0 || p.mask.alibi_slopes != nullptr || p.mask.bias != nullptr ||
-                        p.dropout.p > 0.0 || params.dbias != nullptr;
+  const bool features = bwd_call_has_features(params);
   // Where the plain kernel needs more shared memory than the feature kernel (full tiles, 128-row blocks at
   // head dim <= 64: 178 KB, above the 163 KB of an A100), devices without it run the feature kernel, which is
   // also correct for plain calls.
@@ -153,9 +158,18 @@ void run_bwd(const BwdParams& params, void* stream) {
   using bwd::BwdTiles;
   const AttentionShape& shape = params.fwd.shape;
   if (shape.batch == 0 || shape.nheads_q == 0) return;
-  // The full tiles run where their smaller kernel (plain or feature) fits, the compact ones elsewhere.
-  constexpr int kFullSmem = std::min(bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kFull>::template bytes<T>(),
-                                     bwd::BwdSmem<kHeadDim, kMask, true, BwdTiles::kFull>::template bytes<T>());
+  // The full tiles run where the call's kernel fits, the compact ones elsewhere. A plain call may also run the full
+  // set's feature kernel where that has the plain kernel's key block (hd <= 64 on an A100: the plain kernel's 128-row
+  // tile needs 178 KB), not where the feature kernel has a smaller tile of its own (hd 128: 32 x 64): there a 99 KB
+  // GPU keeps the compact set's plain kernel for plain calls, as before that tile (not timed against each other).
+  constexpr int kPlainFullSmem = bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kFull>::template bytes<T>();
+  constexpr int kFeatureFullSmem = bwd::BwdSmem<kHeadDim, kMask, true, BwdTiles::kFull>::template bytes<T>();
+  constexpr bool kFeatureKernelTakesPlainCalls =
+      bwd::bwd_tile_config(kHeadDim, false, BwdTiles::kFull).block_n ==
+      bwd::bwd_tile_config(kHeadDim, true, BwdTiles::kFull).block_n;
+  const int full_smem = bwd_call_has_features(params) ? kFeatureFullSmem
+                        : kFeatureKernelTakesPlainCalls ? std::min(kPlainFullSmem, kFeatureFullSmem)
+                                                        : kPlainFullSmem;
   constexpr int kCompactSmem = std::max(bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kCompact>::template bytes<T>(),
                                         bwd::BwdSmem<kHeadDim, kMask, true, BwdTiles::kCompact>::template bytes<T>());
   static_assert(kCompactSmem <= bwd::kBwdCompactSmemBudget, "compact tiles fit every sm80+ GPU");
@@ -166,7 +180,7 @@ void run_bwd(const BwdParams& params, void* stream) {
   const unsigned batch = static_cast<unsigned>(shape.batch);
   const int64_t row_blocks = (shape.seqlen_q + bwd::kRowwiseRows - 1) / bwd::kRowwiseRows;
 
-  const bool full = smem_limit >= kFullSmem;
+  const bool full = smem_limit >= full_smem;
   const BwdMainChoice choice = full ? choose_main<T, kHeadDim, kMask, BwdTiles::kFull>(params, smem_limit)
                                     : choose_main<T, kHeadDim, kMask, BwdTiles::kCompact>(params, smem_limit);
   if (row_blocks > 0) {

@@ -12,6 +12,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "flash_attn/bwd_workspace.h"
@@ -203,6 +204,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   // B operand of dQ: K read MN-major (head-dim columns contiguous), this consumer's columns and keys.
   const int dq_key0 = kColumnHalves ? 0 : consumer * kBwdRowsPerConsumer;
   const int dq_segment = kColumnHalves ? consumer : 0;
+  // The accumulator's rows are the head dim rounded up to 32 (bwd_padded_head_dim), narrower than the bucket below
+  // a multiple of 64 (hd 32: 32 of 64 columns, hd 96: 96 of 128): the slot groups past a row's end are not added.
+  // Adding them (zeros) ran over the last row into the next allocation: an illegal address at hd 32, 4 x 64 heads x
+  // 4k (H200, sixteenth session).
+  const int dq_groups = static_cast<int>(
+      std::min<int64_t>(kDqColumns, workspace.dq_row_stride - dq_segment * kSegmentElems) / kDqSlotGroup);
   const uint64_t k_dq_desc =
       ptx::smem_descriptor(k_tile + dq_segment * kBlockN * kSegmentBytes + dq_key0 * kSegmentBytes,
                            kBlockN * kSegmentBytes, ptx::kSwizzleAtomBytes);
@@ -434,6 +441,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
           float* dq_row = dq_head + (global_q_row0 + q) * workspace.dq_row_stride + dq_segment * kSegmentElems;
 #pragma unroll
           for (int g = 0; g < kDqColumns / kDqSlotGroup; ++g) {
+            if (g >= dq_groups) continue;
             ptx::red_add_v4_f32(dq_row + g * kDqSlotGroup + 2 * quad_col, dq[8 * g + 2 * r], dq[8 * g + 2 * r + 1],
                                 dq[8 * g + 4 + 2 * r], dq[8 * g + 4 + 2 * r + 1]);
           }
