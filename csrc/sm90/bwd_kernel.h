@@ -20,10 +20,12 @@
 #include "flash_attn/common/mask.h"
 #include "flash_attn/common/math.h"
 #include "flash_attn/params.h"
+#include "flash_attn/ptx/bulk_reduce_sm90.h"
 #include "flash_attn/ptx/red_sm90.h"
 #include "flash_attn/ptx/tma_load_sm90.h"
 #include "flash_attn/ptx/warpgroup_sm90.h"
 #include "flash_attn/ptx/wgmma_sm90_generated.h"
+#include "flash_attn/tensor_map_sm90.h"
 #include "sm90/block_ranges.h"
 #include "sm90/bwd_tile_config.h"
 #include "sm90/kernel_common.h"
@@ -35,6 +37,10 @@ struct BwdKernelArgs {
   CUtensorMap do_map;  // the same for dO
   CUtensorMap k_map;   // (head dim, kv head, key, batch) boxes of 64 columns x block_n keys
   CUtensorMap v_map;
+  // The dq accumulator (DqLayout::kRows) as a 2D map: dq_row_stride columns, q head x total_q rows, in boxes of
+  // kDqSlotGroup columns x block_m rows. Enabled (bwd_reduces_dq_in_bulk, calls that are not deterministic): dQ goes
+  // through the staging tile and bulk reductions; otherwise through register reductions.
+  TensorMapArg dq_map;
   BwdParams params;
   float scale_log2;  // softmax_scale * log2(e)
   int heads_per_kv;
@@ -48,13 +54,15 @@ struct BwdSmemLayout {
   static constexpr int kRowsBytes = kBlockM * kHeadDim * 2;  // one stage of Q (or dO)
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;     // one dS^T tile: a 128-byte line of queries per key
   static constexpr int kStatFloats = 2 * kBlockM;            // LSE (log2 units) then D of one step
+  static constexpr int kDqStageFloats = kBlockM * kSegmentElems;  // a consumer's dQ: 64 columns x block_m rows
   static constexpr int kK = 0;
   static constexpr int kV = kK + kKvBytes;
   static constexpr int kQ = kV + kKvBytes;
   static constexpr int kDo = kQ + kStages * kRowsBytes;
   static constexpr int kDs = kDo + kStages * kRowsBytes;   // two tiles: step i writes tile i % 2
   static constexpr int kStats = kDs + 2 * kDsBytes;         // [consumer][step % 2][kStatFloats]
-  static constexpr int kBarriers = kStats + kBwdConsumerWarpgroups * 2 * kStatFloats * 4;
+  static constexpr int kDqStage = kStats + kBwdConsumerWarpgroups * 2 * kStatFloats * 4;  // [consumer][box][row][16]
+  static constexpr int kBarriers = kDqStage + kBwdConsumerWarpgroups * kDqStageFloats * 4;
   // kv_full, kv_empty, then per stage q_full, q_empty, do_full, do_empty
   static constexpr int kBarrierCount = 2 + 4 * kStages;
   static constexpr int kBytes = kBarriers + kBarrierCount * 8;
@@ -73,6 +81,7 @@ constexpr int kBwdStatsBarrier = 1;     // + consumer
 constexpr int kBwdOwnDsBarrier = 3;     // + consumer
 constexpr int kBwdSharedDsBarrier = 5;  // both consumers
 constexpr int kBwdOrderBarrier = 6;     // + consumer: deterministic own-keys dQ, consumer 0's additions, then 1's
+constexpr int kBwdDqStageBarrier = 8;   // + consumer: its dQ staging tile written, the boxes may be issued
 
 // One key block's work: its keys, the query blocks that see them, and the (query head, query block) steps.
 struct BwdBlock {
@@ -99,8 +108,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   static_assert(kDqColumns == kSegmentElems, "each consumer's dQ columns are one 64-column segment of K");
 
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + ptx::kSwizzleAtomBytes - 1) & ~uintptr_t{ptx::kSwizzleAtomBytes - 1});
+  uint8_t* smem = align_dynamic_smem(smem_raw);
   uint8_t* k_tile = smem + Layout::kK;
   uint8_t* v_tile = smem + Layout::kV;
   uint8_t* q_tiles = smem + Layout::kQ;
@@ -210,6 +218,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   // 4k (H200, sixteenth session).
   const int dq_groups = static_cast<int>(
       std::min<int64_t>(kDqColumns, workspace.dq_row_stride - dq_segment * kSegmentElems) / kDqSlotGroup);
+  float* dq_stage = reinterpret_cast<float*>(smem + Layout::kDqStage) + consumer * Layout::kDqStageFloats;
+  const bool bulk_dq = args.dq_map.enabled;
   const uint64_t k_dq_desc =
       ptx::smem_descriptor(k_tile + dq_segment * kBlockN * kSegmentBytes + dq_key0 * kSegmentBytes,
                            kBlockN * kSegmentBytes, ptx::kSwizzleAtomBytes);
@@ -394,6 +404,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
           }
         }
         ptx::fence_proxy_async_shared();
+        // The previous step's dQ boxes have been read out of this consumer's staging tile before any of its threads
+        // passes the barrier (and, after the dQ GEMM, writes the tile again); long done by now, a step later.
+        if (bulk_dq && thread == 0) ptx::bulk_wait_group_read<0>();
         if constexpr (kColumnHalves) {
           ptx::named_barrier_sync(kBwdSharedDsBarrier, kBwdConsumerWarpgroups * ptx::kWarpgroupThreads);
         } else {
@@ -429,26 +442,55 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
             next_stat = load_stat(i + 1);
           }
         }
-        // dQ into the fp32 accumulator (DqLayout::kRows, columns interleaved by dq_slot): a thread's columns 8j +
-        // quad_col + e of j = 2g, 2g + 1 are slots 4 (lane % 4) .. + 3 of slot group g, one 16-byte reduction.
-        float* dq_head = workspace.dq_accum + dq_split * workspace.dq_split_stride + head * workspace.dq_head_stride;
-        constexpr int kBothConsumers = kBwdConsumerWarpgroups * ptx::kWarpgroupThreads;
-        if (ordered_dq) ptx::named_barrier_sync(kBwdOrderBarrier + consumer, kBothConsumers);
+        // dQ in the fp32 accumulator's order (DqLayout::kRows, columns interleaved by dq_slot): a thread's columns 8j +
+        // quad_col + e of j = 2g, 2g + 1 are slots 4 (lane % 4) .. + 3 of slot group g, one 16-byte value.
+        if (bulk_dq) {
+          // Staged as boxes of 16 columns x block_m dense rows (a warp's 8 rows x 64 bytes per store: conflict-free),
+          // then added by the TMA unit. Rows past the sequence hold zeros (P = 0 there), so a box reaching into the
+          // next sequence's or head's rows adds nothing; rows and columns past the map's end are skipped.
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int64_t q = q0 + warp * kRowsPerWarp + lane / kQuadLanes + kSecondRow * r;
-          if (q >= seqlen_q) continue;
-          float* dq_row = dq_head + (global_q_row0 + q) * workspace.dq_row_stride + dq_segment * kSegmentElems;
+          for (int r = 0; r < 2; ++r) {
+            const int row = warp * kRowsPerWarp + lane / kQuadLanes + kSecondRow * r;
 #pragma unroll
-          for (int g = 0; g < kDqColumns / kDqSlotGroup; ++g) {
-            if (g >= dq_groups) continue;
-            ptx::red_add_v4_f32(dq_row + g * kDqSlotGroup + 2 * quad_col, dq[8 * g + 2 * r], dq[8 * g + 2 * r + 1],
-                                dq[8 * g + 4 + 2 * r], dq[8 * g + 4 + 2 * r + 1]);
+            for (int g = 0; g < kDqColumns / kDqSlotGroup; ++g) {
+              float* box = dq_stage + g * kBlockM * kDqSlotGroup;
+              *reinterpret_cast<float4*>(box + row * kDqSlotGroup + 2 * quad_col) = make_float4(
+                  dq[8 * g + 2 * r], dq[8 * g + 2 * r + 1], dq[8 * g + 4 + 2 * r], dq[8 * g + 4 + 2 * r + 1]);
+            }
           }
-        }
-        if (ordered_dq) {
-          __threadfence();  // this turn's reductions land before the other consumer's
-          ptx::named_barrier_arrive(kBwdOrderBarrier + (1 - consumer), kBothConsumers);
+          ptx::fence_proxy_async_shared();
+          ptx::named_barrier_sync(kBwdDqStageBarrier + consumer, ptx::kWarpgroupThreads);
+          if (thread == 0) {
+            const int row = static_cast<int>(head * workspace.dq_head_rows + global_q_row0 + q0);
+#pragma unroll
+            for (int g = 0; g < kDqColumns / kDqSlotGroup; ++g) {
+              if (g < dq_groups) {
+                ptx::bulk_reduce_add_2d(&args.dq_map.map, dq_stage + g * kBlockM * kDqSlotGroup,
+                                        dq_segment * kSegmentElems + g * kDqSlotGroup, row);
+              }
+            }
+            ptx::bulk_commit_group();
+          }
+        } else {
+          float* dq_head = workspace.dq_accum + dq_split * workspace.dq_split_stride + head * workspace.dq_head_stride;
+          constexpr int kBothConsumers = kBwdConsumerWarpgroups * ptx::kWarpgroupThreads;
+          if (ordered_dq) ptx::named_barrier_sync(kBwdOrderBarrier + consumer, kBothConsumers);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int64_t q = q0 + warp * kRowsPerWarp + lane / kQuadLanes + kSecondRow * r;
+            if (q >= seqlen_q) continue;
+            float* dq_row = dq_head + (global_q_row0 + q) * workspace.dq_row_stride + dq_segment * kSegmentElems;
+#pragma unroll
+            for (int g = 0; g < kDqColumns / kDqSlotGroup; ++g) {
+              if (g >= dq_groups) continue;
+              ptx::red_add_v4_f32(dq_row + g * kDqSlotGroup + 2 * quad_col, dq[8 * g + 2 * r], dq[8 * g + 2 * r + 1],
+                                  dq[8 * g + 4 + 2 * r], dq[8 * g + 4 + 2 * r + 1]);
+            }
+          }
+          if (ordered_dq) {
+            __threadfence();  // this turn's reductions land before the other consumer's
+            ptx::named_barrier_arrive(kBwdOrderBarrier + (1 - consumer), kBothConsumers);
+          }
         }
       }
       if (thread == 0) ptx::mbarrier_arrive(kv_empty);  // the block's last GEMMs (the final wait above) are done
@@ -474,6 +516,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
       }
     }
   }
+  if (bulk_dq && thread == 0) ptx::bulk_wait_group<0>();  // the last boxes are added before the CTA ends
   if (ordered_dq && consumer == 0) {
     // The last hand-over.
     ptx::named_barrier_sync(kBwdOrderBarrier, kBwdConsumerWarpgroups * ptx::kWarpgroupThreads);

@@ -61,6 +61,16 @@ void run_bwd(const BwdParams& params, void* stream) {
       encode_rows_map<T>(args.v_map, p.v, p.v_strides, shape.head_dim, shape.nheads_k, rows.k_rows, rows.entries,
                          kTile.block_n);
   if (!encoded) fail_tensor_maps("backward", "q, k, v, dout", shape.head_dim);
+  // The dq accumulator's map for the bulk reductions (bwd_reduces_dq_in_bulk); without one (deterministic calls, a
+  // row index past the kernel's int, or a map the driver refuses) the kernel reduces from registers.
+  const BwdWorkspace workspace = bwd_workspace(params, DqLayout::kRows);
+  const int64_t dq_rows = shape.nheads_q * workspace.dq_head_rows;
+  constexpr int64_t kMaxDqRows = int64_t{1} << 31;
+  if (bwd_reduces_dq_in_bulk(kHeadDim) && !params.deterministic && dq_rows > 0 && dq_rows < kMaxDqRows) {
+    encode_fp32_map_2d(args.dq_map, workspace.dq_accum, static_cast<uint64_t>(workspace.dq_row_stride),
+                       static_cast<uint64_t>(dq_rows), static_cast<uint64_t>(workspace.dq_row_stride) * sizeof(float),
+                       kDqSlotGroup, kTile.block_m);
+  }
   const int64_t key_blocks = (shape.seqlen_k + kTile.block_n - 1) / kTile.block_n;
   args.num_n_blocks = static_cast<int>(key_blocks);
   if (key_blocks > 0) {

@@ -256,8 +256,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
   using Slot = RingSlot<kStages>;
 
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + ptx::kSwizzleAtomBytes - 1) & ~uintptr_t{ptx::kSwizzleAtomBytes - 1});
+  uint8_t* smem = align_dynamic_smem(smem_raw);
   uint8_t* q_tile = smem + Layout::kQ;
   uint8_t* k_tiles = smem + Layout::kK;
   uint8_t* v_tiles = smem + Layout::kV;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "flash_attn/ptx/fence_proxy_sm90.h"
 #include "flash_attn/ptx/ldmatrix_sm80.h"
 
 namespace flash::ptx {
@@ -14,14 +15,6 @@ constexpr bool kHasBulkReduce = true;
 #else
 constexpr bool kHasBulkReduce = false;
 #endif
-
-// Makes this thread's ordinary shared-memory writes visible to the TMA unit (the async proxy): every writer runs it
-// after its last store and before the barrier that precedes the reduction.
-__device__ __forceinline__ void fence_proxy_async_shared() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
 
 // global[row .. row + box rows, col .. col + box cols] += the box at `box` (dense rows of the map's box width,
 // 128-byte aligned). `tensor_map`: generic address of a CUtensorMap in kernel-parameter (__grid_constant__),

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "flash_attn/ptx/fence_proxy_sm90.h"
 #include "flash_attn/ptx/ldmatrix_sm80.h"
 
 namespace flash::ptx {
@@ -105,15 +106,6 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
 __device__ __forceinline__ void mbarrier_arrive(uint64_t* barrier) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(barrier)) : "memory");
-#elif defined(__CUDA_ARCH__)
-  __trap();
-#endif
-}
-
-// Makes this thread's generic-proxy shared-memory writes visible to later async-proxy reads (wgmma, TMA store).
-__device__ __forceinline__ void fence_proxy_async_shared() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #elif defined(__CUDA_ARCH__)
   __trap();
 #endif
