@@ -103,6 +103,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   constexpr int kSegments = Layout::kSegments;
   constexpr bool kColumnHalves = bwd_dq_column_halves(kHeadDim);
   constexpr bool kPrefetchScores = bwd_prefetches_scores(kHeadDim, kGeneral);
+  constexpr bool kPrefetchStats = kPrefetchScores || bwd_prefetches_stats(kHeadDim, kGeneral);
   constexpr int kDqColumns = kColumnHalves ? kHeadDim / kBwdConsumerWarpgroups : kHeadDim;
   constexpr int kDqKeys = kColumnHalves ? kBlockN : kBwdRowsPerConsumer;
   static_assert(kDqColumns == kSegmentElems, "each consumer's dQ columns are one 64-column segment of K");
@@ -302,9 +303,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
         for (int r = 0; r < 2; ++r) distance0[r] = static_cast<float>(q0 + quad_col + offset - keys[r]);
 
         // The step's LSE (log2 units; +inf for rows past the sequence, so P = 0 there) and D, per consumer: thread t
-        // holds row t of the LSE (t < block_m) or of D; with kPrefetchScores loaded during the previous step.
+        // holds row t of the LSE (t < block_m) or of D; with kPrefetchStats loaded during the previous step.
         float* step_stats = stats + (consumer * 2 + ring % 2) * Layout::kStatFloats;
-        step_stats[thread] = kPrefetchScores && i > 0 ? next_stat : load_stat(i);
+        step_stats[thread] = kPrefetchStats && i > 0 ? next_stat : load_stat(i);
         ptx::named_barrier_sync(kBwdStatsBarrier + consumer, ptx::kWarpgroupThreads);
 
         const uint8_t* q_slot = q_tiles + slot.stage * Layout::kRowsBytes;
@@ -436,9 +437,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
         }
         // The next step's S^T goes to the tensor cores while this step's dQ reductions issue and the next step's
         // statistics load.
-        if constexpr (kPrefetchScores) {
+        if constexpr (kPrefetchStats) {
           if (i + 1 < steps) {
-            issue_step_s(Slot(ring + 1));
+            if constexpr (kPrefetchScores) issue_step_s(Slot(ring + 1));
             next_stat = load_stat(i + 1);
           }
         }

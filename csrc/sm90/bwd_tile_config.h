@@ -41,6 +41,17 @@ constexpr bool bwd_prefetches_scores(int head_dim, bool general) {
   return false;
 }
 
+// Whether a consumer loads the next step's LSE / D row into a register right after this step's dV, dK and dQ GEMMs
+// (bwd_prefetches_scores without the S^T GEMM), so that the global load's latency passes under the dQ staging and
+// bulk reductions instead of sitting before the next step's GEMMs. The bulk + prefetch variant of the sixteenth
+// session (S^T too) lost 12 % at hd 128 16k (313 against 354 TFLOP/s), which does not say which of the two cost it.
+// Off until timed on its own (tools/ab_bench.sh, this function flipped).
+constexpr bool bwd_prefetches_stats(int head_dim, bool general) {
+  (void)head_dim;
+  (void)general;
+  return false;
+}
+
 // Whether dQ leaves a step through a shared staging tile and bulk tensor reductions (one thread issues 4 boxes of 16
 // columns x block_m rows per consumer) instead of 16 `red.global.add.v4.f32` per thread. ncu at hd 128 4k (H200,
 // sixteenth session): the reductions' source and address registers, reused while earlier reductions still read them,
