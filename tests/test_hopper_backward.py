@@ -93,10 +93,13 @@ def test_windows(forced, window):
 
 @pytest.mark.parametrize("heads", [(8, 2), (8, 1)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gqa(forced, heads, causal):
-    _require(torch.bfloat16, 128, "causal" if causal else "none")
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gqa(forced, heads, causal, head_dim):
+    """dK, dV summed over a KV head's query heads. Grids this small split the group over CTAs
+    (sm90_bwd_head_splits: fp32 accumulators, then a conversion); test_deterministic covers the unsplit sums."""
+    _require(torch.bfloat16, head_dim, "causal" if causal else "none")
     h, hk = heads
-    _dense(2, 333, 333, h, hk, 128, causal=causal)
+    _dense(2, 333, 333, h, hk, head_dim, causal=causal)
 
 
 def test_packed_qkv_strides(forced):

@@ -8,6 +8,7 @@
 
 #include "flash_attn/common/mask.h"
 #include "sm80/fwd_tile_config.h"
+#include "sm90/bwd_tile_config.h"
 
 namespace flash {
 namespace {
@@ -86,6 +87,27 @@ bool sm90_bwd_pays(const BwdParams& p) {
   // Only the general kernels (softcap, ALiBi) so far: H200, bf16, hd 128, 4k non-causal, Hopper / portable TFLOP/s:
   // softcap 240 / 115, ALiBi 239 / 115; plain 308 / 317, GQA 32/8 302 / 323, 16k 312 / 328, hd 64 16k 188 / 299.
   return p.fwd.softcap > 0.0 || p.fwd.mask.alibi_slopes != nullptr;
+}
+
+int64_t sm90_bwd_head_splits(const BwdParams& p, int num_sms) {
+  // A CTA sums dK and dV of its key block over every query head of its KV head, so MQA / GQA grids are small and each
+  // CTA carries the group's work; causal masks give the first key blocks the most. H200, bf16, hd 128, 4 x 4k,
+  // 32 query heads, causal backward (sixteenth session sweep, TFLOP/s): 32/1 (128 CTAs on 132 SMs) 151, 32/4 239,
+  // 32/8 265 against 285 for 32/32; non-causal 32/1 286 against 306. Split, the CTAs add dK / dV into fp32
+  // accumulators and a conversion follows. Not timed yet.
+  constexpr int64_t kBwdHeadSplitMinCtasPerSm = 4;
+  const AttentionShape& s = p.fwd.shape;
+  if (p.deterministic || s.nheads_k < 1 || s.nheads_q % s.nheads_k != 0) return 1;
+  const int64_t group = s.nheads_q / s.nheads_k;
+  const int64_t block_n = sm90::bwd_tile_config(sm90_head_dim_bucket(s.head_dim)).block_n;
+  const int64_t ctas = (s.seqlen_k + block_n - 1) / block_n * s.nheads_k * s.batch;
+  int64_t splits = 1;
+  while (splits < group && ctas * splits < kBwdHeadSplitMinCtasPerSm * num_sms) {
+    do {
+      ++splits;
+    } while (group % splits != 0);
+  }
+  return splits;
 }
 
 int sm90_head_dim_bucket(int64_t head_dim) {

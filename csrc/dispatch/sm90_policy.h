@@ -35,6 +35,11 @@ const char* sm90_bwd_declines(const BwdParams& p);
 bool sm90_fwd_pays(const FwdParams& p);
 bool sm90_bwd_pays(const BwdParams& p);
 
+// How many CTAs per key block share a KV head's query heads in the Hopper backward (BwdParams::head_splits): 1 for
+// deterministic calls and where the grid already has enough CTAs, else the smallest divisor of the group that gives
+// the grid kBwdHeadSplitMinCtasPerSm CTAs per SM (or the whole group). num_sms: the device's SM count.
+int64_t sm90_bwd_head_splits(const BwdParams& p, int num_sms);
+
 // The head-dim bucket whose Hopper kernel serves a call: the next whole 64-column segment count (96 -> 128, 160 -> 192,
 // 224 -> 256), its columns past head_dim zero-filled by TMA, since the Hopper kernels exist only there
 // (tools/kernel_matrix.py PAIR_HEAD_DIMS). Measured (H200, bf16, 4k, Hopper / portable TFLOP/s): hd 96 448 / 303,

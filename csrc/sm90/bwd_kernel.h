@@ -45,6 +45,11 @@ struct BwdKernelArgs {
   float scale_log2;  // softmax_scale * log2(e)
   int heads_per_kv;
   int num_n_blocks;  // key blocks of the longest sequence; CTA x takes blocks x, x + gridDim.x, ...
+  // BwdParams::head_splits: CTA x takes query heads (x % head_splits) * heads_per_split ... of its KV head's group
+  // for key block x / head_splits and adds dK, dV into the workspace's fp32 accumulators (head_splits > 1 only in
+  // calls that are not deterministic: one CTA per key block and split).
+  int head_splits;
+  int heads_per_split;
 };
 
 template <int kHeadDim, int kBlockM, int kBlockN, int kStages>
@@ -137,6 +142,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   // Deterministic calls: CTA x adds dQ into accumulator x alone (the dq conversion sums them in a fixed order) and
   // walks its key blocks in order; otherwise gridDim.x covers every key block and all add into accumulator 0.
   const int64_t dq_split = bp.deterministic ? blockIdx.x : 0;
+  const int head_split = static_cast<int>(blockIdx.x) % args.head_splits;
+  const int first_block = static_cast<int>(blockIdx.x) / args.head_splits;
+  const int block_stride = static_cast<int>(gridDim.x) / args.head_splits;
+  // The query head of step i of a key block: this split's heads of the group, m_count query blocks each.
+  const int head0 = kv_head * args.heads_per_kv + head_split * args.heads_per_split;
+  auto step_head = [&](int i, int m_count) { return head0 + i / m_count; };
   const bool ordered_dq = bp.deterministic && !kColumnHalves;
   auto plan_block = [&](int n_block) {
     BwdBlock block{static_cast<int64_t>(n_block) * kBlockN, false, 0, 0, 0};
@@ -147,7 +158,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
     block.m_min = static_cast<int>(rows.begin / kBlockM);
     const int m_max = rows.end > rows.begin ? static_cast<int>((rows.end + kBlockM - 1) / kBlockM) : block.m_min;
     block.m_count = m_max - block.m_min;
-    block.steps = args.heads_per_kv * block.m_count;  // (query head of the group, query block) pairs
+    block.steps = args.heads_per_split * block.m_count;  // (query head of the split, query block) pairs
     return block;
   };
 
@@ -162,7 +173,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
     if (threadIdx.x != 0) return;
     int ring = 0;       // Q / dO ring iterations, counted across key blocks
     int loaded_kv = 0;  // key blocks whose K / V were loaded
-    for (int n_block = blockIdx.x; n_block < args.num_n_blocks; n_block += gridDim.x) {
+    for (int n_block = first_block; n_block < args.num_n_blocks; n_block += block_stride) {
       const BwdBlock block = plan_block(n_block);
       if (block.steps == 0) continue;  // no keys, or no query sees them: the consumers write zeros
       if (loaded_kv > 0) ptx::mbarrier_wait_parity(kv_empty, (loaded_kv - 1) & 1);
@@ -177,7 +188,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
       ++loaded_kv;
       for (int i = 0; i < block.steps; ++i, ++ring) {
         const Slot slot(ring);
-        const int head = kv_head * args.heads_per_kv + i / block.m_count;
+        const int head = step_head(i, block.m_count);
         const int q_row =
             static_cast<int>(sequence.q_row0 + static_cast<int64_t>(block.m_min + i % block.m_count) * kBlockM);
         ptx::mbarrier_wait_parity(&q_empty[slot.stage], slot.parity ^ 1);
@@ -238,7 +249,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   int ring = 0;       // Q / dO ring iterations, counted across key blocks (as the producer counts them)
   int loaded_kv = 0;  // key blocks whose K / V this consumer waited for
 
-  for (int n_block = blockIdx.x; n_block < args.num_n_blocks; n_block += gridDim.x) {
+  for (int n_block = first_block; n_block < args.num_n_blocks; n_block += block_stride) {
     const BwdBlock block = plan_block(n_block);
     if (!block.has_keys) continue;
     const int64_t key0 = block.key0;
@@ -272,16 +283,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
     auto issue_step_scores = [&](const Slot& step_slot) { issue_step_s(step_slot); issue_step_dp(step_slot); };
     // Row thread % block_m of step i's LSE (thread < block_m, log2 units) or D (the others).
     auto load_stat = [&](int i) {
-      const int step_head = kv_head * args.heads_per_kv + i / m_count;
+      const int head = step_head(i, m_count);
       const int64_t q = static_cast<int64_t>(m_min + i % m_count) * kBlockM + thread % kBlockM;
       const bool valid = q < seqlen_q;
       if (thread < kBlockM) {
-        return valid ? static_cast<const float*>(p.lse)[batch * p.lse_batch_stride + step_head * p.lse_head_stride +
+        return valid ? static_cast<const float*>(p.lse)[batch * p.lse_batch_stride + head * p.lse_head_stride +
                                                         sequence.q_row0 + q] *
                            static_cast<float>(kLog2e)
                      : INFINITY;
       }
-      return valid ? workspace.delta[step_head * workspace.delta_head_stride + global_q_row0 + q] : 0.f;
+      return valid ? workspace.delta[head * workspace.delta_head_stride + global_q_row0 + q] : 0.f;
     };
     float next_stat = 0.f;
     if (steps > 0) {
@@ -290,7 +301,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
 
       for (int i = 0; i < steps; ++i, ++ring) {
         const Slot slot(ring);
-        const int head = kv_head * args.heads_per_kv + i / m_count;
+        const int head = step_head(i, m_count);
         const int64_t q0 = static_cast<int64_t>(m_min + i % m_count) * kBlockM;
         const float alibi_slope_log2 =
             kGeneral && p.mask.alibi_slopes != nullptr
@@ -512,20 +523,41 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
     }
 
     // dK = softmax_scale * sum dS^T.Q, dV = sum P^T.dO, for the keys this block owns (zeros where no query sees them).
-    T* dk_out = static_cast<T*>(bp.dk) + batch * bp.dk_strides.batch + kv_head * bp.dk_strides.head;
-    T* dv_out = static_cast<T*>(bp.dv) + batch * bp.dv_strides.batch + kv_head * bp.dv_strides.head;
+    if (args.head_splits > 1) {
+      // This split's share, added into the fp32 accumulators (rows: the dense or packed key row, then the KV head);
+      // bwd_launch.h converts them once every split has added.
+      const int64_t global_k_row0 = varlen ? sequence.k_row0 : static_cast<int64_t>(batch) * p.shape.seqlen_k;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      if (keys[r] >= seqlen_k) continue;
-      T* dk_row = dk_out + (sequence.k_row0 + keys[r]) * bp.dk_strides.row;
-      T* dv_row = dv_out + (sequence.k_row0 + keys[r]) * bp.dv_strides.row;
+      for (int r = 0; r < 2; ++r) {
+        if (keys[r] >= seqlen_k) continue;
+        const int64_t accum_row =
+            ((global_k_row0 + keys[r]) * p.shape.nheads_k + kv_head) * workspace.dkv_row_stride;
 #pragma unroll
-      for (int j = 0; j < kHeadDim / 8; ++j) {
-        const int col = 8 * j + quad_col;
-        if (col < p.shape.head_dim) {
-          *reinterpret_cast<uint32_t*>(dk_row + col) =
-              pack_pair<T>(dk[4 * j + 2 * r] * scale, dk[4 * j + 2 * r + 1] * scale);
-          *reinterpret_cast<uint32_t*>(dv_row + col) = pack_pair<T>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+        for (int j = 0; j < kHeadDim / 8; ++j) {
+          const int col = 8 * j + quad_col;
+          if (col < p.shape.head_dim) {
+            ptx::red_add_v2_f32(workspace.dk_accum + accum_row + col, dk[4 * j + 2 * r] * scale,
+                                dk[4 * j + 2 * r + 1] * scale);
+            ptx::red_add_v2_f32(workspace.dv_accum + accum_row + col, dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+          }
+        }
+      }
+    } else {
+      T* dk_out = static_cast<T*>(bp.dk) + batch * bp.dk_strides.batch + kv_head * bp.dk_strides.head;
+      T* dv_out = static_cast<T*>(bp.dv) + batch * bp.dv_strides.batch + kv_head * bp.dv_strides.head;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if (keys[r] >= seqlen_k) continue;
+        T* dk_row = dk_out + (sequence.k_row0 + keys[r]) * bp.dk_strides.row;
+        T* dv_row = dv_out + (sequence.k_row0 + keys[r]) * bp.dv_strides.row;
+#pragma unroll
+        for (int j = 0; j < kHeadDim / 8; ++j) {
+          const int col = 8 * j + quad_col;
+          if (col < p.shape.head_dim) {
+            *reinterpret_cast<uint32_t*>(dk_row + col) =
+                pack_pair<T>(dk[4 * j + 2 * r] * scale, dk[4 * j + 2 * r + 1] * scale);
+            *reinterpret_cast<uint32_t*>(dv_row + col) = pack_pair<T>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+          }
         }
       }
     }

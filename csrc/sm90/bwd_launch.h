@@ -13,6 +13,7 @@
 
 #include "sm80/bwd_convert_kernel.h"
 #include "sm80/bwd_preprocess_kernel.h"
+#include "sm90/bwd_dkv_convert_kernel.h"
 #include "sm90/bwd_kernel.h"
 #include "sm90/fwd_launch.h"
 
@@ -50,6 +51,10 @@ void run_bwd(const BwdParams& params, void* stream) {
   args.params = params;
   args.scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
   args.heads_per_kv = static_cast<int>(shape.nheads_q / shape.nheads_k);
+  // dispatch/sm90_policy.h sm90_bwd_head_splits: > 1 only in calls that are not deterministic, a divisor of the group.
+  const bool split_heads = params.head_splits > 1 && !params.deterministic;
+  args.head_splits = split_heads ? static_cast<int>(params.head_splits) : 1;
+  args.heads_per_split = args.heads_per_kv / args.head_splits;
   const MapRows rows = map_rows(shape);
   const bool encoded =
       encode_rows_map<T>(args.q_map, p.q, p.q_strides, shape.head_dim, shape.nheads_q, rows.q_rows, rows.entries,
@@ -76,13 +81,23 @@ void run_bwd(const BwdParams& params, void* stream) {
   if (key_blocks > 0) {
     // Deterministic: one CTA per dq accumulator, walking key blocks x, x + grid, ... (bwd_kernel.h); else one per
     // key block.
-    const int64_t ctas_x = params.deterministic ? std::min<int64_t>(params.dq_splits, key_blocks) : key_blocks;
+    const int64_t ctas_x = params.deterministic ? std::min<int64_t>(params.dq_splits, key_blocks)
+                                                : key_blocks * args.head_splits;
+    if (split_heads) {
+      (void)cudaMemsetAsync(workspace.dk_accum, 0, 2 * workspace.dkv_floats * sizeof(float), s);
+    }
     const dim3 grid(static_cast<unsigned>(ctas_x), static_cast<unsigned>(shape.nheads_k), batch);
     if (fwd_needs_general_kernel(p)) {
       launch_bwd<T, kHeadDim, kMask, true, kTile>(grid, args, s);
     } else {
       launch_bwd<T, kHeadDim, kMask, false, kTile>(grid, args, s);
     }
+  }
+  if (split_heads && key_blocks > 0) {
+    const int64_t pairs = shape.total_k * shape.nheads_k * (shape.head_dim / 2);
+    constexpr int64_t kMaxConvertBlocks = 4096;
+    const int64_t blocks = std::min<int64_t>((pairs + kDkvConvertThreads - 1) / kDkvConvertThreads, kMaxConvertBlocks);
+    if (blocks > 0) bwd_dkv_convert_kernel<T><<<static_cast<unsigned>(blocks), kDkvConvertThreads, 0, s>>>(params);
   }
   if (row_blocks > 0) {
     rowwise::bwd_convert_dq_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch),

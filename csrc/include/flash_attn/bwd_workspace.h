@@ -72,6 +72,12 @@ struct BwdWorkspace {
   int64_t dq_head_rows;  // total_q; with kRowPairs rounded up to whole pairs
   int64_t dq_head_stride;
   int64_t dq_split_stride;
+  // With head_splits > 1: dK then dV accumulators, [total_k][nheads_k][dkv_row_stride] each (the head dim rounded up
+  // like dq's rows), plain columns; null otherwise.
+  float* dk_accum;
+  float* dv_accum;
+  int64_t dkv_row_stride;
+  int64_t dkv_floats;  // of each
 };
 
 // The layout for params (total_q, dq_splits, head dim, heads) and the main kernel's dq layout; pointers into
@@ -84,16 +90,22 @@ FLASH_HOST_DEVICE BwdWorkspace bwd_workspace(const BwdParams& params, DqLayout l
   w.dq_head_rows = layout == DqLayout::kRowPairs ? (params.total_q + 1) / 2 * 2 : params.total_q;
   w.dq_head_stride = w.dq_head_rows * w.dq_row_stride;
   w.dq_split_stride = s.nheads_q * w.dq_head_stride;
+  w.dkv_row_stride = w.dq_row_stride;
+  w.dkv_floats = params.head_splits > 1 ? s.total_k * s.nheads_k * w.dkv_row_stride : 0;
   float* base = static_cast<float*>(params.workspace);
   w.delta = base;
   w.dq_accum = base == nullptr ? nullptr : base + s.nheads_q * w.delta_head_stride;
+  float* dkv = w.dq_accum == nullptr ? nullptr : w.dq_accum + params.dq_splits * w.dq_split_stride;
+  w.dk_accum = w.dkv_floats > 0 ? dkv : nullptr;
+  w.dv_accum = w.dkv_floats > 0 && dkv != nullptr ? dkv + w.dkv_floats : nullptr;
   return w;
 }
 
 // Enough for either dq layout (kRowPairs has the longer heads).
 inline int64_t bwd_workspace_bytes(const BwdParams& params) {
   const BwdWorkspace w = bwd_workspace(params, DqLayout::kRowPairs);
-  const int64_t floats = params.fwd.shape.nheads_q * w.delta_head_stride + params.dq_splits * w.dq_split_stride;
+  const int64_t floats =
+      params.fwd.shape.nheads_q * w.delta_head_stride + params.dq_splits * w.dq_split_stride + 2 * w.dkv_floats;
   return floats * static_cast<int64_t>(sizeof(float));
 }
 
