@@ -558,11 +558,15 @@ def training_problems(args) -> list:
             if args.hidden % headdim:
                 raise SystemExit(f"--hidden {args.hidden} must be a multiple of every --headdim; got {headdim}")
             nheads = args.hidden // headdim
+            nheads_k = args.heads_k if args.heads_k else nheads
+            if nheads % nheads_k:
+                raise SystemExit(f"--heads-k {nheads_k} must divide the {nheads} query heads of head dim {headdim}")
             for causal in causal_values:
                 for seqlen in args.seqlens:
                     batch = args.batch if args.batch else max(1, args.tokens // seqlen)
                     problems.append(
-                        Problem(args.device, DTYPES[dtype_name], batch, nheads, nheads, seqlen, seqlen, headdim, causal)
+                        Problem(args.device, DTYPES[dtype_name], batch, nheads, nheads_k, seqlen, seqlen, headdim,
+                                causal)
                     )
     return problems
 
@@ -795,6 +799,10 @@ def parse_args(argv=None):
     parser.add_argument("--direction", choices=("fwd", "bwd", "both"), default="both")
     parser.add_argument("--batch", type=int, default=None, help="fixed batch (default tokens // seqlen)")
     parser.add_argument("--hidden", type=int, default=DEFAULT_HIDDEN, help="nheads = hidden / headdim")
+    parser.add_argument(
+        "--heads-k", type=int, default=None,
+        help="KV heads of the training shapes (GQA / MQA; default: as many as query heads)",
+    )
     parser.add_argument(
         "--tokens", type=int, default=None,
         help=f"batch = tokens // seqlen (default CUDA {DEFAULT_TOKENS['cuda']}, CPU {DEFAULT_TOKENS['cpu']})",

@@ -8,7 +8,7 @@
 #        AB_TESTS="tests/x.py" (run on every variant; AB_TEST_FIRST=1: the first only) AB_WORK=dir (where the variant trees go)
 #        AB_IMPL=flash_attn AB_PEER=sdpa_flash (bench_attention.py impls)
 #        AB_DECODE=1 (also the decode shapes of BENCHMARKS.md, TB/s) AB_HIDDEN=n (nheads = n / head dim; 2048 by
-#        default, so head dims that do not divide it, e.g. 96, need one: AB_HIDDEN=3072)]
+#        default, so head dims that do not divide it, e.g. 96, need one: AB_HIDDEN=3072) AB_HEADS_K=n (GQA / MQA)]
 #        tools/ab_bench.sh   (build knobs FLASH_ATTN_* and REP_MS from the environment)
 set -uo pipefail
 # flash_attn.is_supported (which the benchmark and the tests ask) wants every mask kind: a build narrowed with
@@ -67,6 +67,7 @@ for r in $(seq "$ROUNDS"); do
     hds="$HEADDIMS"; [ -f "$WORK/$name/AB_HEADDIMS" ] && hds=$(cat "$WORK/$name/AB_HEADDIMS")
     (cd "$WORK/$name" && python3 benchmarks/bench_attention.py --impls "$impls" --direction "$DIRECTION" \
       --headdim "$hds" --seqlen "$SEQLENS" --causal both --rep-ms "$REP_MS" ${AB_HIDDEN:+--hidden "$AB_HIDDEN"} \
+      ${AB_HEADS_K:+--heads-k "$AB_HEADS_K"} \
       --out "$OUT/r${r}_$name.json" \
       > "$OUT/r${r}_$name.log" 2>&1) || echo "bench $name round $r failed"
     if [ "${AB_DECODE:-0}" = 1 ]; then
