@@ -22,6 +22,7 @@
 #include "flash_attn/params.h"
 #include "flash_attn/ptx/bulk_reduce_sm90.h"
 #include "flash_attn/ptx/red_sm90.h"
+#include "flash_attn/ptx/stmatrix_sm90.h"
 #include "flash_attn/ptx/tma_load_sm90.h"
 #include "flash_attn/ptx/warpgroup_sm90.h"
 #include "flash_attn/ptx/wgmma_sm90_generated.h"
@@ -416,16 +417,18 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
         issue_pv<T, kHeadDim, kBlockM>(
             dk, ds_frag, ptx::smem_descriptor(q_slot, kBlockM * kSegmentBytes, ptx::kSwizzleAtomBytes));
 
-        // dS^T into its shared tile: line = key row of the block, 64 queries per line, 128-byte swizzle.
+        // dS^T into its shared tile: line = key row of the block, 64 queries per line, 128-byte swizzle. One
+        // stmatrix.x4 per 16 queries (4 instead of 16 32-bit stores a thread): matrix i holds key rows + 8 (i % 2) and
+        // the 8-query chunk 2k + i / 2, i.e. ds_frag[k][i]; lane l gives row l % 8 of matrix l / 8.
         uint8_t* ds_tile = ds_tiles + (ring % 2) * Layout::kDsBytes;
+        {
+          const int matrix = lane / 8;
+          const int line = consumer * kBwdRowsPerConsumer + warp * kRowsPerWarp + lane % 8 + kSecondRow * (matrix % 2);
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int line = consumer * kBwdRowsPerConsumer + warp * kRowsPerWarp + lane / kQuadLanes + kSecondRow * r;
-#pragma unroll
-          for (int j = 0; j < kBlockM / 8; ++j) {
-            const int chunk = j ^ (line % 8);
-            *reinterpret_cast<uint32_t*>(ds_tile + line * kSegmentBytes + chunk * 16 + quad_col * 2) =
-                ds_frag[j / 2][(j % 2) * 2 + r];
+          for (int k = 0; k < kBlockM / 16; ++k) {
+            const int chunk = (2 * k + matrix / 2) ^ (line % 8);
+            ptx::stmatrix_x4(ds_tile + line * kSegmentBytes + chunk * 16, ds_frag[k][0], ds_frag[k][1], ds_frag[k][2],
+                             ds_frag[k][3]);
           }
         }
         ptx::fence_proxy_async_shared();
