@@ -1,0 +1,119 @@
+// Host check of the CUDA backward's scratch layout (flash_attn/bwd_workspace.h) and of the Hopper backward's head
+// splits (dispatch/sm90_policy.cpp sm90_bwd_head_splits), run by tests/test_bwd_workspace.py on random shapes: the
+// split count divides the query-head group, reaches the grid target with the smallest such divisor (or is the whole
+// group), and is 1 in deterministic calls; the delta, dq, dK and dV regions of the layout the sm90 kernels use lie
+// inside bwd_workspace_bytes() without overlapping, and the last element the split epilogue adds and the conversion
+// reads is inside its accumulator. Prints one line per failure and a summary; exits 1 on any failure.
+#include <cstdint>
+#include <cstdio>
+#include <random>
+
+#include "dispatch/sm90_policy.h"
+#include "flash_attn/bwd_workspace.h"
+#include "sm90/bwd_tile_config.h"
+
+namespace {
+
+int failures = 0;
+
+void fail(const char* what, const flash::BwdParams& p, int64_t a, int64_t b) {
+  if (++failures <= 20) {
+    const flash::AttentionShape& s = p.fwd.shape;
+    std::printf("FAIL %s: batch %ld heads %ld/%ld seqlen %ld/%ld hd %ld varlen %d deterministic %d splits %ld "
+                "(%ld, %ld)\n",
+                what, long(s.batch), long(s.nheads_q), long(s.nheads_k), long(s.seqlen_q), long(s.seqlen_k),
+                long(s.head_dim), int(s.cu_seqlens_q != nullptr), int(p.deterministic), long(p.head_splits), long(a),
+                long(b));
+  }
+}
+
+// The policy's target, restated: CTAs per SM the split grid should reach (sm90_policy.cpp kBwdHeadSplitMinCtasPerSm).
+constexpr int64_t kTargetCtasPerSm = 4;
+
+void check_splits(const flash::BwdParams& p, int num_sms) {
+  const flash::AttentionShape& s = p.fwd.shape;
+  const int64_t group = s.nheads_q / s.nheads_k;
+  const int64_t splits = p.head_splits;
+  if (splits < 1 || group % splits != 0) fail("splits do not divide the group", p, splits, group);
+  if (p.deterministic && splits != 1) fail("a deterministic call split", p, splits, 1);
+  if (p.deterministic) return;
+  const int64_t block_n = flash::sm90::bwd_tile_config(flash::sm90_head_dim_bucket(s.head_dim)).block_n;
+  const int64_t ctas = (s.seqlen_k + block_n - 1) / block_n * s.nheads_k * s.batch;
+  if (splits < group && ctas * splits < kTargetCtasPerSm * num_sms) fail("stopped below the target", p, ctas, splits);
+  for (int64_t d = 1; d < splits; ++d) {
+    if (group % d == 0 && ctas * d >= kTargetCtasPerSm * num_sms) {
+      fail("a smaller divisor reaches the target", p, d, splits);
+    }
+  }
+}
+
+void check_layout(flash::BwdParams p) {
+  const flash::AttentionShape& s = p.fwd.shape;
+  const int64_t floats = flash::bwd_workspace_bytes(p) / static_cast<int64_t>(sizeof(float));
+  // Offsets only: a stand-in base address (the layout never dereferences it), since real scratch would reach GBs.
+  float* const base = reinterpret_cast<float*>(uintptr_t{1} << 20);
+  p.workspace = base;
+  const flash::BwdWorkspace w = flash::bwd_workspace(p, flash::DqLayout::kRows);
+  const int64_t delta_end = (w.delta - base) + s.nheads_q * w.delta_head_stride;
+  const int64_t dq_begin = w.dq_accum - base;
+  const int64_t dq_end = dq_begin + p.dq_splits * w.dq_split_stride;
+  if (dq_begin < delta_end) fail("dq overlaps delta", p, dq_begin, delta_end);
+  if (dq_end > floats) fail("dq past the workspace", p, dq_end, floats);
+  if (p.head_splits <= 1) {
+    if (w.dk_accum != nullptr || w.dv_accum != nullptr || w.dkv_floats != 0) {
+      fail("dK / dV accumulators without splits", p, 0, 0);
+    }
+    return;
+  }
+  const int64_t dk_begin = w.dk_accum - base;
+  const int64_t dv_begin = w.dv_accum - base;
+  if (dk_begin < dq_end) fail("dK accumulator overlaps dq", p, dk_begin, dq_end);
+  if (dv_begin < dk_begin + w.dkv_floats) fail("dV accumulator overlaps dK", p, dv_begin, dk_begin + w.dkv_floats);
+  if (dv_begin + w.dkv_floats > floats) fail("dV accumulator past the workspace", p, dv_begin + w.dkv_floats, floats);
+  if (dk_begin % 2 != 0 || dv_begin % 2 != 0 || w.dkv_row_stride % 2 != 0) {
+    fail("8-byte reductions misaligned", p, dk_begin, dv_begin);
+  }
+  // The split epilogue adds (row * nheads_k + kv head) * dkv_row_stride + col for col < head_dim; the conversion reads
+  // the same elements.
+  const int64_t last = ((s.total_k - 1) * s.nheads_k + s.nheads_k - 1) * w.dkv_row_stride + s.head_dim - 1;
+  if (last >= w.dkv_floats) fail("last dK / dV element outside its accumulator", p, last, w.dkv_floats);
+  if (w.dkv_row_stride < s.head_dim) {
+    fail("accumulator rows narrower than the head dim", p, w.dkv_row_stride, s.head_dim);
+  }
+}
+
+}  // namespace
+
+int main() {
+  std::mt19937 random(20261201);
+  const int sm_counts[] = {132, 114, 78};
+  const int64_t groups[] = {1, 2, 3, 4, 6, 8, 16, 32};
+  int cases = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    flash::BwdParams p;
+    flash::AttentionShape& s = p.fwd.shape;
+    s.batch = 1 + random() % 8;
+    s.nheads_k = 1 + random() % 8;
+    s.nheads_q = s.nheads_k * groups[random() % 8];
+    s.head_dim = 8 * (1 + random() % 32);
+    s.seqlen_q = 1 + random() % 20000;
+    s.seqlen_k = 1 + random() % 20000;
+    const bool varlen = random() % 3 == 0;
+    // Varlen: the packed rows are at most batch x the longest sequence (the pointer only marks the call as varlen).
+    static const int32_t kMarker = 0;
+    s.cu_seqlens_q = varlen ? &kMarker : nullptr;
+    s.cu_seqlens_k = varlen ? &kMarker : nullptr;
+    s.total_q = varlen ? 1 + random() % (s.batch * s.seqlen_q) : s.batch * s.seqlen_q;
+    s.total_k = varlen ? 1 + random() % (s.batch * s.seqlen_k) : s.batch * s.seqlen_k;
+    p.total_q = s.total_q;
+    p.deterministic = random() % 4 == 0;
+    const int num_sms = sm_counts[random() % 3];
+    p.dq_splits = flash::bwd_dq_splits(p, num_sms);
+    p.head_splits = flash::sm90_bwd_head_splits(p, num_sms);
+    check_splits(p, num_sms);
+    check_layout(p);
+    ++cases;
+  }
+  std::printf("%d cases, %d failures\n", cases, failures);
+  return failures == 0 ? 0 : 1;
+}
