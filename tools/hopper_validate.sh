@@ -5,7 +5,7 @@
 # serve the call (FLASH_ATTN_HOPPER=1), and the standard table with flash_attn_hopper beside the default dispatch,
 # cuDNN and FA2. Each stage has its own time limit; a short summary is printed last. At most 8 files land in $OUT.
 # Usage: OUT=dir tools/hopper_validate.sh [build_s tests_s suite_s bench_s]   (SUITE_PORTABLE_S=n adds the suite with
-# FLASH_ATTN_HOPPER=0 under that limit; BENCH_IMPLS, BENCH_DIRECTION,
+# FLASH_ATTN_HOPPER=0 under that limit, SANITIZE_S=n the sanitizers' Hopper pass; BENCH_IMPLS, BENCH_DIRECTION,
 # BENCH_HEADDIMS, BENCH_SEQLENS pick the table; SWEEP_S=n adds bench_attention.py
 # --sweep with flash_attn_hopper and flash_attn_portable under that limit: every head-dim bucket, GQA, softcap /
 # window / ALiBi, varlen (SWEEP_IMPLS: other impls); a second call within 30 s, on the still-warm machine, rebuilds nothing, so
@@ -30,7 +30,7 @@ wait "$build_pid"; build_rc=$?
 build_s=$(( $(date +%s) - start ))
 [ "$build_rc" -ne 0 ] && { grep -E "error|Error" "$LOGS/build.log" | head -30 > "$OUT/build_errors.log"; }
 
-tests_rc=skipped; suite_rc=skipped
+tests_rc=skipped; suite_rc=skipped; sanitize_rc=skipped
 if [ "$build_rc" -eq 0 ]; then
   if [ "$TESTS_S" -gt 0 ]; then
     timeout "$TESTS_S" python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_ptx_wrappers.py \
@@ -41,6 +41,12 @@ if [ "$build_rc" -eq 0 ]; then
     FLASH_ATTN_HOPPER=1 OMP_NUM_THREADS=2 timeout "$SUITE_S" python3 -m pytest -q -n 8 -p no:cacheprovider tests \
       > "$OUT/tests_suite_hopper.log" 2>&1
     suite_rc=$?
+  fi
+  # SANITIZE_S=n: tools/sanitize.sh's Hopper pass (memcheck, racecheck, synccheck on the sanitize subset) under that
+  # limit.
+  if [ "${SANITIZE_S:-0}" -gt 0 ]; then
+    SANITIZE_PORTABLE=0 timeout "$SANITIZE_S" tools/sanitize.sh > "$OUT/sanitize.log" 2>&1
+    sanitize_rc=$?
   fi
   if [ "${SUITE_PORTABLE_S:-0}" -gt 0 ]; then
     FLASH_ATTN_HOPPER=0 OMP_NUM_THREADS=2 timeout "$SUITE_PORTABLE_S" python3 -m pytest -q -n 8 -p no:cacheprovider \
@@ -63,6 +69,9 @@ if [ -f "$OUT/tests_suite_portable.log" ]; then
   echo "== suite with FLASH_ATTN_HOPPER=0"; grep -E "^(FAILED|ERROR)" "$OUT/tests_suite_portable.log" | head -15
   tail -1 "$OUT/tests_suite_portable.log"
 fi
+if [ -f "$OUT/sanitize.log" ]; then
+  echo "== sanitizers (Hopper pass)"; grep -E "^== |ERROR SUMMARY|passed|failed" "$OUT/sanitize.log" | tail -12
+fi
 echo "== bench (TFLOP/s fwd/bwd)"; grep -E "^ *(bf16|fp16)" "$OUT/bench.log" 2>/dev/null
 [ -f "$OUT/sweep.log" ] && { echo "== sweep"; grep -E "^ *(bf16|fp16)" "$OUT/sweep.log"; }
-echo "build ${build_s}s rc=$build_rc | hopper tests rc=$tests_rc | suite rc=$suite_rc"
+echo "build ${build_s}s rc=$build_rc | hopper tests rc=$tests_rc | suite rc=$suite_rc | sanitize rc=$sanitize_rc"
