@@ -110,6 +110,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   constexpr bool kColumnHalves = bwd_dq_column_halves(kHeadDim);
   constexpr bool kPrefetchScores = bwd_prefetches_scores(kHeadDim, kGeneral);
   constexpr bool kPrefetchStats = kPrefetchScores || bwd_prefetches_stats(kHeadDim, kGeneral);
+  // Statistics alone ahead (without S^T): the next step's row is loaded at the top of this step and, with bulk dQ,
+  // stored with this step's dQ staging, whose barrier then also publishes it (one named barrier less per step).
+  constexpr bool kEarlyStats = kPrefetchStats && !kPrefetchScores;
   constexpr int kDqColumns = kColumnHalves ? kHeadDim / kBwdConsumerWarpgroups : kHeadDim;
   constexpr int kDqKeys = kColumnHalves ? kBlockN : kBwdRowsPerConsumer;
   static_assert(kDqColumns == kSegmentElems, "each consumer's dQ columns are one 64-column segment of K");
@@ -317,8 +320,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
         // The step's LSE (log2 units; +inf for rows past the sequence, so P = 0 there) and D, per consumer: thread t
         // holds row t of the LSE (t < block_m) or of D; with kPrefetchStats loaded during the previous step.
         float* step_stats = stats + (consumer * 2 + ring % 2) * Layout::kStatFloats;
-        step_stats[thread] = kPrefetchStats && i > 0 ? next_stat : load_stat(i);
-        ptx::named_barrier_sync(kBwdStatsBarrier + consumer, ptx::kWarpgroupThreads);
+        if (!(kEarlyStats && bulk_dq && i > 0)) {  // else stored and published with the previous step's dQ boxes
+          step_stats[thread] = kPrefetchStats && i > 0 ? next_stat : load_stat(i);
+          ptx::named_barrier_sync(kBwdStatsBarrier + consumer, ptx::kWarpgroupThreads);
+        }
+        if constexpr (kEarlyStats) {
+          if (i + 1 < steps) next_stat = load_stat(i + 1);
+        }
 
         const uint8_t* q_slot = q_tiles + slot.stage * Layout::kRowsBytes;
         const uint8_t* do_slot = do_tiles + slot.stage * Layout::kRowsBytes;
@@ -464,9 +472,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
         }
         // The next step's S^T goes to the tensor cores while this step's dQ reductions issue and the next step's
         // statistics load.
-        if constexpr (kPrefetchStats) {
+        if constexpr (kPrefetchScores) {
           if (i + 1 < steps) {
-            if constexpr (kPrefetchScores) issue_step_s(Slot(ring + 1));
+            issue_step_s(Slot(ring + 1));
             next_stat = load_stat(i + 1);
           }
         }
@@ -485,6 +493,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
               *reinterpret_cast<float4*>(box + row * kDqSlotGroup + 2 * quad_col) = make_float4(
                   dq[8 * g + 2 * r], dq[8 * g + 2 * r + 1], dq[8 * g + 4 + 2 * r], dq[8 * g + 4 + 2 * r + 1]);
             }
+          }
+          if constexpr (kEarlyStats) {
+            // The next step's statistics into the other buffer (its readers, step i - 1, have all passed this
+            // step's dS^T barrier); the barrier below publishes them.
+            if (i + 1 < steps) stats[(consumer * 2 + (ring + 1) % 2) * Layout::kStatFloats + thread] = next_stat;
           }
           ptx::fence_proxy_async_shared();
           ptx::named_barrier_sync(kBwdDqStageBarrier + consumer, ptx::kWarpgroupThreads);

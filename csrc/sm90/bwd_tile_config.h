@@ -41,9 +41,9 @@ constexpr bool bwd_prefetches_scores(int head_dim, bool general) {
   return false;
 }
 
-// Whether a consumer loads the next step's LSE / D row into a register right after this step's dV, dK and dQ GEMMs
-// (bwd_prefetches_scores without the S^T GEMM), so that the global load's latency passes under the dQ staging and
-// bulk reductions instead of sitting before the next step's GEMMs. The bulk + prefetch variant of the sixteenth
+// Whether a consumer loads the next step's LSE / D row into a register at the top of this step (bwd_prefetches_scores
+// without the S^T GEMM) and, with bulk dQ, stores it with this step's dQ staging, whose barrier then publishes it: the
+// global load's latency and the statistics' own named barrier leave the next step's path to its GEMMs. The bulk + prefetch variant of the sixteenth
 // session (S^T too) lost 12 % at hd 128 16k (313 against 354 TFLOP/s), which does not say which of the two cost it.
 // Off until timed on its own (tools/ab_bench.sh, this function flipped).
 constexpr bool bwd_prefetches_stats(int head_dim, bool general) {
