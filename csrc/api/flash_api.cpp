@@ -80,10 +80,14 @@ constexpr int kHopperArch = 90;
 // a build with SASS only for older GPUs (e.g. FLASH_ATTN_CUDA_ARCHS=90 on an sm_100 GPU) has none.
 bool device_runs_this_build(const at::Device& device) { return device_attributes(device.index()).code_arch > 0; }
 
-// Runs the CUDA kernel for this call on the current stream, or fails naming what is missing.
-void launch_cuda(const FwdParams& params, const BwdParams* bwd_params, const at::Device& device) {
+// Runs the CUDA kernel for this call on the current stream, or fails naming what is missing. `found`: the call's
+// find_kernel() result where the caller already looked it up (the backward, to size its workspace).
+void launch_cuda(const FwdParams& params, const BwdParams* bwd_params, const at::Device& device,
+                 const KernelEntry* found = nullptr) {
   const Direction direction = bwd_params == nullptr ? Direction::kForward : Direction::kBackward;
-  const KernelEntry* entry = find_kernel(device_sm(device), device_code_arch(device), params, direction, bwd_params);
+  const KernelEntry* entry =
+      found != nullptr ? found
+                       : find_kernel(device_sm(device), device_code_arch(device), params, direction, bwd_params);
   if (entry == nullptr) fail_no_cuda_kernel(params, device, direction);
   if (entry->key.arch != kHopperArch && hopper_switch() == HopperSwitch::kForce) {
     fail_hopper_not_taken(params, bwd_params, device);
@@ -270,7 +274,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
     if (entry != nullptr && entry->key.arch == kHopperArch) bp.head_splits = sm90_bwd_head_splits(bp, num_sms);
     const at::Tensor workspace = at::empty({bwd_workspace_bytes(bp)}, q.options().dtype(at::kByte));
     bp.workspace = workspace.data_ptr();
-    launch_cuda(p, &bp, q.device());
+    launch_cuda(p, &bp, q.device(), entry);
   }
   dq = from_kernel_layout(dq, in.head_dim);
   dk = from_kernel_layout(dk, in.head_dim);
