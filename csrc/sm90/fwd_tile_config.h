@@ -42,15 +42,15 @@ constexpr int fwd_poly_exp_every(int head_dim) {
   return 0;
 }
 
-// kPingpong at the hd 256 bucket, kOverlap below. Measured on the H200 (tools/sm90_fwd_check.sh, bf16, 16k tokens
-// per batch x heads x 2048 columns), serial / overlap / pingpong in TFLOP/s: hd 128 16k 585 / 698 / -, 2k 545 / 609 /
-// 606, 512 374 / 398 / 404; hd 64 16k 424 / 452 / 452, 512 275 / 283 / 290; hd 256 16k 691 / 734 / - (serial was never
-// ahead). Sixteenth session, overlap / pingpong: hd 256 2k 653 / 661, 16k 731 / 761, causal 2k 497 / 503, 16k 744 /
-// 750 (pingpong ahead at all four); hd 128 16k 652 / 674 but causal 684 / 664, 2k 604 / 600, causal 472 / 472 (mixed,
-// so overlap stays); hd 192 not timed.
-constexpr int kPingpongMinHeadDim = 256;
+// kOverlap at every head dim. Measured on the H200 (tools/sm90_fwd_check.sh, bf16, 16k tokens per batch x heads x
+// 2048 columns), serial / overlap / pingpong in TFLOP/s: hd 128 16k 585 / 698 / -, 2k 545 / 609 / 606, 512 374 / 398
+// / 404; hd 64 16k 424 / 452 / 452, 512 275 / 283 / 290; hd 256 16k 691 / 734 / - (serial was never ahead).
+// Sixteenth session, overlap / pingpong: hd 256 2k 653 / 661, 16k 731 / 761, causal 2k 497 / 503, 16k 744 / 750
+// (pingpong ahead at all four: the candidate, not taken until timed on that bucket's softcap / ALiBi, GQA, varlen
+// and 512-key calls too); hd 128 16k 652 / 674 but causal 684 / 664, 2k 604 / 600, causal 472 / 472 (mixed).
 constexpr FwdSchedule fwd_schedule(int head_dim) {
-  return head_dim >= kPingpongMinHeadDim ? FwdSchedule::kPingpong : FwdSchedule::kOverlap;
+  (void)head_dim;
+  return FwdSchedule::kOverlap;
 }
 
 // Head dims are the kernel table's buckets that are whole 64-element TMA segments (64, 128, 192, 256).
