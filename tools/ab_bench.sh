@@ -8,7 +8,8 @@
 #        AB_TESTS="tests/x.py" (run on every variant; AB_TEST_FIRST=1: the first only) AB_WORK=dir (where the variant trees go)
 #        AB_IMPL=flash_attn AB_PEER=sdpa_flash (bench_attention.py impls)
 #        AB_DECODE=1 (also the decode shapes of BENCHMARKS.md, TB/s) AB_HIDDEN=n (nheads = n / head dim; 2048 by
-#        default, so head dims that do not divide it, e.g. 96, need one: AB_HIDDEN=3072) AB_HEADS_K=n (GQA / MQA)]
+#        default, so head dims that do not divide it, e.g. 96, need one: AB_HIDDEN=3072) AB_HEADS_K="1,0" (KV head
+#        counts, each timed in turn; 0 = MHA, the default)]
 #        tools/ab_bench.sh   (build knobs FLASH_ATTN_* and REP_MS from the environment)
 set -uo pipefail
 # flash_attn.is_supported (which the benchmark and the tests ask) wants every mask kind: a build narrowed with
@@ -33,7 +34,7 @@ export FLASH_ATTN_CUDA_ARCHS="${FLASH_ATTN_CUDA_ARCHS:-90}" PYTHONUNBUFFERED=1 O
 export FLASH_ATTN_DTYPES="${FLASH_ATTN_DTYPES:-bf16}" FLASH_ATTN_HEAD_DIMS="${FLASH_ATTN_HEAD_DIMS:-64;128;256}"
 export MAX_JOBS=$(( ${AB_JOBS:-16} / NV > 0 ? ${AB_JOBS:-16} / NV : 1 ))
 DIRECTION="${AB_DIRECTION:-fwd}"; HEADDIMS="${AB_HEADDIMS:-64,128,256}"; SEQLENS="${AB_SEQLENS:-512,2048,8192,16384}"
-REP_MS="${REP_MS:-30}"; ROUNDS="${AB_ROUNDS:-3}"; TESTS="${AB_TESTS:-}"
+REP_MS="${REP_MS:-30}"; ROUNDS="${AB_ROUNDS:-3}"; TESTS="${AB_TESTS:-}"; AB_HEADS_K="${AB_HEADS_K:-0}"
 
 name_of() { [ "$1" = "." ] && echo new || basename "$1"; }
 start=$(date +%s)
@@ -65,11 +66,12 @@ for r in $(seq "$ROUNDS"); do
     impls="$IMPL"; [ "$i" = 0 ] && impls="$IMPL,$PEER"
     # An overlay may narrow its head dims with a file AB_HEADDIMS (e.g. a tile change that only hd 256 takes).
     hds="$HEADDIMS"; [ -f "$WORK/$name/AB_HEADDIMS" ] && hds=$(cat "$WORK/$name/AB_HEADDIMS")
-    (cd "$WORK/$name" && python3 benchmarks/bench_attention.py --impls "$impls" --direction "$DIRECTION" \
-      --headdim "$hds" --seqlen "$SEQLENS" --causal both --rep-ms "$REP_MS" ${AB_HIDDEN:+--hidden "$AB_HIDDEN"} \
-      ${AB_HEADS_K:+--heads-k "$AB_HEADS_K"} \
-      --out "$OUT/r${r}_$name.json" \
-      > "$OUT/r${r}_$name.log" 2>&1) || echo "bench $name round $r failed"
+    for hk in ${AB_HEADS_K//,/ }; do  # 0: as many KV heads as query heads
+      (cd "$WORK/$name" && python3 benchmarks/bench_attention.py --impls "$impls" --direction "$DIRECTION" \
+        --headdim "$hds" --seqlen "$SEQLENS" --causal both --rep-ms "$REP_MS" ${AB_HIDDEN:+--hidden "$AB_HIDDEN"} \
+        --heads-k "$hk" --out "$OUT/r${r}_${name}_hk$hk.json" \
+        > "$OUT/r${r}_${name}_hk$hk.log" 2>&1) || echo "bench $name round $r heads_k $hk failed"
+    done
     if [ "${AB_DECODE:-0}" = 1 ]; then
       (cd "$WORK/$name" && python3 benchmarks/bench_attention.py --impls "$impls" --decode --rep-ms "$REP_MS" \
         --out "$OUT/r${r}_${name}_decode.json" > "$OUT/r${r}_${name}_decode.log" 2>&1) || echo "decode $name round $r failed"

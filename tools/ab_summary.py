@@ -5,6 +5,7 @@ Usage: python3 tools/ab_summary.py [--peer IMPL] OUT VARIANT [VARIANT ...]"""
 
 import collections
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -18,17 +19,18 @@ def main() -> None:
     out, variants = Path(args[0]), args[1:]
     speeds: dict[tuple, dict[str, list[float]]] = collections.defaultdict(lambda: collections.defaultdict(list))
     for path in sorted(out.glob("r*_*.json")):
-        variant = path.stem.split("_", 1)[1].removesuffix("_decode")
+        variant = re.sub(r"_hk\d+$", "", path.stem.split("_", 1)[1]).removesuffix("_decode")
         for row in json.loads(path.read_text())["rows"]:
             decode = row.get("seqlen_q") == 1
             rate = row.get("tbps") if decode else row.get("tflops")
             if rate is None or row["impl"] == "copy_ceiling":
                 continue
             seqlen = f"{row['batch']}x{row['seqlen']}" if decode else row["seqlen"]
-            key = ("decode" if decode else row["direction"], row["headdim"], row["causal"], seqlen)
+            heads = f"{row['nheads']}/{row['nheads_k']}" if "nheads_k" in row else "-"
+            key = ("decode" if decode else row["direction"], row["headdim"], heads, row["causal"], seqlen)
             name = "peer" if row["impl"] == peer else variant
             speeds[key][name].append(rate)
-    header = ["dir", "hd", "causal", "seqlen", f"{peer} best"] + [f"{v} best/med (x {peer})" for v in variants]
+    header = ["dir", "hd", "heads", "causal", "seqlen", f"{peer} best"] + [f"{v} best/med (x {peer})" for v in variants]
     print(" | ".join(header))
     for key in sorted(speeds, key=str):
         cell = speeds[key]
