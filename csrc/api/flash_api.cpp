@@ -268,10 +268,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
     bp.total_q = call.total_q;
     bp.dq_splits = bwd_dq_splits(bp, num_sms);
     // The Hopper backward may split a KV head's query heads over several CTAs, whose dK / dV accumulators are part
-    // of the workspace; the portable kernels never do.
+    // of the workspace, and reads the statistics in blocks; the portable kernels do neither.
     const KernelEntry* entry =
         find_kernel(device_sm(q.device()), device_code_arch(q.device()), p, Direction::kBackward, &bp);
-    if (entry != nullptr && entry->key.arch == kHopperArch) bp.head_splits = sm90_bwd_head_splits(bp, num_sms);
+    if (entry != nullptr && entry->key.arch == kHopperArch) {
+      bp.head_splits = sm90_bwd_head_splits(bp, num_sms);
+      bp.block_stats = true;
+    }
     const at::Tensor workspace = at::empty({bwd_workspace_bytes(bp)}, q.options().dtype(at::kByte));
     bp.workspace = workspace.data_ptr();
     launch_cuda(p, &bp, q.device(), entry);

@@ -1,10 +1,12 @@
 // First kernel of the sm80+ backward: per (query row, q head) delta = rowsum(dO * O) - dlse (the softmax
 // backward's row term, dlse entering like -D) into the fp32 workspace, and zeroes the row's dq accumulators (in the
-// main kernel's layout, DqLayout).
+// main kernel's layout, DqLayout). For the Hopper kernel (BwdParams::block_stats) it also writes LSE log2(e) and
+// delta into the statistics blocks, padding included.
 // Memory-bound: 8 threads per row, 16-byte loads when the rows allow them.
 #pragma once
 
 #include "flash_attn/bwd_workspace.h"
+#include "flash_attn/common/math.h"
 #include "sm80/bwd_common.h"
 
 namespace flash::sm80::bwd {
@@ -24,6 +26,20 @@ __global__ void __launch_bounds__(kRowwiseThreads) bwd_preprocess_kernel(const B
   const int part = threadIdx.x % kRowThreads;
   if (blockIdx.x * kRowwiseRows >= si.seqlen_q) return;
   const bool active = row < si.seqlen_q;
+  const BwdWorkspace w = bwd_workspace(bp, layout);
+  float* stats = w.stats == nullptr ? nullptr
+                                    : w.stats + h * w.stats_head_stride +
+                                          bwd_stats_block0(si.global_q_row0, b) * 2 * kBwdStatsRows;
+  // The CTA of the sequence's last row pads its last statistics block: rows past the end see no key (LSE +inf,
+  // P = 0) and add nothing (D = 0).
+  if (stats != nullptr && blockIdx.x == (si.seqlen_q - 1) / kRowwiseRows) {
+    const int64_t padded = (si.seqlen_q + kBwdStatsRows - 1) / kBwdStatsRows * kBwdStatsRows;
+    for (int64_t r = si.seqlen_q + threadIdx.x; r < padded; r += kRowwiseThreads) {
+      float* block = stats + r / kBwdStatsRows * 2 * kBwdStatsRows;
+      block[r % kBwdStatsRows] = INFINITY;
+      block[kBwdStatsRows + r % kBwdStatsRows] = 0.f;
+    }
+  }
   const int64_t head_dim = p.shape.head_dim;
 
   float dot = 0.f;
@@ -50,13 +66,16 @@ __global__ void __launch_bounds__(kRowwiseThreads) bwd_preprocess_kernel(const B
   for (int offset = kRowThreads / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
   if (!active) return;
 
-  const BwdWorkspace w = bwd_workspace(bp, layout);
   const int64_t global_row = si.global_q_row0 + row;
   if (part == 0) {
-    if (bp.dlse != nullptr) {
-      dot -= static_cast<const float*>(bp.dlse)[b * p.lse_batch_stride + h * p.lse_head_stride + si.q_row0 + row];
-    }
+    const int64_t lse_index = b * p.lse_batch_stride + h * p.lse_head_stride + si.q_row0 + row;
+    if (bp.dlse != nullptr) dot -= static_cast<const float*>(bp.dlse)[lse_index];
     w.delta[h * w.delta_head_stride + global_row] = dot;
+    if (stats != nullptr) {
+      float* block = stats + row / kBwdStatsRows * 2 * kBwdStatsRows;
+      block[row % kBwdStatsRows] = static_cast<const float*>(p.lse)[lse_index] * static_cast<float>(kLog2e);
+      block[kBwdStatsRows + row % kBwdStatsRows] = dot;
+    }
   }
   // Row r's dq_row_stride floats from r * dq_row_stride, whatever the layout (DqLayout): every row pair's floats are
   // its two rows' ranges. In row pairs, a sequence's last row that starts a pair zeroes the second row's range too:

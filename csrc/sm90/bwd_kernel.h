@@ -1,7 +1,8 @@
 // The Hopper backward main kernel (sm_90a): per CTA block_n keys of one (batch entry, KV head), dK and dV in registers
 // of two consumer warpgroups (64 keys each), walking every query block that sees those keys, for each query head of
 // the KV head's group. Warpgroup 0's first thread loads K and V once and Q, dO per step by TMA. Per step, each
-// consumer computes S^T = K.Q^T and dP^T = V.dO^T (wgmma, shared operands), P^T = exp2(S^T scale log2e - LSE log2e),
+// consumer computes S^T = K.Q^T and dP^T = V.dO^T (wgmma, shared operands), P^T = exp2(S^T scale log2e - LSE log2e)
+// (the step's LSE and D come with Q, one bulk copy from the workspace's statistics blocks),
 // dS^T = P^T (dP^T - D), then dV += P^T.dO and dK += dS^T.Q with P^T, dS^T from registers, and dQ = dS.K through a
 // shared dS^T tile, added to the fp32 accumulator with red.global.add.v4. The portable path's preprocess (D, zeroed
 // accumulator) and dQ conversion run around it (bwd_launch.h). Serves what dispatch/sm90_policy.h's
@@ -60,14 +61,15 @@ struct BwdSmemLayout {
   static constexpr int kRowsBytes = kBlockM * kHeadDim * 2;  // one stage of Q (or dO)
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;     // one dS^T tile: a 128-byte line of queries per key
   static constexpr int kStatFloats = 2 * kBlockM;            // LSE (log2 units) then D of one step
+  static constexpr int kStatBytes = kStatFloats * 4;
   static constexpr int kDqStageFloats = kBlockM * kSegmentElems;  // a consumer's dQ: 64 columns x block_m rows
   static constexpr int kK = 0;
   static constexpr int kV = kK + kKvBytes;
   static constexpr int kQ = kV + kKvBytes;
   static constexpr int kDo = kQ + kStages * kRowsBytes;
   static constexpr int kDs = kDo + kStages * kRowsBytes;   // two tiles: step i writes tile i % 2
-  static constexpr int kStats = kDs + 2 * kDsBytes;         // [consumer][step % 2][kStatFloats]
-  static constexpr int kDqStage = kStats + kBwdConsumerWarpgroups * 2 * kStatFloats * 4;  // [consumer][box][row][16]
+  static constexpr int kStats = kDs + 2 * kDsBytes;         // [stage][kStatFloats], loaded with the stage's Q
+  static constexpr int kDqStage = kStats + kStages * kStatBytes;  // [consumer][box][row][16]
   static constexpr int kBarriers = kDqStage + kBwdConsumerWarpgroups * kDqStageFloats * 4;
   // kv_full, kv_empty, then per stage q_full, q_empty, do_full, do_empty
   static constexpr int kBarrierCount = 2 + 4 * kStages;
@@ -78,12 +80,12 @@ struct BwdSmemLayout {
                     kDsBytes % ptx::kSwizzleAtomBytes == 0,
                 "every tile starts on a swizzle atom");
   static_assert(kLaunchBytes <= kMaxSmemPerBlock, "the tiles must fit the shared memory a block may opt into");
-  static_assert(kStatFloats == ptx::kWarpgroupThreads, "one statistic (LSE or D row) per consumer thread");
+  static_assert(kBlockM == kBwdStatsRows, "a step's statistics are one block of the workspace's (bwd_workspace.h)");
+  static_assert(kStats % 16 == 0 && kStatBytes % 16 == 0, "bulk copies move whole 16-byte units");
 };
 
 // Named barriers of the backward consumers (0 is __syncthreads): per-consumer barriers over its own 128 threads for
-// the step's statistics and (own-keys dQ) its dS^T rows, one over both consumers for column-half dQ.
-constexpr int kBwdStatsBarrier = 1;     // + consumer
+// (own-keys dQ) its dS^T rows, one over both consumers for column-half dQ.
 constexpr int kBwdOwnDsBarrier = 3;     // + consumer
 constexpr int kBwdSharedDsBarrier = 5;  // both consumers
 constexpr int kBwdOrderBarrier = 6;     // + consumer: deterministic own-keys dQ, consumer 0's additions, then 1's
@@ -109,10 +111,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   constexpr int kSegments = Layout::kSegments;
   constexpr bool kColumnHalves = bwd_dq_column_halves(kHeadDim);
   constexpr bool kPrefetchScores = bwd_prefetches_scores(kHeadDim, kGeneral);
-  constexpr bool kPrefetchStats = kPrefetchScores || bwd_prefetches_stats(kHeadDim, kGeneral);
-  // Statistics alone ahead (without S^T): the next step's row is loaded at the top of this step and, with bulk dQ,
-  // stored with this step's dQ staging, whose barrier then also publishes it (one named barrier less per step).
-  constexpr bool kEarlyStats = kPrefetchStats && !kPrefetchScores;
   constexpr int kDqColumns = kColumnHalves ? kHeadDim / kBwdConsumerWarpgroups : kHeadDim;
   constexpr int kDqKeys = kColumnHalves ? kBlockN : kBwdRowsPerConsumer;
   static_assert(kDqColumns == kSegmentElems, "each consumer's dQ columns are one 64-column segment of K");
@@ -143,6 +141,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   const int64_t offset = diagonal_offset(p.mask, seqlen_q, seqlen_k);
   const bool varlen = p.shape.cu_seqlens_q != nullptr;
   const int map_batch = varlen ? 0 : batch;
+  const BwdWorkspace workspace = bwd_workspace(bp, DqLayout::kRows);
+  const int64_t global_q_row0 = varlen ? sequence.q_row0 : static_cast<int64_t>(batch) * p.shape.seqlen_q;
+  // This sequence's statistics blocks, head 0 (bwd_workspace.h): block m of head h holds query block m's rows.
+  const float* stat_blocks = workspace.stats + bwd_stats_block0(global_q_row0, batch) * Layout::kStatFloats;
   // Deterministic calls: CTA x adds dQ into accumulator x alone (the dq conversion sums them in a fixed order) and
   // walks its key blocks in order; otherwise gridDim.x covers every key block and all add into accumulator 0.
   const int64_t dq_split = bp.deterministic ? blockIdx.x : 0;
@@ -196,11 +198,15 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
         const int q_row =
             static_cast<int>(sequence.q_row0 + static_cast<int64_t>(block.m_min + i % block.m_count) * kBlockM);
         ptx::mbarrier_wait_parity(&q_empty[slot.stage], slot.parity ^ 1);
-        ptx::mbarrier_arrive_expect_tx(&q_full[slot.stage], Layout::kRowsBytes);
+        ptx::mbarrier_arrive_expect_tx(&q_full[slot.stage], Layout::kRowsBytes + Layout::kStatBytes);
         for (int seg = 0; seg < kSegments; ++seg) {
           ptx::tma_load_4d(q_tiles + slot.stage * Layout::kRowsBytes + seg * kBlockM * kSegmentBytes, &args.q_map,
                            &q_full[slot.stage], seg * kSegmentElems, head, q_row, map_batch);
         }
+        ptx::bulk_load(stats + slot.stage * Layout::kStatFloats,
+                       stat_blocks + head * workspace.stats_head_stride +
+                           static_cast<int64_t>(block.m_min + i % block.m_count) * Layout::kStatFloats,
+                       Layout::kStatBytes, &q_full[slot.stage]);
         ptx::mbarrier_wait_parity(&do_empty[slot.stage], slot.parity ^ 1);
         ptx::mbarrier_arrive_expect_tx(&do_full[slot.stage], Layout::kRowsBytes);
         for (int seg = 0; seg < kSegments; ++seg) {
@@ -218,8 +224,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   const int warp = thread / kWarpSize;
   const int lane = thread % kWarpSize;
   const int quad_col = 2 * (lane % kQuadLanes);
-  const BwdWorkspace workspace = bwd_workspace(bp, DqLayout::kRows);
-  const int64_t global_q_row0 = varlen ? sequence.q_row0 : static_cast<int64_t>(batch) * p.shape.seqlen_q;
   // A operands of S^T and dP^T: this consumer's 64 rows of K and V (K-major, segments block_n rows apart).
   const uint64_t k_rows_desc = ptx::smem_descriptor(k_tile + consumer * kBwdRowsPerConsumer * kSegmentBytes,
                                                     ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes);
@@ -285,20 +289,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
           dp, v_rows_desc, ptx::smem_descriptor(do_slot, ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes));
     };
     auto issue_step_scores = [&](const Slot& step_slot) { issue_step_s(step_slot); issue_step_dp(step_slot); };
-    // Row thread % block_m of step i's LSE (thread < block_m, log2 units) or D (the others).
-    auto load_stat = [&](int i) {
-      const int head = step_head(i, m_count);
-      const int64_t q = static_cast<int64_t>(m_min + i % m_count) * kBlockM + thread % kBlockM;
-      const bool valid = q < seqlen_q;
-      if (thread < kBlockM) {
-        return valid ? static_cast<const float*>(p.lse)[batch * p.lse_batch_stride + head * p.lse_head_stride +
-                                                        sequence.q_row0 + q] *
-                           static_cast<float>(kLog2e)
-                     : INFINITY;
-      }
-      return valid ? workspace.delta[head * workspace.delta_head_stride + global_q_row0 + q] : 0.f;
-    };
-    float next_stat = 0.f;
     if (steps > 0) {
       ptx::mbarrier_wait_parity(kv_full, loaded_kv & 1);
       if constexpr (kPrefetchScores) issue_step_s(Slot(ring));
@@ -317,16 +307,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
 #pragma unroll
         for (int r = 0; r < 2; ++r) distance0[r] = static_cast<float>(q0 + quad_col + offset - keys[r]);
 
-        // The step's LSE (log2 units; +inf for rows past the sequence, so P = 0 there) and D, per consumer: thread t
-        // holds row t of the LSE (t < block_m) or of D; with kPrefetchStats loaded during the previous step.
-        float* step_stats = stats + (consumer * 2 + ring % 2) * Layout::kStatFloats;
-        if (!(kEarlyStats && bulk_dq && i > 0)) {  // else stored and published with the previous step's dQ boxes
-          step_stats[thread] = kPrefetchStats && i > 0 ? next_stat : load_stat(i);
-          ptx::named_barrier_sync(kBwdStatsBarrier + consumer, ptx::kWarpgroupThreads);
-        }
-        if constexpr (kEarlyStats) {
-          if (i + 1 < steps) next_stat = load_stat(i + 1);
-        }
+        // The step's LSE (log2 units; +inf for rows past the sequence, so P = 0 there) and D, brought with Q (the
+        // S^T GEMM's wait on q_full covers them). Loaded by every consumer thread from global memory, stored and
+        // published by a named barrier before the GEMMs, they held ~12 % of the stall samples (ncu, hd 128 and 64,
+        // 4k, seventeenth session).
+        const float* step_stats = stats + slot.stage * Layout::kStatFloats;
 
         const uint8_t* q_slot = q_tiles + slot.stage * Layout::kRowsBytes;
         const uint8_t* do_slot = do_tiles + slot.stage * Layout::kRowsBytes;
@@ -470,13 +455,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
           ptx::mbarrier_arrive(&q_empty[slot.stage]);
           ptx::mbarrier_arrive(&do_empty[slot.stage]);
         }
-        // The next step's S^T goes to the tensor cores while this step's dQ reductions issue and the next step's
-        // statistics load.
+        // The next step's S^T goes to the tensor cores while this step's dQ reductions issue.
         if constexpr (kPrefetchScores) {
-          if (i + 1 < steps) {
-            issue_step_s(Slot(ring + 1));
-            next_stat = load_stat(i + 1);
-          }
+          if (i + 1 < steps) issue_step_s(Slot(ring + 1));
         }
         // dQ in the fp32 accumulator's order (DqLayout::kRows, columns interleaved by dq_slot): a thread's columns 8j +
         // quad_col + e of j = 2g, 2g + 1 are slots 4 (lane % 4) .. + 3 of slot group g, one 16-byte value.
@@ -493,11 +474,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
               *reinterpret_cast<float4*>(box + row * kDqSlotGroup + 2 * quad_col) = make_float4(
                   dq[8 * g + 2 * r], dq[8 * g + 2 * r + 1], dq[8 * g + 4 + 2 * r], dq[8 * g + 4 + 2 * r + 1]);
             }
-          }
-          if constexpr (kEarlyStats) {
-            // The next step's statistics into the other buffer (its readers, step i - 1, have all passed this
-            // step's dS^T barrier); the barrier below publishes them.
-            if (i + 1 < steps) stats[(consumer * 2 + (ring + 1) % 2) * Layout::kStatFloats + thread] = next_stat;
           }
           ptx::fence_proxy_async_shared();
           ptx::named_barrier_sync(kBwdDqStageBarrier + consumer, ptx::kWarpgroupThreads);

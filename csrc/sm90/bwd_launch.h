@@ -1,5 +1,5 @@
 // run_bwd<dtype, head dim, mask>: the Hopper backward of one call on a stream: the portable path's preprocess (delta,
-// zeroed dq accumulator in DqLayout::kRows), the sm90 main kernel (bwd_kernel.h: dK, dV, dQ accumulation), and the
+// statistics blocks, zeroed dq accumulator in DqLayout::kRows), the sm90 main kernel (bwd_kernel.h: dK, dV, dQ accumulation), and the
 // portable dq conversion. Included by the generated translation units of the ("sm90", "bwd") kernel-table entries;
 // dispatch sends only the calls that dispatch/sm90_policy.h's sm90_bwd_declines() accepts. No allocation, no host
 // sync: the scratch is params.workspace (flash_attn/bwd_workspace.h).
@@ -47,6 +47,11 @@ void run_bwd(const BwdParams& params, void* stream) {
                                         rowwise::kRowwiseThreads, 0, s>>>(params, DqLayout::kRows);
   }
 
+  if (!params.block_stats) {
+    throw std::invalid_argument(
+        "flash_attn internal error: the Hopper backward needs BwdParams::block_stats (the statistics blocks of its "
+        "workspace); the API sets it for the kernels of the sm90 table entries");
+  }
   BwdKernelArgs args{};
   args.params = params;
   args.scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);

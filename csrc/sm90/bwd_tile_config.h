@@ -28,25 +28,14 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim) {
 // columns over its own 64 keys, no barrier, twice the reductions.
 constexpr bool bwd_dq_column_halves(int head_dim) { return head_dim >= 128; }
 
-// Whether a consumer issues the next step's S^T GEMM and its LSE / D loads as soon as this step's dV, dK and dQ GEMMs
-// are done, before its dQ reductions: the tensor cores then work through the reductions, and the statistics' global
-// latency is hidden (both sit on the critical path otherwise; at hd 128 16k, 312 TFLOP/s, a step takes an estimated
+// Whether a consumer issues the next step's S^T GEMM as soon as this step's dV, dK and dQ GEMMs are done, before its
+// dQ reductions: the tensor cores then work through the reductions (on the critical path otherwise; at hd 128 16k,
+// 312 TFLOP/s, a step takes an estimated
 // ~8,000 cycles for ~2,600 of GEMM work). ptxas at hd 128, bytes of spill: lean kernel 16 serial, 36 with it (in the
 // prologue and epilogue, none in the step loop); with dP^T ahead as well 716, so S^T alone. The general kernels (76
 // serial, 164 with S^T ahead) stay serial. Off until timed against the serial order (tools/ab_bench.sh, this function
 // flipped).
 constexpr bool bwd_prefetches_scores(int head_dim, bool general) {
-  (void)head_dim;
-  (void)general;
-  return false;
-}
-
-// Whether a consumer loads the next step's LSE / D row into a register at the top of this step (bwd_prefetches_scores
-// without the S^T GEMM) and, with bulk dQ, stores it with this step's dQ staging, whose barrier then publishes it: the
-// global load's latency and the statistics' own named barrier leave the next step's path to its GEMMs. The bulk + prefetch variant of the sixteenth
-// session (S^T too) lost 12 % at hd 128 16k (313 against 354 TFLOP/s), which does not say which of the two cost it.
-// Off until timed on its own (tools/ab_bench.sh, this function flipped).
-constexpr bool bwd_prefetches_stats(int head_dim, bool general) {
   (void)head_dim;
   (void)general;
   return false;

@@ -1,12 +1,15 @@
 // Host check of the CUDA backward's scratch layout (flash_attn/bwd_workspace.h) and of the Hopper backward's head
 // splits (dispatch/sm90_policy.cpp sm90_bwd_head_splits), run by tests/test_bwd_workspace.py on random shapes: the
 // split count divides the query-head group, reaches the grid target with the smallest such divisor (or is the whole
-// group), and is 1 in deterministic calls; the delta, dq, dK and dV regions of the layout the sm90 kernels use lie
-// inside bwd_workspace_bytes() without overlapping, and the last element the split epilogue adds and the conversion
-// reads is inside its accumulator. Prints one line per failure and a summary; exits 1 on any failure.
+// group), and is 1 in deterministic calls; the delta, dq, dK, dV and statistics regions of the layout the sm90
+// kernels use lie inside bwd_workspace_bytes() without overlapping, the last element the split epilogue adds and the
+// conversion reads is inside its accumulator, and every query block of every sequence has a statistics block of its
+// own inside the region. Prints one line per failure and a summary; exits 1 on any failure.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <random>
+#include <vector>
 
 #include "dispatch/sm90_policy.h"
 #include "flash_attn/bwd_workspace.h"
@@ -47,7 +50,25 @@ void check_splits(const flash::BwdParams& p, int num_sms) {
   }
 }
 
-void check_layout(flash::BwdParams p) {
+// Sequence b's statistics blocks (bwd_stats_block0 on, one per kBwdStatsRows rows, bwd_kernel.h's bulk copies)
+// stay inside a head's stats_head_stride and after the previous sequence's.
+void check_stat_blocks(const flash::BwdParams& p, const flash::BwdWorkspace& w, const std::vector<int64_t>& lengths) {
+  const int64_t block_floats = 2 * flash::kBwdStatsRows;
+  int64_t row0 = 0;
+  int64_t next_free = 0;  // the first block the next sequence may use
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    const int64_t blocks = (lengths[b] + flash::kBwdStatsRows - 1) / flash::kBwdStatsRows;
+    const int64_t first = flash::bwd_stats_block0(row0, static_cast<int64_t>(b));
+    if (blocks > 0 && first < next_free) fail("statistics blocks of two sequences overlap", p, first, next_free);
+    if ((first + blocks) * block_floats > w.stats_head_stride) {
+      fail("statistics block past the head's", p, (first + blocks) * block_floats, w.stats_head_stride);
+    }
+    if (blocks > 0) next_free = first + blocks;
+    row0 += lengths[b];
+  }
+}
+
+void check_layout(flash::BwdParams p, const std::vector<int64_t>& lengths) {
   const flash::AttentionShape& s = p.fwd.shape;
   const int64_t floats = flash::bwd_workspace_bytes(p) / static_cast<int64_t>(sizeof(float));
   // Offsets only: a stand-in base address (the layout never dereferences it), since real scratch would reach GBs.
@@ -59,6 +80,17 @@ void check_layout(flash::BwdParams p) {
   const int64_t dq_end = dq_begin + p.dq_splits * w.dq_split_stride;
   if (dq_begin < delta_end) fail("dq overlaps delta", p, dq_begin, delta_end);
   if (dq_end > floats) fail("dq past the workspace", p, dq_end, floats);
+  if (p.block_stats) {
+    const int64_t stats_begin = w.stats - base;
+    const int64_t stats_end = stats_begin + s.nheads_q * w.stats_head_stride;
+    const int64_t before = p.head_splits > 1 ? (w.dv_accum - base) + w.dkv_floats : dq_end;
+    if (stats_begin < before) fail("statistics overlap the accumulators", p, stats_begin, before);
+    if (stats_end > floats) fail("statistics past the workspace", p, stats_end, floats);
+    if (stats_begin % 4 != 0 || w.stats_head_stride % 4 != 0) fail("bulk copies misaligned", p, stats_begin, 0);
+    check_stat_blocks(p, w, lengths);
+  } else if (w.stats != nullptr || w.stats_head_stride != 0) {
+    fail("statistics blocks without block_stats", p, 0, 0);
+  }
   if (p.head_splits <= 1) {
     if (w.dk_accum != nullptr || w.dv_accum != nullptr || w.dkv_floats != 0) {
       fail("dK / dV accumulators without splits", p, 0, 0);
@@ -106,12 +138,21 @@ int main() {
     s.total_q = varlen ? 1 + random() % (s.batch * s.seqlen_q) : s.batch * s.seqlen_q;
     s.total_k = varlen ? 1 + random() % (s.batch * s.seqlen_k) : s.batch * s.seqlen_k;
     p.total_q = s.total_q;
+    // The sequences' lengths: dense, batch x seqlen_q; varlen, a random split of total_q (empty ones included).
+    std::vector<int64_t> lengths(s.batch, s.seqlen_q);
+    if (varlen) {
+      std::vector<int64_t> cuts{0, s.total_q};
+      for (int64_t b = 1; b < s.batch; ++b) cuts.push_back(random() % (s.total_q + 1));
+      std::sort(cuts.begin(), cuts.end());
+      for (int64_t b = 0; b < s.batch; ++b) lengths[b] = cuts[b + 1] - cuts[b];
+    }
+    p.block_stats = random() % 2 == 0;
     p.deterministic = random() % 4 == 0;
     const int num_sms = sm_counts[random() % 3];
     p.dq_splits = flash::bwd_dq_splits(p, num_sms);
     p.head_splits = flash::sm90_bwd_head_splits(p, num_sms);
     check_splits(p, num_sms);
-    check_layout(p);
+    check_layout(p, lengths);
     ++cases;
   }
   std::printf("%d cases, %d failures\n", cases, failures);

@@ -1,6 +1,7 @@
 // Scratch memory of the CUDA backward: its size (for the API layer, which allocates it) and its layout (for
-// the kernels). Two fp32 arrays: delta = rowsum(dO * O) - dlse per (q head, row), and dq_accum, dq_splits
-// accumulators of dQ per (q head, row, head-dim column). Header-only and torch-free.
+// the kernels). fp32 arrays: delta = rowsum(dO * O) - dlse per (q head, row); dq_accum, dq_splits accumulators of
+// dQ per (q head, row, head-dim column); for the Hopper kernel, split dK / dV accumulators and the statistics in
+// query blocks. Header-only and torch-free.
 #pragma once
 
 #include <cstdint>
@@ -48,6 +49,15 @@ FLASH_HOST_DEVICE constexpr int64_t dq_offset(DqLayout layout, int64_t row, int6
                    column % kDqSlotGroup;
 }
 
+// BwdParams::block_stats: per q head, blocks of kBwdStatsRows LSE values (log2 units) then the same rows' D, so one
+// 512-byte bulk copy brings a query block's statistics. Sequence b's rows start at block bwd_stats_block0 (the
+// workspace row plus a block per earlier sequence, rounded down), so no two sequences share a block; rows past a
+// sequence's end in its last block hold LSE +inf (P = 0) and D = 0.
+constexpr int64_t kBwdStatsRows = 64;
+FLASH_HOST_DEVICE constexpr int64_t bwd_stats_block0(int64_t global_q_row0, int64_t batch_index) {
+  return (global_q_row0 + kBwdStatsRows * batch_index) / kBwdStatsRows;
+}
+
 FLASH_HOST_DEVICE int64_t bwd_padded_head_dim(int64_t head_dim) {
   return (head_dim + kBwdHeadDimQuantum - 1) / kBwdHeadDimQuantum * kBwdHeadDimQuantum;
 }
@@ -78,6 +88,9 @@ struct BwdWorkspace {
   float* dv_accum;
   int64_t dkv_row_stride;
   int64_t dkv_floats;  // of each
+  // With block_stats: [nheads_q][stats_head_stride] (blocks of 2 x kBwdStatsRows floats); null otherwise.
+  float* stats;
+  int64_t stats_head_stride;
 };
 
 // The layout for params (total_q, dq_splits, head dim, heads) and the main kernel's dq layout; pointers into
@@ -98,14 +111,19 @@ FLASH_HOST_DEVICE BwdWorkspace bwd_workspace(const BwdParams& params, DqLayout l
   float* dkv = w.dq_accum == nullptr ? nullptr : w.dq_accum + params.dq_splits * w.dq_split_stride;
   w.dk_accum = w.dkv_floats > 0 ? dkv : nullptr;
   w.dv_accum = w.dkv_floats > 0 && dkv != nullptr ? dkv + w.dkv_floats : nullptr;
+  // Block bwd_stats_block0(row0, b) + ceil(length / kBwdStatsRows) - 1 of a sequence is below
+  // ceil(total_q / kBwdStatsRows) + batch, for any rows inside total_q (varlen rows are clamped to it).
+  const int64_t stats_blocks = (params.total_q + kBwdStatsRows - 1) / kBwdStatsRows + s.batch + 1;
+  w.stats_head_stride = params.block_stats ? stats_blocks * 2 * kBwdStatsRows : 0;
+  w.stats = params.block_stats && dkv != nullptr ? dkv + 2 * w.dkv_floats : nullptr;
   return w;
 }
 
 // Enough for either dq layout (kRowPairs has the longer heads).
 inline int64_t bwd_workspace_bytes(const BwdParams& params) {
   const BwdWorkspace w = bwd_workspace(params, DqLayout::kRowPairs);
-  const int64_t floats =
-      params.fwd.shape.nheads_q * w.delta_head_stride + params.dq_splits * w.dq_split_stride + 2 * w.dkv_floats;
+  const int64_t floats = params.fwd.shape.nheads_q * (w.delta_head_stride + w.stats_head_stride) +
+                         params.dq_splits * w.dq_split_stride + 2 * w.dkv_floats;
   return floats * static_cast<int64_t>(sizeof(float));
 }
 

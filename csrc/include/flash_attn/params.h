@@ -150,6 +150,9 @@ struct BwdParams {
   // The Hopper backward only (dispatch/sm90_policy.h sm90_bwd_head_splits; 1 elsewhere): a KV head's query heads
   // are split over this many CTAs per key block, which add dK and dV into fp32 accumulators of the workspace.
   int64_t head_splits = 1;
+  // The Hopper backward only (false elsewhere): the workspace also holds every query block's LSE (log2 units) and D
+  // side by side, padded per sequence to whole blocks (bwd_workspace.h), for the kernel's bulk copies.
+  bool block_stats = false;
 };
 
 }  // namespace flash

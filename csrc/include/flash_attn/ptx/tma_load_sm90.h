@@ -73,4 +73,19 @@ __device__ __forceinline__ void tma_load_4d(void* box, const void* tensor_map, u
 #endif
 }
 
+// Copies `bytes` contiguous bytes of global memory at `source` into shared memory at `destination` and counts them
+// on `barrier` (both addresses and the size multiples of 16 bytes). Reached below sm90 it traps.
+__device__ __forceinline__ void bulk_load(void* destination, const void* source, uint32_t bytes, uint64_t* barrier) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          smem_address(destination)),
+      "l"(reinterpret_cast<uint64_t>(source)), "r"(bytes), "r"(smem_address(barrier))
+      : "memory");
+#elif defined(__CUDA_ARCH__)
+  (void)destination, (void)source, (void)bytes, (void)barrier;
+  __trap();
+#endif
+}
+
 }  // namespace flash::ptx
