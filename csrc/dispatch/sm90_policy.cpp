@@ -85,11 +85,12 @@ bool sm90_fwd_pays(const FwdParams& p) {
 
 bool sm90_bwd_pays(const BwdParams& p) {
   // Softcap and ALiBi at every head dim (H200, bf16, hd 128, 4k, Hopper / portable TFLOP/s: 254 / 117, 250 / 124).
-  // Plain calls above hd 64 since the mask pass (seventeenth session, hd 128, 32 heads: 4 x 4k 428, causal 364;
-  // 16k 452, causal 445, MQA 32/1 within 2 % of those) against the portable 320 / 282 / 329 / 322; hd 64 was 184
-  // against 286 before it. Deterministic calls stay portable: the Hopper form was not timed.
+  // Plain calls above hd 32 (seventeenth session, bf16, 4k / 16k, causal 4k / 16k): hd 128 445 / 493, 400 / 480
+  // against the portable 317 / 329, 265 / 322; hd 64 335 / 354, 297 / 353 against 286 / 306, 258 / 303; hd 96 (4k)
+  // 333 against 255. hd 32 stays portable (151 against 200 before the statistics blocks' +14 %). Deterministic
+  // calls stay portable: the Hopper form was not timed.
   if (p.fwd.softcap > 0.0 || p.fwd.mask.alibi_slopes != nullptr) return true;
-  constexpr int64_t kMinPlainHeadDim = 65;
+  constexpr int64_t kMinPlainHeadDim = 33;
   return p.fwd.shape.head_dim >= kMinPlainHeadDim && !p.deterministic;
 }
 

@@ -31,7 +31,7 @@ const char* sm90_bwd_declines(const BwdParams& p);
 
 // Whether FLASH_ATTN_HOPPER=1 (the default) hands a call the Hopper path serves to it rather than to the portable
 // kernels: false where the portable kernel was measured faster (forward: head dims up to 32, short keys; backward: plain
-// calls at head dims up to 64 and deterministic ones). Force ignores them.
+// calls at head dims up to 32 and deterministic ones). Force ignores them.
 bool sm90_fwd_pays(const FwdParams& p);
 bool sm90_bwd_pays(const BwdParams& p);
 
