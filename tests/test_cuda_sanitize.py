@@ -58,14 +58,15 @@ def test_compact_backward_tiles(head_dim, monkeypatch):
 
 
 @pytest.mark.parametrize("direction", list(DIRECTIONS))
-@pytest.mark.parametrize("head_dim", [32, 96])
+@pytest.mark.parametrize("head_dim", [32, 96, 160, 256])
 def test_hopper_kernels_below_their_bucket(head_dim, direction, monkeypatch):
-    """The Hopper kernels forced at head dims below their 64-column bucket (32 of 64, 96 of 128): the backward's dq
-    accumulator rows (the head dim rounded up to 32) are narrower than the kernel's columns, and the last row's
-    reduction once ran past the workspace (an illegal address at hd 32 on the H200). Auto mode sends neither call to
-    the Hopper kernels, so tools/sanitize.sh's Hopper pass sees them only here."""
+    """The Hopper kernels forced at head dims below their 64-column bucket (32 of 64, 96 of 128, and 160 of the wide
+    backward's 256, bwd_wide_kernel.h, beside its full 256): the backward's dq accumulator rows (the head dim rounded
+    up to 32) are narrower than the kernel's columns, and the last row's reduction once ran past the workspace (an
+    illegal address at hd 32 on the H200). Auto mode sends none of these backward calls to the Hopper kernels, so
+    tools/sanitize.sh's Hopper pass sees them only here."""
     device = torch.cuda.current_device()
-    bucket = 64 if head_dim <= 64 else 128
+    bucket = next(b for b in (64, 128, 192, 256) if head_dim <= b)
     built = {(k["direction"], k["head_dim"]) for k in flash_attn.built_kernels()
              if k["device"] == "cuda" and k["arch"] == "sm90" and k["dtype"] == "bf16" and k["mask"] == "causal"}
     needed = {("fwd", bucket), ("bwd", bucket)} if DIRECTIONS[direction] else {("fwd", bucket)}

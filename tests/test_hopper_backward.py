@@ -1,6 +1,7 @@
 # The Hopper backward path (csrc/sm90/bwd_kernel.h, sm_90a) against the fp64 reference under the FlashAttention rule
 # (gradients within 3x the low-precision reference's error), with FLASH_ATTN_HOPPER=force so that a call it does not
-# take fails instead of passing on the portable kernels: head dims 64 and 128 (and below their buckets), odd sequence
+# take fails instead of passing on the portable kernels: head dims 64 and 128 (and below their buckets), the wide
+# kernel above 128 (csrc/sm90/bwd_wide_kernel.h: 160, 192 with zero-filled columns, 256), odd sequence
 # lengths both ways (ragged query and key blocks, rows and keys no one sees), causal, windows, GQA / MQA (dK, dV summed
 # over a group's query heads in registers), packed qkv strides, varlen with empty sequences, softcap and ALiBi (the
 # general kernels), deterministic mode (bitwise repeatable). Then the fallback: a bias gradient runs on the portable
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.skipif(not any(k[0] == "bwd" for k in BUILT),
 
 
 def _require(dtype, head_dim, mask="none"):
-    bucket = 64 if head_dim <= 64 else 128
+    bucket = next(b for b in (64, 128, 192, 256) if head_dim <= b)
     for direction in ("fwd", "bwd"):
         if (direction, DTYPE_NAMES[dtype], bucket, mask) not in BUILT:
             pytest.skip(f"no sm90 {direction} kernel for {DTYPE_NAMES[dtype]} head dim {head_dim} mask {mask}")
@@ -67,7 +68,7 @@ def _dense(b, sq, sk, h, hk, d, dtype=torch.bfloat16, **kwargs):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("head_dim", [32, 40, 64, 96, 100, 128])
+@pytest.mark.parametrize("head_dim", [32, 40, 64, 96, 100, 128, 160, 192, 200, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_head_dims(forced, head_dim, causal, dtype):
     _require(dtype, head_dim, "causal" if causal else "none")
@@ -76,7 +77,7 @@ def test_head_dims(forced, head_dim, causal, dtype):
 
 @pytest.mark.parametrize("seqlens", [(17, 1), (17, 300), (300, 17), (127, 129), (128, 128), (129, 127), (640, 255)])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_seqlens(forced, seqlens, causal, head_dim):
     """Ragged query and key blocks; seqlen_q > seqlen_k causal leaves rows that see no key (LSE +inf: P = 0) and
     seqlen_q < seqlen_k leaves keys that no row sees (dK = dV = 0 there)."""
@@ -86,14 +87,15 @@ def test_seqlens(forced, seqlens, causal, head_dim):
 
 
 @pytest.mark.parametrize("window", [(100, 37), (0, 0), (-1, 20), (300, -1)])
-def test_windows(forced, window):
-    _require(torch.bfloat16, 128, "local")
-    _dense(2, 300, 517, 4, 4, 128, window_size=window)
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_windows(forced, window, head_dim):
+    _require(torch.bfloat16, head_dim, "local")
+    _dense(2, 300, 517, 4, 4, head_dim, window_size=window)
 
 
 @pytest.mark.parametrize("heads", [(8, 2), (8, 1)])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_gqa(forced, heads, causal, head_dim):
     """dK, dV summed over a KV head's query heads. Grids this small split the group over CTAs
     (sm90_bwd_head_splits: fp32 accumulators, then a conversion); test_deterministic covers the unsplit sums."""
@@ -118,7 +120,7 @@ def test_packed_qkv_strides(forced):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_varlen(forced, causal, head_dim):
     _require(torch.bfloat16, head_dim, "causal" if causal else "none")
     seqlens_q, seqlens_k = [129, 0, 17, 300, 5], [200, 9, 0, 333, 128]
@@ -132,7 +134,7 @@ def test_varlen(forced, causal, head_dim):
 
 @pytest.mark.parametrize("feature", ["softcap", "alibi", "both"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_softcap_and_alibi(forced, feature, causal, head_dim):
     """The general kernels: softcap (its derivative in dS) and ALiBi per (batch, query head) of a GQA group."""
     _require(torch.bfloat16, head_dim, "causal" if causal else "none")
@@ -149,7 +151,7 @@ def test_softcap_and_alibi(forced, feature, causal, head_dim):
     _check_grads(out, (q, k, v), dout, lambda *x, **kw: attention_ref(*x, **kwargs, **kw))
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic(forced, head_dim, causal):
     """deterministic=True: each CTA owns one dq accumulator and walks its key blocks in order (at hd 64 the two

@@ -36,11 +36,11 @@ KERNEL_SOURCES: dict[tuple[str, str], str] = {
 }
 # Head-dim buckets an (arch, direction) pair compiles where it is not all of HEAD_DIM_BUCKETS. The Hopper kernels
 # move whole 64-column TMA segments and read MN-major operands as 64-column blocks, so they take multiples of 64; the
-# backward keeps dK and dV of 64 keys per warpgroup in registers, which fits up to 128 (csrc/sm90/bwd_tile_config.h).
+# backward's buckets above 128 both run its wide kernel at 256 columns (csrc/sm90/bwd_tile_config.h).
 # Calls in the other buckets run on the portable path.
 PAIR_HEAD_DIMS: dict[tuple[str, str], tuple[int, ...]] = {
     ("sm90", "fwd"): (64, 128, 192, 256),
-    ("sm90", "bwd"): (64, 128),
+    ("sm90", "bwd"): (64, 128, 192, 256),
 }
 # Capabilities whose SASS and PTX are compiled for the architecture-specific feature set ("sm_90a"): wgmma and
 # setmaxnreg exist only there. Code for sm_90a runs on sm_90 GPUs only, which is every GPU the sm90 path serves.

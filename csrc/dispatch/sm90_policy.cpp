@@ -89,6 +89,8 @@ bool sm90_bwd_pays(const BwdParams& p) {
   // against the portable 317 / 329, 265 / 322; hd 64 335 / 354, 297 / 353 against 286 / 306, 258 / 303; hd 96 (4k)
   // 333 against 255. hd 32 stays portable (151 against 200 before the statistics blocks' +14 %). Deterministic
   // calls stay portable: the Hopper form was not timed.
+  // Above hd 128 (bwd_wide_kernel.h): not yet run on a GPU, so FLASH_ATTN_HOPPER=force only.
+  if (p.fwd.shape.head_dim > sm90::kBwdMaxNarrowHeadDim) return false;
   if (p.fwd.softcap > 0.0 || p.fwd.mask.alibi_slopes != nullptr) return true;
   constexpr int64_t kMinPlainHeadDim = 33;
   return p.fwd.shape.head_dim >= kMinPlainHeadDim && !p.deterministic;

@@ -15,19 +15,31 @@
 #include "sm80/bwd_preprocess_kernel.h"
 #include "sm90/bwd_dkv_convert_kernel.h"
 #include "sm90/bwd_kernel.h"
+#include "sm90/bwd_wide_kernel.h"
 #include "sm90/fwd_launch.h"
 
 namespace flash::sm90 {
 
+// Head-dim buckets up to kBwdMaxNarrowHeadDim run bwd_kernel at their own width; those above run bwd_wide_kernel at
+// kBwdWideHeadDim (the TMA maps zero-fill the columns past the call's head dim, and no write reaches them).
 template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, BwdTileConfig kTile>
 void launch_bwd(const dim3& grid, const BwdKernelArgs& args, cudaStream_t stream) {
-  using Layout = BwdSmemLayout<kHeadDim, kTile.block_m, kTile.block_n, kTile.stages>;
-  auto kernel = bwd_kernel<T, kHeadDim, kMask, kGeneral, kTile.block_m, kTile.block_n, kTile.stages>;
-  // Above 48 KB of dynamic shared memory a kernel must opt in; once per instantiation and process.
-  static const cudaError_t opt_in =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::kLaunchBytes);
-  require_smem_opt_in(opt_in, Layout::kLaunchBytes, "backward");
-  kernel<<<grid, kBwdThreads, Layout::kLaunchBytes, stream>>>(args);
+  if constexpr (kHeadDim > kBwdMaxNarrowHeadDim) {
+    using Layout = BwdWideSmemLayout<kBwdWideHeadDim, kTile.block_m, kTile.block_n, kTile.stages>;
+    auto kernel = bwd_wide_kernel<T, kBwdWideHeadDim, kMask, kGeneral, kTile.block_m, kTile.block_n, kTile.stages>;
+    static const cudaError_t opt_in =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::kLaunchBytes);
+    require_smem_opt_in(opt_in, Layout::kLaunchBytes, "backward");
+    kernel<<<grid, kBwdThreads, Layout::kLaunchBytes, stream>>>(args);
+  } else {
+    using Layout = BwdSmemLayout<kHeadDim, kTile.block_m, kTile.block_n, kTile.stages>;
+    auto kernel = bwd_kernel<T, kHeadDim, kMask, kGeneral, kTile.block_m, kTile.block_n, kTile.stages>;
+    // Above 48 KB of dynamic shared memory a kernel must opt in; once per instantiation and process.
+    static const cudaError_t opt_in =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::kLaunchBytes);
+    require_smem_opt_in(opt_in, Layout::kLaunchBytes, "backward");
+    kernel<<<grid, kBwdThreads, Layout::kLaunchBytes, stream>>>(args);
+  }
 }
 
 template <DType kDType, int kHeadDim, MaskKind kMask, BwdTileConfig kTile = bwd_tile_config(kHeadDim)>

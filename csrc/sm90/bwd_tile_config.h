@@ -15,10 +15,15 @@ struct BwdTileConfig {
   int stages;   // Q / dO ring depth
 };
 
-// Head dims 64 and 128 (dK + dV: 2 x 64 x hd fp32 per warpgroup, 128 registers a thread at hd 128; larger head dims
-// need another split and stay on the portable path for now).
+// Head dims up to 128 (bwd_kernel.h): 64 keys per consumer, dK + dV 2 x 64 x hd fp32 per warpgroup, 128 registers a
+// thread at hd 128. Above (bwd_wide_kernel.h, which runs every such bucket at kBwdWideHeadDim columns): the two
+// consumers share 64 keys and split the columns, dK + dV again 128 registers a thread; K, V and two stages of Q and
+// dO (192 KB at hd 256) leave room for double P^T / dS^T tiles (32 KB) but not for a dQ staging tile, so dQ is added
+// from registers.
+constexpr int kBwdMaxNarrowHeadDim = 128;
+constexpr int kBwdWideHeadDim = 256;
 constexpr BwdTileConfig bwd_tile_config(int head_dim) {
-  (void)head_dim;
+  if (head_dim > kBwdMaxNarrowHeadDim) return BwdTileConfig{64, kBwdRowsPerConsumer, 2};
   return BwdTileConfig{64, kBwdRowsPerConsumer * kBwdConsumerWarpgroups, 2};
 }
 
@@ -45,10 +50,8 @@ constexpr bool bwd_prefetches_scores(int head_dim, bool general) {
 // columns x block_m rows per consumer) instead of 16 `red.global.add.v4.f32` per thread. ncu at hd 128 4k (H200,
 // sixteenth session): the reductions' source and address registers, reused while earlier reductions still read them,
 // held ~9 % of the stall samples; cuDNN ran the same shape at 2.0x our time. Calls that are not deterministic only:
-// the deterministic ones order their additions (bwd_kernel.h ordered_dq) and keep the register reductions.
-constexpr bool bwd_reduces_dq_in_bulk(int head_dim) {
-  (void)head_dim;
-  return true;
-}
+// the deterministic ones order their additions (bwd_kernel.h ordered_dq) and keep the register reductions. The wide
+// kernel has no room for the staging tile (bwd_tile_config).
+constexpr bool bwd_reduces_dq_in_bulk(int head_dim) { return head_dim <= kBwdMaxNarrowHeadDim; }
 
 }  // namespace flash::sm90

@@ -1,0 +1,458 @@
+// The Hopper backward for head dims above 128 (sm_90a): dK and dV of 64 keys x 256 columns do not fit one warpgroup's
+// registers, so a CTA's two consumers share its 64 keys and split the work by columns, as FA3 does at hd 256. Per step
+// (64 query rows), consumer c computes S^T and dP^T for query rows 32c .. 32c + 31 of the step (wgmma, K and V as A),
+// writes its halves of P^T and dS^T to shared tiles, and after one barrier both read the whole tiles: consumer c adds
+// dV, dK for head-dim columns 128c .. 128c + 127 and computes dQ for the same columns (dS read M-major from the dS^T
+// tile), which it adds to the fp32 accumulator with red.global.add.v4. Calls at hd 129 ... 192 run it with zero-filled
+// columns. Producer, statistics blocks, masks and epilogue as bwd_kernel.h.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "flash_attn/bwd_workspace.h"
+#include "flash_attn/common/fast_tanh.h"
+#include "flash_attn/common/mask.h"
+#include "flash_attn/common/math.h"
+#include "flash_attn/params.h"
+#include "flash_attn/ptx/fence_proxy_sm90.h"
+#include "flash_attn/ptx/red_sm90.h"
+#include "flash_attn/ptx/stmatrix_sm90.h"
+#include "flash_attn/ptx/tma_load_sm90.h"
+#include "flash_attn/ptx/warpgroup_sm90.h"
+#include "flash_attn/ptx/wgmma_sm90_generated.h"
+#include "sm90/block_ranges.h"
+#include "sm90/bwd_kernel.h"
+#include "sm90/kernel_common.h"
+
+namespace flash::sm90 {
+
+template <int kHeadDim, int kBlockM, int kBlockN, int kStages>
+struct BwdWideSmemLayout {
+  static constexpr int kSegments = kHeadDim / kSegmentElems;
+  static constexpr int kKvBytes = kBlockN * kHeadDim * 2;    // K (or V)
+  static constexpr int kRowsBytes = kBlockM * kHeadDim * 2;  // one stage of Q (or dO)
+  static constexpr int kScoreBytes = kBlockN * kBlockM * 2;  // a P^T or dS^T tile: a 128-byte line of queries per key
+  static constexpr int kStatFloats = 2 * kBlockM;            // LSE (log2 units) then D of one step
+  static constexpr int kStatBytes = kStatFloats * 4;
+  static constexpr int kK = 0;
+  static constexpr int kV = kK + kKvBytes;
+  static constexpr int kQ = kV + kKvBytes;
+  static constexpr int kDo = kQ + kStages * kRowsBytes;
+  static constexpr int kP = kDo + kStages * kRowsBytes;  // two P^T tiles: step i writes tile i % 2
+  static constexpr int kDs = kP + 2 * kScoreBytes;        // two dS^T tiles
+  static constexpr int kStats = kDs + 2 * kScoreBytes;    // [stage][kStatFloats], loaded with the stage's Q
+  static constexpr int kBarriers = kStats + kStages * kStatBytes;
+  // kv_full, kv_empty, then per stage q_full, q_empty, do_full, do_empty
+  static constexpr int kBarrierCount = 2 + 4 * kStages;
+  static constexpr int kBytes = kBarriers + kBarrierCount * 8;
+  static constexpr int kLaunchBytes = kBytes + static_cast<int>(ptx::kSwizzleAtomBytes);
+  static_assert(kBlockM * 2 == kSegmentBytes, "a P^T / dS^T line is one 128-byte swizzled line of block_m queries");
+  static_assert(kBlockM == kBwdStatsRows, "a step's statistics are one block of the workspace's (bwd_workspace.h)");
+  static_assert(kBlockN == kBwdRowsPerConsumer, "both consumers share the CTA's one m64 block of keys");
+  static_assert(kRowsBytes % ptx::kSwizzleAtomBytes == 0 && kKvBytes % ptx::kSwizzleAtomBytes == 0 &&
+                    kScoreBytes % ptx::kSwizzleAtomBytes == 0,
+                "every tile starts on a swizzle atom");
+  static_assert(kLaunchBytes <= kMaxSmemPerBlock, "the tiles must fit the shared memory a block may opt into");
+};
+
+// Named barrier of the wide kernel's consumers: both halves of P^T and dS^T written.
+constexpr int kBwdWideScoresBarrier = 1;
+
+// S^T (or dP^T) of this consumer's kN query rows: A = kBlockN keys of K (or V), B = rows row0 .. row0 + kN - 1 of a
+// kBlockM-row Q (or dO) stage, both K-major over the head dim in [segment][rows][64] tiles.
+template <typename T, int kHeadDim, int kBlockN, int kBlockM, int kN>
+__device__ __forceinline__ void issue_half_scores(float (&s)[kN / 2], const uint8_t* a_tile, const uint8_t* b_tile,
+                                                  int row0) {
+  const uint64_t a_desc = ptx::smem_descriptor(a_tile, ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes);
+  const uint64_t b_desc =
+      ptx::smem_descriptor(b_tile + row0 * kSegmentBytes, ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes);
+  ptx::warpgroup_fence();
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    const uint32_t step = (kk % 4) * kK16Bytes;
+    ptx::Wgmma<T, kN>::ss(s, ptx::advance_descriptor(a_desc, (kk / 4) * kBlockN * kSegmentBytes + step),
+                          ptx::advance_descriptor(b_desc, (kk / 4) * kBlockM * kSegmentBytes + step), kk > 0);
+  }
+  ptx::warpgroup_commit();
+}
+
+// acc += A.B over kK rows: A = a P^T or dS^T tile (K-major: kK queries per 128-byte key line), B = kColumns
+// head-dim columns of a Q or dO stage from column segment `segment0`, read MN-major.
+template <typename T, int kColumns, int kK, int kRowsB>
+__device__ __forceinline__ void issue_tile_gemm(float (&acc)[kColumns / 2], const uint8_t* a_tile,
+                                                const uint8_t* b_tile, int segment0) {
+  const uint64_t a_desc = ptx::smem_descriptor(a_tile, ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes);
+  const uint64_t b_desc = ptx::smem_descriptor(b_tile + segment0 * kRowsB * kSegmentBytes, kRowsB * kSegmentBytes,
+                                               ptx::kSwizzleAtomBytes);
+  ptx::warpgroup_fence();
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk) {
+    ptx::Wgmma<T, kColumns>::template ss<0, 1>(acc, ptx::advance_descriptor(a_desc, kk * kK16Bytes),
+                                               ptx::advance_descriptor(b_desc, kk * kK16MnMajorBytes), true);
+  }
+  ptx::warpgroup_commit();
+}
+
+// kGeneral: softcap and / or ALiBi, as bwd_kernel.h's general kernels recompute them.
+template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, int kBlockM, int kBlockN, int kStages>
+__global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_constant__ BwdKernelArgs args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Layout = BwdWideSmemLayout<kHeadDim, kBlockM, kBlockN, kStages>;
+  using Slot = RingSlot<kStages>;
+  constexpr int kSegments = Layout::kSegments;
+  constexpr int kColumns = kHeadDim / kBwdConsumerWarpgroups;  // dK, dV, dQ columns of one consumer
+  constexpr int kQueries = kBlockM / kBwdConsumerWarpgroups;   // S^T, dP^T query rows of one consumer
+  constexpr int kColumnSegments = kColumns / kSegmentElems;
+  static_assert(kColumns % kSegmentElems == 0, "each consumer's columns are whole 64-column segments");
+
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = align_dynamic_smem(smem_raw);
+  uint8_t* k_tile = smem + Layout::kK;
+  uint8_t* v_tile = smem + Layout::kV;
+  uint8_t* q_tiles = smem + Layout::kQ;
+  uint8_t* do_tiles = smem + Layout::kDo;
+  uint8_t* p_tiles = smem + Layout::kP;
+  uint8_t* ds_tiles = smem + Layout::kDs;
+  float* stats = reinterpret_cast<float*>(smem + Layout::kStats);
+  uint64_t* barriers = reinterpret_cast<uint64_t*>(smem + Layout::kBarriers);
+  uint64_t* kv_full = barriers;
+  uint64_t* kv_empty = barriers + 1;
+  uint64_t* q_full = barriers + 2;
+  uint64_t* q_empty = q_full + kStages;
+  uint64_t* do_full = q_empty + kStages;
+  uint64_t* do_empty = do_full + kStages;
+
+  const BwdParams& bp = args.params;
+  const FwdParams& p = bp.fwd;
+  const int kv_head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const Sequence sequence = locate_sequence(p.shape, batch);
+  const int64_t seqlen_q = sequence.seqlen_q;
+  const int64_t seqlen_k = sequence.seqlen_k;
+  const int64_t offset = diagonal_offset(p.mask, seqlen_q, seqlen_k);
+  const bool varlen = p.shape.cu_seqlens_q != nullptr;
+  const int map_batch = varlen ? 0 : batch;
+  const BwdWorkspace workspace = bwd_workspace(bp, DqLayout::kRows);
+  const int64_t global_q_row0 = varlen ? sequence.q_row0 : static_cast<int64_t>(batch) * p.shape.seqlen_q;
+  const float* stat_blocks = workspace.stats + bwd_stats_block0(global_q_row0, batch) * Layout::kStatFloats;
+  // Deterministic calls: CTA x adds dQ into accumulator x alone and walks its key blocks in order; the two consumers'
+  // columns are disjoint, so no order between them is needed.
+  const int64_t dq_split = bp.deterministic ? blockIdx.x : 0;
+  const int head_split = static_cast<int>(blockIdx.x) % args.head_splits;
+  const int first_block = static_cast<int>(blockIdx.x) / args.head_splits;
+  const int block_stride = static_cast<int>(gridDim.x) / args.head_splits;
+  const int head0 = kv_head * args.heads_per_kv + head_split * args.heads_per_split;
+  auto step_head = [&](int i, int m_count) { return head0 + i / m_count; };
+  auto plan_block = [&](int n_block) {
+    BwdBlock block{static_cast<int64_t>(n_block) * kBlockN, false, 0, 0, 0};
+    block.has_keys = block.key0 < seqlen_k;
+    if (!block.has_keys) return block;
+    const int64_t key1 = block.key0 + kBlockN < seqlen_k ? block.key0 + kBlockN : seqlen_k;
+    const QueryRows rows = rows_seeing_keys(p.mask, block.key0, key1, offset, seqlen_q);
+    block.m_min = static_cast<int>(rows.begin / kBlockM);
+    const int m_max = rows.end > rows.begin ? static_cast<int>((rows.end + kBlockM - 1) / kBlockM) : block.m_min;
+    block.m_count = m_max - block.m_min;
+    block.steps = args.heads_per_split * block.m_count;
+    return block;
+  };
+
+  if (threadIdx.x == 0) {
+    init_pipeline_barriers(kv_full, kv_empty, q_full, do_full, q_empty, do_empty, kStages, kBwdConsumerWarpgroups);
+  }
+  __syncthreads();
+
+  const int warpgroup = threadIdx.x / ptx::kWarpgroupThreads;
+  if (warpgroup == 0) {
+    ptx::release_registers<kProducerRegisters>();
+    if (threadIdx.x != 0) return;
+    int ring = 0;
+    int loaded_kv = 0;
+    for (int n_block = first_block; n_block < args.num_n_blocks; n_block += block_stride) {
+      const BwdBlock block = plan_block(n_block);
+      if (block.steps == 0) continue;
+      if (loaded_kv > 0) ptx::mbarrier_wait_parity(kv_empty, (loaded_kv - 1) & 1);
+      const int k_row = static_cast<int>(sequence.k_row0 + block.key0);
+      ptx::mbarrier_arrive_expect_tx(kv_full, 2 * Layout::kKvBytes);
+      for (int seg = 0; seg < kSegments; ++seg) {
+        ptx::tma_load_4d(k_tile + seg * kBlockN * kSegmentBytes, &args.k_map, kv_full, seg * kSegmentElems, kv_head,
+                         k_row, map_batch);
+        ptx::tma_load_4d(v_tile + seg * kBlockN * kSegmentBytes, &args.v_map, kv_full, seg * kSegmentElems, kv_head,
+                         k_row, map_batch);
+      }
+      ++loaded_kv;
+      for (int i = 0; i < block.steps; ++i, ++ring) {
+        const Slot slot(ring);
+        const int head = step_head(i, block.m_count);
+        const int m_block = block.m_min + i % block.m_count;
+        const int q_row = static_cast<int>(sequence.q_row0 + static_cast<int64_t>(m_block) * kBlockM);
+        ptx::mbarrier_wait_parity(&q_empty[slot.stage], slot.parity ^ 1);
+        ptx::mbarrier_arrive_expect_tx(&q_full[slot.stage], Layout::kRowsBytes + Layout::kStatBytes);
+        for (int seg = 0; seg < kSegments; ++seg) {
+          ptx::tma_load_4d(q_tiles + slot.stage * Layout::kRowsBytes + seg * kBlockM * kSegmentBytes, &args.q_map,
+                           &q_full[slot.stage], seg * kSegmentElems, head, q_row, map_batch);
+        }
+        ptx::bulk_load(stats + slot.stage * Layout::kStatFloats,
+                       stat_blocks + head * workspace.stats_head_stride +
+                           static_cast<int64_t>(m_block) * Layout::kStatFloats,
+                       Layout::kStatBytes, &q_full[slot.stage]);
+        ptx::mbarrier_wait_parity(&do_empty[slot.stage], slot.parity ^ 1);
+        ptx::mbarrier_arrive_expect_tx(&do_full[slot.stage], Layout::kRowsBytes);
+        for (int seg = 0; seg < kSegments; ++seg) {
+          ptx::tma_load_4d(do_tiles + slot.stage * Layout::kRowsBytes + seg * kBlockM * kSegmentBytes, &args.do_map,
+                           &do_full[slot.stage], seg * kSegmentElems, head, q_row, map_batch);
+        }
+      }
+    }
+    return;
+  }
+
+  ptx::claim_registers<kConsumerRegisters>();
+  const int consumer = warpgroup - 1;
+  const int thread = threadIdx.x % ptx::kWarpgroupThreads;
+  const int warp = thread / kWarpSize;
+  const int lane = thread % kWarpSize;
+  const int quad_col = 2 * (lane % kQuadLanes);
+  const int query0 = consumer * kQueries;                 // this consumer's S^T / dP^T rows within a step
+  const int column0 = consumer * kColumns;                // its dK / dV / dQ columns
+  const int column_segment0 = consumer * kColumnSegments;
+  // Slot groups of the dq accumulator's rows (bwd_padded_head_dim wide) this consumer's columns reach.
+  const int dq_groups = static_cast<int>(
+      std::max<int64_t>(std::min<int64_t>(kColumns, workspace.dq_row_stride - column0), 0) / kDqSlotGroup);
+  const float scale = static_cast<float>(p.softmax_scale);
+  const bool has_softcap = p.softcap > 0.0;
+  const float tanh_scale = has_softcap ? static_cast<float>(p.softmax_scale / p.softcap) : 0.f;
+  const float softcap_log2 = static_cast<float>(p.softcap * kLog2e);
+  int ring = 0;
+  int loaded_kv = 0;
+
+  for (int n_block = first_block; n_block < args.num_n_blocks; n_block += block_stride) {
+    const BwdBlock block = plan_block(n_block);
+    if (!block.has_keys) continue;
+    const int64_t key0 = block.key0;
+    const int m_min = block.m_min, m_count = block.m_count, steps = block.steps;
+    // This thread's two key rows of the m64 accumulators (the same 64 keys in both consumers).
+    int64_t keys[2];
+    for (int r = 0; r < 2; ++r) keys[r] = key0 + warp * kRowsPerWarp + lane / kQuadLanes + kSecondRow * r;
+
+    float dv[kColumns / 2];
+    float dk[kColumns / 2];
+#pragma unroll
+    for (int i = 0; i < kColumns / 2; ++i) dv[i] = dk[i] = 0.f;
+
+    if (steps > 0) {
+      ptx::mbarrier_wait_parity(kv_full, loaded_kv & 1);
+      for (int i = 0; i < steps; ++i, ++ring) {
+        const Slot slot(ring);
+        const int head = step_head(i, m_count);
+        const int64_t q0 = static_cast<int64_t>(m_min + i % m_count) * kBlockM;
+        const uint8_t* q_slot = q_tiles + slot.stage * Layout::kRowsBytes;
+        const uint8_t* do_slot = do_tiles + slot.stage * Layout::kRowsBytes;
+        float s[kQueries / 2];
+        float dp[kQueries / 2];
+        ptx::mbarrier_wait_parity(&q_full[slot.stage], slot.parity);
+        issue_half_scores<T, kHeadDim, kBlockN, kBlockM, kQueries>(s, k_tile, q_slot, query0);
+        ptx::mbarrier_wait_parity(&do_full[slot.stage], slot.parity);
+        issue_half_scores<T, kHeadDim, kBlockN, kBlockM, kQueries>(dp, v_tile, do_slot, query0);
+
+        const float alibi_slope_log2 =
+            kGeneral && p.mask.alibi_slopes != nullptr
+                ? p.mask.alibi_slopes[batch * p.mask.alibi_batch_stride + head] * static_cast<float>(kLog2e)
+                : 0.f;
+        float distance0[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) distance0[r] = static_cast<float>(q0 + query0 + quad_col + offset - keys[r]);
+        // The step's LSE (log2 units; +inf past the sequence) and D, brought with Q.
+        const float* step_stats = stats + slot.stage * Layout::kStatFloats;
+        const bool masked = block_pair_needs_mask(p.mask, kMask != MaskKind::kNone, q0, kBlockM, key0, kBlockN,
+                                                  seqlen_q, seqlen_k, offset);
+        // Register 4j + 2r + e: key row keys[r], query column query0 + 8j + quad_col + e of the step.
+        auto probability = [&](int j, int e, float score, float& derivative) {
+          const int col = query0 + 8 * j + quad_col + (e % 2);
+          float prob;
+          if constexpr (kGeneral) {
+            float z;
+            if (has_softcap) {
+              const float th = fast_tanh(score * tanh_scale);
+              z = softcap_log2 * th;
+              derivative = 1.f - th * th;
+            } else {
+              z = score * args.scale_log2;
+            }
+            if (alibi_slope_log2 != 0.f) {
+              z -= alibi_slope_log2 * fabsf(distance0[e / 2] + static_cast<float>(8 * j + (e % 2)));
+            }
+            prob = exp2f(z - step_stats[col]);
+          } else {
+            prob = exp2f(fmaf(score, args.scale_log2, -step_stats[col]));
+          }
+          return prob;
+        };
+        auto score_gradient = [&](int j, int e, float prob, float d_prob, float derivative) {
+          return prob * (d_prob - step_stats[kBlockM + query0 + 8 * j + quad_col + (e % 2)]) * derivative;
+        };
+        auto apply_mask = [&](auto&... arrays) {
+#pragma unroll
+          for (int j = 0; j < kQueries / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int64_t q = q0 + query0 + 8 * j + quad_col + (e % 2);
+              const int64_t key = keys[e / 2];
+              const KeyRange seen = visible_keys(p.mask, q, offset, seqlen_k);
+              const bool visible = q < seqlen_q && key < seqlen_k && key >= seen.begin && key < seen.end;
+              ((arrays[4 * j + e] = visible ? arrays[4 * j + e] : 0.f), ...);
+            }
+          }
+        };
+        if constexpr (kGeneral) {
+          ptx::warpgroup_wait<0>();
+          pin_all(s);
+          pin_all(dp);
+#pragma unroll
+          for (int j = 0; j < kQueries / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              float derivative = 1.f;
+              s[4 * j + e] = probability(j, e, s[4 * j + e], derivative);
+              dp[4 * j + e] = score_gradient(j, e, s[4 * j + e], dp[4 * j + e], derivative);
+            }
+          }
+          if (masked) apply_mask(s, dp);
+        } else {
+          ptx::warpgroup_wait<1>();
+          pin_all(s);
+#pragma unroll
+          for (int j = 0; j < kQueries / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              float unused = 1.f;
+              s[4 * j + e] = probability(j, e, s[4 * j + e], unused);
+            }
+          }
+          if (masked) apply_mask(s);
+          ptx::warpgroup_wait<0>();
+          pin_all(dp);
+#pragma unroll
+          for (int j = 0; j < kQueries / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dp[4 * j + e] = score_gradient(j, e, s[4 * j + e], dp[4 * j + e], 1.f);
+          }
+        }
+        uint32_t p_frag[kQueries / 16][4];
+        uint32_t ds_frag[kQueries / 16][4];
+        pack_probs<T, kQueries>(s, p_frag);
+        pack_probs<T, kQueries>(dp, ds_frag);
+
+        // This consumer's query chunks of every key line of the P^T and dS^T tiles (128-byte swizzle): stmatrix.x4
+        // matrix i of instruction k holds key rows + 8 (i % 2) and the 8-query chunk 2k + i / 2 of its kQueries.
+        uint8_t* p_tile = p_tiles + (ring % 2) * Layout::kScoreBytes;
+        uint8_t* ds_tile = ds_tiles + (ring % 2) * Layout::kScoreBytes;
+        {
+          const int matrix = lane / 8;
+          const int line = warp * kRowsPerWarp + lane % 8 + kSecondRow * (matrix % 2);
+#pragma unroll
+          for (int k = 0; k < kQueries / 16; ++k) {
+            const int chunk = (query0 / 8 + 2 * k + matrix / 2) ^ (line % 8);
+            ptx::stmatrix_x4(p_tile + line * kSegmentBytes + chunk * 16, p_frag[k][0], p_frag[k][1], p_frag[k][2],
+                             p_frag[k][3]);
+            ptx::stmatrix_x4(ds_tile + line * kSegmentBytes + chunk * 16, ds_frag[k][0], ds_frag[k][1],
+                             ds_frag[k][2], ds_frag[k][3]);
+          }
+        }
+        ptx::fence_proxy_async_shared();
+        ptx::named_barrier_sync(kBwdWideScoresBarrier, kBwdConsumerWarpgroups * ptx::kWarpgroupThreads);
+
+        // dV += P^T.dO and dK += dS^T.Q over the step's kBlockM queries, this consumer's columns; dQ (kBlockM rows x
+        // its columns) = dS.K over the kBlockN keys: A = dS^T read M-major, B = K MN-major.
+        issue_tile_gemm<T, kColumns, kBlockM, kBlockM>(dv, p_tile, do_slot, column_segment0);
+        issue_tile_gemm<T, kColumns, kBlockM, kBlockM>(dk, ds_tile, q_slot, column_segment0);
+        float dq[kColumns / 2];
+        {
+          const uint64_t ds_desc = ptx::smem_descriptor(ds_tile, kBlockN * kSegmentBytes, ptx::kSwizzleAtomBytes);
+          const uint64_t k_desc = ptx::smem_descriptor(k_tile + column_segment0 * kBlockN * kSegmentBytes,
+                                                       kBlockN * kSegmentBytes, ptx::kSwizzleAtomBytes);
+          ptx::warpgroup_fence();
+#pragma unroll
+          for (int kk = 0; kk < kBlockN / 16; ++kk) {
+            ptx::Wgmma<T, kColumns>::template ss<1, 1>(dq, ptx::advance_descriptor(ds_desc, kk * kK16MnMajorBytes),
+                                                       ptx::advance_descriptor(k_desc, kk * kK16MnMajorBytes), kk > 0);
+          }
+          ptx::warpgroup_commit();
+        }
+        ptx::warpgroup_wait<0>();
+        pin_all(dv);
+        pin_all(dk);
+        pin_all(dq);
+        if (thread == 0) {
+          ptx::mbarrier_arrive(&q_empty[slot.stage]);
+          ptx::mbarrier_arrive(&do_empty[slot.stage]);
+        }
+        // dQ in the fp32 accumulator's order (DqLayout::kRows, columns interleaved by dq_slot): a thread's columns 8j +
+        // quad_col + e of j = 2g, 2g + 1 are slots 4 (lane % 4) .. + 3 of slot group g, one 16-byte value.
+        float* dq_head = workspace.dq_accum + dq_split * workspace.dq_split_stride + head * workspace.dq_head_stride;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int64_t q = q0 + warp * kRowsPerWarp + lane / kQuadLanes + kSecondRow * r;
+          if (q >= seqlen_q) continue;
+          float* dq_row = dq_head + (global_q_row0 + q) * workspace.dq_row_stride + column0;
+#pragma unroll
+          for (int g = 0; g < kColumns / kDqSlotGroup; ++g) {
+            if (g >= dq_groups) continue;
+            ptx::red_add_v4_f32(dq_row + g * kDqSlotGroup + 2 * quad_col, dq[8 * g + 2 * r], dq[8 * g + 2 * r + 1],
+                                dq[8 * g + 4 + 2 * r], dq[8 * g + 4 + 2 * r + 1]);
+          }
+        }
+      }
+      if (thread == 0) ptx::mbarrier_arrive(kv_empty);
+      ++loaded_kv;
+    }
+
+    // dK = softmax_scale * sum dS^T.Q, dV = sum P^T.dO: this consumer's columns of the block's keys.
+    if (args.head_splits > 1) {
+      const int64_t global_k_row0 = varlen ? sequence.k_row0 : static_cast<int64_t>(batch) * p.shape.seqlen_k;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if (keys[r] >= seqlen_k) continue;
+        const int64_t accum_row =
+            ((global_k_row0 + keys[r]) * p.shape.nheads_k + kv_head) * workspace.dkv_row_stride + column0;
+#pragma unroll
+        for (int j = 0; j < kColumns / 8; ++j) {
+          const int col = 8 * j + quad_col;
+          if (column0 + col < p.shape.head_dim) {
+            ptx::red_add_v2_f32(workspace.dk_accum + accum_row + col, dk[4 * j + 2 * r] * scale,
+                                dk[4 * j + 2 * r + 1] * scale);
+            ptx::red_add_v2_f32(workspace.dv_accum + accum_row + col, dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+          }
+        }
+      }
+    } else {
+      T* dk_out = static_cast<T*>(bp.dk) + batch * bp.dk_strides.batch + kv_head * bp.dk_strides.head;
+      T* dv_out = static_cast<T*>(bp.dv) + batch * bp.dv_strides.batch + kv_head * bp.dv_strides.head;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if (keys[r] >= seqlen_k) continue;
+        T* dk_row = dk_out + (sequence.k_row0 + keys[r]) * bp.dk_strides.row + column0;
+        T* dv_row = dv_out + (sequence.k_row0 + keys[r]) * bp.dv_strides.row + column0;
+#pragma unroll
+        for (int j = 0; j < kColumns / 8; ++j) {
+          const int col = 8 * j + quad_col;
+          if (column0 + col < p.shape.head_dim) {
+            *reinterpret_cast<uint32_t*>(dk_row + col) =
+                pack_pair<T>(dk[4 * j + 2 * r] * scale, dk[4 * j + 2 * r + 1] * scale);
+            *reinterpret_cast<uint32_t*>(dv_row + col) = pack_pair<T>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+          }
+        }
+      }
+    }
+  }
+#else
+  (void)args;
+  __trap();
+#endif
+}
+
+}  // namespace flash::sm90
