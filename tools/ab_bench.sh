@@ -78,4 +78,7 @@ for r in $(seq "$ROUNDS"); do
     fi
   done
 done
-python3 "$ROOT/tools/ab_summary.py" --peer "$PEER" "$OUT" $(for v in "${VARIANTS[@]}"; do name_of "$v"; done)
+python3 "$ROOT/tools/ab_summary.py" --peer "$PEER" "$OUT" $(for v in "${VARIANTS[@]}"; do name_of "$v"; done) \
+  | tee "$OUT/summary.txt"
+# The device machine returns a few files of $OUT: the rounds and logs travel as one archive beside the summary.
+(cd "$OUT" && tar czf ab_files.tgz --remove-files r[0-9]*_* build_*.log tests_*.log 2>/dev/null)

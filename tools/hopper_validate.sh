@@ -70,7 +70,9 @@ if [ -f "$OUT/tests_suite_portable.log" ]; then
   tail -1 "$OUT/tests_suite_portable.log"
 fi
 if [ -f "$OUT/sanitize.log" ]; then
-  echo "== sanitizers (Hopper pass)"; grep -E "^== |ERROR SUMMARY|passed|failed" "$OUT/sanitize.log" | tail -12
+  echo "== sanitizers (Hopper pass)"; grep -E "^== |ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$OUT/sanitize.log" | tail -12
+  # Where a report came from (the log itself may not come back from the device machine).
+  grep -E -A2 "Race reported|Invalid|Barrier error" "$OUT/sanitize.log" | cut -c1-220 | head -12
 fi
 echo "== bench (TFLOP/s fwd/bwd)"; grep -E "^ *(bf16|fp16)" "$OUT/bench.log" 2>/dev/null
 [ -f "$OUT/sweep.log" ] && { echo "== sweep"; grep -E "^ *(bf16|fp16)" "$OUT/sweep.log"; }
