@@ -169,7 +169,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   };
 
   if (threadIdx.x == 0) {
-    init_pipeline_barriers(kv_full, kv_empty, q_full, do_full, q_empty, do_empty, kStages, kBwdConsumerWarpgroups);
+    init_pipeline_barriers(kv_full, kv_empty, q_full, do_full, q_empty, do_empty, kStages, kBwdConsumerWarpgroups,
+                           kBwdConsumerWarpgroups);
   }
   __syncthreads();
 

@@ -162,7 +162,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
   };
 
   if (threadIdx.x == 0) {
-    init_pipeline_barriers(kv_full, kv_empty, q_full, do_full, q_empty, do_empty, kStages, kBwdConsumerWarpgroups);
+    // q_empty: every consumer thread arrives, since each read the stage's statistics with plain loads: an arrival
+    // releases the arriving thread's own reads (bwd_kernel.h's one arrival per consumer after a named barrier left
+    // racecheck reporting the next bulk copy against the other threads' reads; docs/perf_log.md, seventeenth session).
+    init_pipeline_barriers(kv_full, kv_empty, q_full, do_full, q_empty, do_empty, kStages, kBwdConsumerWarpgroups,
+                           kBwdConsumerWarpgroups * ptx::kWarpgroupThreads);
   }
   __syncthreads();
 
@@ -387,10 +391,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
         pin_all(dv);
         pin_all(dk);
         pin_all(dq);
-        if (thread == 0) {
-          ptx::mbarrier_arrive(&q_empty[slot.stage]);
-          ptx::mbarrier_arrive(&do_empty[slot.stage]);
-        }
+        ptx::mbarrier_arrive(&q_empty[slot.stage]);
+        if (thread == 0) ptx::mbarrier_arrive(&do_empty[slot.stage]);
         // dQ in the fp32 accumulator's order (DqLayout::kRows, columns interleaved by dq_slot): a thread's columns 8j +
         // quad_col + e of j = 2g, 2g + 1 are slots 4 (lane % 4) .. + 3 of slot group g, one 16-byte value.
         float* dq_head = workspace.dq_accum + dq_split * workspace.dq_split_stride + head * workspace.dq_head_stride;

@@ -276,7 +276,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
   if (!kPersistent && !plan_tile<kMask, kPersistent, kBlockM, kBlockN>(args, 0).has_rows) return;
 
   if (threadIdx.x == 0) {
-    init_pipeline_barriers(q_full, q_empty, k_full, v_full, k_empty, v_empty, kStages, kConsumerWarpgroups);
+    init_pipeline_barriers(q_full, q_empty, k_full, v_full, k_empty, v_empty, kStages, kConsumerWarpgroups,
+                           kConsumerWarpgroups);
   }
   __syncthreads();
 
