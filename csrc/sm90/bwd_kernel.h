@@ -29,30 +29,11 @@
 #include "flash_attn/ptx/wgmma_sm90_generated.h"
 #include "flash_attn/tensor_map_sm90.h"
 #include "sm90/block_ranges.h"
+#include "sm90/bwd_cta.h"
 #include "sm90/bwd_tile_config.h"
 #include "sm90/kernel_common.h"
 
 namespace flash::sm90 {
-
-struct BwdKernelArgs {
-  CUtensorMap q_map;   // (head dim, head, row, batch) boxes of 64 columns x block_m rows
-  CUtensorMap do_map;  // the same for dO
-  CUtensorMap k_map;   // (head dim, kv head, key, batch) boxes of 64 columns x block_n keys
-  CUtensorMap v_map;
-  // The dq accumulator (DqLayout::kRows) as a 2D map: dq_row_stride columns, q head x total_q rows, in boxes of
-  // kDqSlotGroup columns x block_m rows. Enabled (bwd_reduces_dq_in_bulk, calls that are not deterministic): dQ goes
-  // through the staging tile and bulk reductions; otherwise through register reductions.
-  TensorMapArg dq_map;
-  BwdParams params;
-  float scale_log2;  // softmax_scale * log2(e)
-  int heads_per_kv;
-  int num_n_blocks;  // key blocks of the longest sequence; CTA x takes blocks x, x + gridDim.x, ...
-  // BwdParams::head_splits: CTA x takes query heads (x % head_splits) * heads_per_split ... of its KV head's group
-  // for key block x / head_splits and adds dK, dV into the workspace's fp32 accumulators (head_splits > 1 only in
-  // calls that are not deterministic: one CTA per key block and split).
-  int head_splits;
-  int heads_per_split;
-};
 
 template <int kHeadDim, int kBlockM, int kBlockN, int kStages>
 struct BwdSmemLayout {
@@ -91,15 +72,6 @@ constexpr int kBwdSharedDsBarrier = 5;  // both consumers
 constexpr int kBwdOrderBarrier = 6;     // + consumer: deterministic own-keys dQ, consumer 0's additions, then 1's
 constexpr int kBwdDqStageBarrier = 8;   // + consumer: its dQ staging tile written, the boxes may be issued
 
-// One key block's work: its keys, the query blocks that see them, and the (query head, query block) steps.
-struct BwdBlock {
-  int64_t key0;
-  bool has_keys;  // false: a varlen sequence shorter than this block
-  int m_min;
-  int m_count;
-  int steps;
-};
-
 // kGeneral: softcap and / or ALiBi, recomputed as the forward's general kernels apply them (z = softcap tanh(s scale /
 // softcap) - slope |distance|); dS then carries softcap's derivative 1 - tanh^2 (the final softmax_scale factors of dQ
 // and dK stay where they are).
@@ -108,7 +80,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Layout = BwdSmemLayout<kHeadDim, kBlockM, kBlockN, kStages>;
   using Slot = RingSlot<kStages>;
-  constexpr int kSegments = Layout::kSegments;
   constexpr bool kColumnHalves = bwd_dq_column_halves(kHeadDim);
   constexpr bool kPrefetchScores = bwd_prefetches_scores(kHeadDim, kGeneral);
   constexpr int kDqColumns = kColumnHalves ? kHeadDim / kBwdConsumerWarpgroups : kHeadDim;
@@ -117,56 +88,34 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
 
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = align_dynamic_smem(smem_raw);
-  uint8_t* k_tile = smem + Layout::kK;
-  uint8_t* v_tile = smem + Layout::kV;
-  uint8_t* q_tiles = smem + Layout::kQ;
-  uint8_t* do_tiles = smem + Layout::kDo;
+  const BwdRing<Layout, kStages> ring_tiles(smem);
+  uint8_t* k_tile = ring_tiles.k_tile;
+  uint8_t* v_tile = ring_tiles.v_tile;
+  uint8_t* q_tiles = ring_tiles.q_tiles;
+  uint8_t* do_tiles = ring_tiles.do_tiles;
   uint8_t* ds_tiles = smem + Layout::kDs;
-  float* stats = reinterpret_cast<float*>(smem + Layout::kStats);
-  uint64_t* barriers = reinterpret_cast<uint64_t*>(smem + Layout::kBarriers);
-  uint64_t* kv_full = barriers;
-  uint64_t* kv_empty = barriers + 1;
-  uint64_t* q_full = barriers + 2;
-  uint64_t* q_empty = q_full + kStages;
-  uint64_t* do_full = q_empty + kStages;
-  uint64_t* do_empty = do_full + kStages;
+  float* stats = ring_tiles.stats;
+  uint64_t* kv_full = ring_tiles.kv_full;
+  uint64_t* kv_empty = ring_tiles.kv_empty;
+  uint64_t* q_full = ring_tiles.q_full;
+  uint64_t* q_empty = ring_tiles.q_empty;
+  uint64_t* do_full = ring_tiles.do_full;
+  uint64_t* do_empty = ring_tiles.do_empty;
 
   const BwdParams& bp = args.params;
   const FwdParams& p = bp.fwd;
-  const int kv_head = blockIdx.y;
-  const int batch = blockIdx.z;
-  const Sequence sequence = locate_sequence(p.shape, batch);
+  const BwdCta<kBlockM, kBlockN> cta(args);
+  const int kv_head = cta.kv_head;
+  const int batch = cta.batch;
+  const Sequence& sequence = cta.sequence;
   const int64_t seqlen_q = sequence.seqlen_q;
   const int64_t seqlen_k = sequence.seqlen_k;
-  const int64_t offset = diagonal_offset(p.mask, seqlen_q, seqlen_k);
-  const bool varlen = p.shape.cu_seqlens_q != nullptr;
-  const int map_batch = varlen ? 0 : batch;
-  const BwdWorkspace workspace = bwd_workspace(bp, DqLayout::kRows);
-  const int64_t global_q_row0 = varlen ? sequence.q_row0 : static_cast<int64_t>(batch) * p.shape.seqlen_q;
-  // This sequence's statistics blocks, head 0 (bwd_workspace.h): block m of head h holds query block m's rows.
-  const float* stat_blocks = workspace.stats + bwd_stats_block0(global_q_row0, batch) * Layout::kStatFloats;
-  // Deterministic calls: CTA x adds dQ into accumulator x alone (the dq conversion sums them in a fixed order) and
-  // walks its key blocks in order; otherwise gridDim.x covers every key block and all add into accumulator 0.
-  const int64_t dq_split = bp.deterministic ? blockIdx.x : 0;
-  const int head_split = static_cast<int>(blockIdx.x) % args.head_splits;
-  const int first_block = static_cast<int>(blockIdx.x) / args.head_splits;
-  const int block_stride = static_cast<int>(gridDim.x) / args.head_splits;
-  // The query head of step i of a key block: this split's heads of the group, m_count query blocks each.
-  const int head0 = kv_head * args.heads_per_kv + head_split * args.heads_per_split;
-  auto step_head = [&](int i, int m_count) { return head0 + i / m_count; };
+  const int64_t offset = cta.offset;
+  const bool varlen = cta.varlen;
+  const BwdWorkspace& workspace = cta.workspace;
+  const int64_t global_q_row0 = cta.global_q_row0;
+  const int64_t dq_split = cta.dq_split;
   const bool ordered_dq = bp.deterministic && !kColumnHalves;
-  auto plan_block = [&](int n_block) {
-    BwdBlock block{static_cast<int64_t>(n_block) * kBlockN, false, 0, 0, 0};
-    block.has_keys = block.key0 < seqlen_k;
-    if (!block.has_keys) return block;
-    const int64_t key1 = block.key0 + kBlockN < seqlen_k ? block.key0 + kBlockN : seqlen_k;
-    const QueryRows rows = rows_seeing_keys(p.mask, block.key0, key1, offset, seqlen_q);
-    block.m_min = static_cast<int>(rows.begin / kBlockM);
-    const int m_max = rows.end > rows.begin ? static_cast<int>((rows.end + kBlockM - 1) / kBlockM) : block.m_min;
-    block.m_count = m_max - block.m_min;
-    block.steps = args.heads_per_split * block.m_count;  // (query head of the split, query block) pairs
-    return block;
-  };
 
   if (threadIdx.x == 0) {
     init_pipeline_barriers(kv_full, kv_empty, q_full, do_full, q_empty, do_empty, kStages, kBwdConsumerWarpgroups,
@@ -178,44 +127,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   if (warpgroup == 0) {
     ptx::release_registers<kProducerRegisters>();
     if (threadIdx.x != 0) return;
-    int ring = 0;       // Q / dO ring iterations, counted across key blocks
-    int loaded_kv = 0;  // key blocks whose K / V were loaded
-    for (int n_block = first_block; n_block < args.num_n_blocks; n_block += block_stride) {
-      const BwdBlock block = plan_block(n_block);
-      if (block.steps == 0) continue;  // no keys, or no query sees them: the consumers write zeros
-      if (loaded_kv > 0) ptx::mbarrier_wait_parity(kv_empty, (loaded_kv - 1) & 1);
-      const int k_row = static_cast<int>(sequence.k_row0 + block.key0);
-      ptx::mbarrier_arrive_expect_tx(kv_full, 2 * Layout::kKvBytes);
-      for (int seg = 0; seg < kSegments; ++seg) {
-        ptx::tma_load_4d(k_tile + seg * kBlockN * kSegmentBytes, &args.k_map, kv_full, seg * kSegmentElems, kv_head,
-                         k_row, map_batch);
-        ptx::tma_load_4d(v_tile + seg * kBlockN * kSegmentBytes, &args.v_map, kv_full, seg * kSegmentElems, kv_head,
-                         k_row, map_batch);
-      }
-      ++loaded_kv;
-      for (int i = 0; i < block.steps; ++i, ++ring) {
-        const Slot slot(ring);
-        const int head = step_head(i, block.m_count);
-        const int q_row =
-            static_cast<int>(sequence.q_row0 + static_cast<int64_t>(block.m_min + i % block.m_count) * kBlockM);
-        ptx::mbarrier_wait_parity(&q_empty[slot.stage], slot.parity ^ 1);
-        ptx::mbarrier_arrive_expect_tx(&q_full[slot.stage], Layout::kRowsBytes + Layout::kStatBytes);
-        for (int seg = 0; seg < kSegments; ++seg) {
-          ptx::tma_load_4d(q_tiles + slot.stage * Layout::kRowsBytes + seg * kBlockM * kSegmentBytes, &args.q_map,
-                           &q_full[slot.stage], seg * kSegmentElems, head, q_row, map_batch);
-        }
-        ptx::bulk_load(stats + slot.stage * Layout::kStatFloats,
-                       stat_blocks + head * workspace.stats_head_stride +
-                           static_cast<int64_t>(block.m_min + i % block.m_count) * Layout::kStatFloats,
-                       Layout::kStatBytes, &q_full[slot.stage]);
-        ptx::mbarrier_wait_parity(&do_empty[slot.stage], slot.parity ^ 1);
-        ptx::mbarrier_arrive_expect_tx(&do_full[slot.stage], Layout::kRowsBytes);
-        for (int seg = 0; seg < kSegments; ++seg) {
-          ptx::tma_load_4d(do_tiles + slot.stage * Layout::kRowsBytes + seg * kBlockM * kSegmentBytes, &args.do_map,
-                           &do_full[slot.stage], seg * kSegmentElems, head, q_row, map_batch);
-        }
-      }
-    }
+    produce_bwd_tiles(args, cta, ring_tiles);
     return;
   }
 
@@ -246,7 +158,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
                            kBlockN * kSegmentBytes, ptx::kSwizzleAtomBytes);
   // The general kernels' logit in log2 units, as the forward's transform_scores forms it: softcap_log2 tanh(s
   // tanh_scale) or s scale_log2, less alibi_slope_log2 |distance|.
-  const float scale = static_cast<float>(p.softmax_scale);
   const bool has_softcap = p.softcap > 0.0;
   const float tanh_scale = has_softcap ? static_cast<float>(p.softmax_scale / p.softcap) : 0.f;
   const float softcap_log2 = static_cast<float>(p.softcap * kLog2e);
@@ -258,8 +169,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   int ring = 0;       // Q / dO ring iterations, counted across key blocks (as the producer counts them)
   int loaded_kv = 0;  // key blocks whose K / V this consumer waited for
 
-  for (int n_block = first_block; n_block < args.num_n_blocks; n_block += block_stride) {
-    const BwdBlock block = plan_block(n_block);
+  for (int n_block = cta.first_block; n_block < args.num_n_blocks; n_block += cta.block_stride) {
+    const BwdBlock block = cta.plan(p.mask, n_block);
     if (!block.has_keys) continue;
     const int64_t key0 = block.key0;
     const int m_min = block.m_min, m_count = block.m_count, steps = block.steps;
@@ -296,7 +207,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
 
       for (int i = 0; i < steps; ++i, ++ring) {
         const Slot slot(ring);
-        const int head = step_head(i, m_count);
+        const int head = cta.step_head(i, m_count);
         const int64_t q0 = static_cast<int64_t>(m_min + i % m_count) * kBlockM;
         const float alibi_slope_log2 =
             kGeneral && p.mask.alibi_slopes != nullptr
@@ -515,45 +426,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
       ++loaded_kv;
     }
 
-    // dK = softmax_scale * sum dS^T.Q, dV = sum P^T.dO, for the keys this block owns (zeros where no query sees them).
-    if (args.head_splits > 1) {
-      // This split's share, added into the fp32 accumulators (rows: the dense or packed key row, then the KV head);
-      // bwd_launch.h converts them once every split has added.
-      const int64_t global_k_row0 = varlen ? sequence.k_row0 : static_cast<int64_t>(batch) * p.shape.seqlen_k;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        if (keys[r] >= seqlen_k) continue;
-        const int64_t accum_row =
-            ((global_k_row0 + keys[r]) * p.shape.nheads_k + kv_head) * workspace.dkv_row_stride;
-#pragma unroll
-        for (int j = 0; j < kHeadDim / 8; ++j) {
-          const int col = 8 * j + quad_col;
-          if (col < p.shape.head_dim) {
-            ptx::red_add_v2_f32(workspace.dk_accum + accum_row + col, dk[4 * j + 2 * r] * scale,
-                                dk[4 * j + 2 * r + 1] * scale);
-            ptx::red_add_v2_f32(workspace.dv_accum + accum_row + col, dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
-          }
-        }
-      }
-    } else {
-      T* dk_out = static_cast<T*>(bp.dk) + batch * bp.dk_strides.batch + kv_head * bp.dk_strides.head;
-      T* dv_out = static_cast<T*>(bp.dv) + batch * bp.dv_strides.batch + kv_head * bp.dv_strides.head;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        if (keys[r] >= seqlen_k) continue;
-        T* dk_row = dk_out + (sequence.k_row0 + keys[r]) * bp.dk_strides.row;
-        T* dv_row = dv_out + (sequence.k_row0 + keys[r]) * bp.dv_strides.row;
-#pragma unroll
-        for (int j = 0; j < kHeadDim / 8; ++j) {
-          const int col = 8 * j + quad_col;
-          if (col < p.shape.head_dim) {
-            *reinterpret_cast<uint32_t*>(dk_row + col) =
-                pack_pair<T>(dk[4 * j + 2 * r] * scale, dk[4 * j + 2 * r + 1] * scale);
-            *reinterpret_cast<uint32_t*>(dv_row + col) = pack_pair<T>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
-          }
-        }
-      }
-    }
+    // dK and dV of the keys this block owns (zeros where no query sees them).
+    store_bwd_dkv<T, kHeadDim>(args, cta, keys, dk, dv, 0, quad_col);
   }
   if (bulk_dq && thread == 0) ptx::bulk_wait_group<0>();  // the last boxes are added before the CTA ends
   if (ordered_dq && consumer == 0) {

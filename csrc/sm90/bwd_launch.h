@@ -20,25 +20,28 @@
 
 namespace flash::sm90 {
 
+// Launches one backward kernel with its dynamic shared memory (above 48 KB a kernel must opt in; once per kernel
+// and process: the kernel is a template argument so that each has its own flag).
+template <auto kKernel, int kLaunchBytes>
+void launch_bwd_kernel(const dim3& grid, const BwdKernelArgs& args, cudaStream_t stream) {
+  static const cudaError_t opt_in =
+      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kLaunchBytes);
+  require_smem_opt_in(opt_in, kLaunchBytes, "backward");
+  kKernel<<<grid, kBwdThreads, kLaunchBytes, stream>>>(args);
+}
+
 // Head-dim buckets up to kBwdMaxNarrowHeadDim run bwd_kernel at their own width; those above run bwd_wide_kernel at
 // kBwdWideHeadDim (the TMA maps zero-fill the columns past the call's head dim, and no write reaches them).
 template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, BwdTileConfig kTile>
 void launch_bwd(const dim3& grid, const BwdKernelArgs& args, cudaStream_t stream) {
   if constexpr (kHeadDim > kBwdMaxNarrowHeadDim) {
     using Layout = BwdWideSmemLayout<kBwdWideHeadDim, kTile.block_m, kTile.block_n, kTile.stages>;
-    auto kernel = bwd_wide_kernel<T, kBwdWideHeadDim, kMask, kGeneral, kTile.block_m, kTile.block_n, kTile.stages>;
-    static const cudaError_t opt_in =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::kLaunchBytes);
-    require_smem_opt_in(opt_in, Layout::kLaunchBytes, "backward");
-    kernel<<<grid, kBwdThreads, Layout::kLaunchBytes, stream>>>(args);
+    launch_bwd_kernel<bwd_wide_kernel<T, kBwdWideHeadDim, kMask, kGeneral, kTile.block_m, kTile.block_n, kTile.stages>,
+                      Layout::kLaunchBytes>(grid, args, stream);
   } else {
     using Layout = BwdSmemLayout<kHeadDim, kTile.block_m, kTile.block_n, kTile.stages>;
-    auto kernel = bwd_kernel<T, kHeadDim, kMask, kGeneral, kTile.block_m, kTile.block_n, kTile.stages>;
-    // Above 48 KB of dynamic shared memory a kernel must opt in; once per instantiation and process.
-    static const cudaError_t opt_in =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::kLaunchBytes);
-    require_smem_opt_in(opt_in, Layout::kLaunchBytes, "backward");
-    kernel<<<grid, kBwdThreads, Layout::kLaunchBytes, stream>>>(args);
+    launch_bwd_kernel<bwd_kernel<T, kHeadDim, kMask, kGeneral, kTile.block_m, kTile.block_n, kTile.stages>,
+                      Layout::kLaunchBytes>(grid, args, stream);
   }
 }
 

@@ -4,7 +4,7 @@
 // writes its halves of P^T and dS^T to shared tiles, and after one barrier both read the whole tiles: consumer c adds
 // dV, dK for head-dim columns 128c .. 128c + 127 and computes dQ for the same columns (dS read M-major from the dS^T
 // tile), which it adds to the fp32 accumulator with red.global.add.v4. Calls at hd 129 ... 192 run it with zero-filled
-// columns. Producer, statistics blocks, masks and epilogue as bwd_kernel.h.
+// columns. Producer, statistics blocks and epilogue: bwd_cta.h; masks as bwd_kernel.h.
 #pragma once
 
 #include <cuda.h>
@@ -104,7 +104,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Layout = BwdWideSmemLayout<kHeadDim, kBlockM, kBlockN, kStages>;
   using Slot = RingSlot<kStages>;
-  constexpr int kSegments = Layout::kSegments;
   constexpr int kColumns = kHeadDim / kBwdConsumerWarpgroups;  // dK, dV, dQ columns of one consumer
   constexpr int kQueries = kBlockM / kBwdConsumerWarpgroups;   // S^T, dP^T query rows of one consumer
   constexpr int kColumnSegments = kColumns / kSegmentElems;
@@ -112,61 +111,34 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
 
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = align_dynamic_smem(smem_raw);
-  uint8_t* k_tile = smem + Layout::kK;
-  uint8_t* v_tile = smem + Layout::kV;
-  uint8_t* q_tiles = smem + Layout::kQ;
-  uint8_t* do_tiles = smem + Layout::kDo;
+  const BwdRing<Layout, kStages> ring_tiles(smem);
+  uint8_t* k_tile = ring_tiles.k_tile;
+  uint8_t* v_tile = ring_tiles.v_tile;
+  uint8_t* q_tiles = ring_tiles.q_tiles;
+  uint8_t* do_tiles = ring_tiles.do_tiles;
   uint8_t* p_tiles = smem + Layout::kP;
   uint8_t* ds_tiles = smem + Layout::kDs;
-  float* stats = reinterpret_cast<float*>(smem + Layout::kStats);
-  uint64_t* barriers = reinterpret_cast<uint64_t*>(smem + Layout::kBarriers);
-  uint64_t* kv_full = barriers;
-  uint64_t* kv_empty = barriers + 1;
-  uint64_t* q_full = barriers + 2;
-  uint64_t* q_empty = q_full + kStages;
-  uint64_t* do_full = q_empty + kStages;
-  uint64_t* do_empty = do_full + kStages;
+  uint64_t* kv_full = ring_tiles.kv_full;
+  uint64_t* q_full = ring_tiles.q_full;
+  uint64_t* q_empty = ring_tiles.q_empty;
+  uint64_t* do_full = ring_tiles.do_full;
+  uint64_t* do_empty = ring_tiles.do_empty;
 
   const BwdParams& bp = args.params;
   const FwdParams& p = bp.fwd;
-  const int kv_head = blockIdx.y;
-  const int batch = blockIdx.z;
-  const Sequence sequence = locate_sequence(p.shape, batch);
-  const int64_t seqlen_q = sequence.seqlen_q;
-  const int64_t seqlen_k = sequence.seqlen_k;
-  const int64_t offset = diagonal_offset(p.mask, seqlen_q, seqlen_k);
-  const bool varlen = p.shape.cu_seqlens_q != nullptr;
-  const int map_batch = varlen ? 0 : batch;
-  const BwdWorkspace workspace = bwd_workspace(bp, DqLayout::kRows);
-  const int64_t global_q_row0 = varlen ? sequence.q_row0 : static_cast<int64_t>(batch) * p.shape.seqlen_q;
-  const float* stat_blocks = workspace.stats + bwd_stats_block0(global_q_row0, batch) * Layout::kStatFloats;
-  // Deterministic calls: CTA x adds dQ into accumulator x alone and walks its key blocks in order; the two consumers'
-  // columns are disjoint, so no order between them is needed.
-  const int64_t dq_split = bp.deterministic ? blockIdx.x : 0;
-  const int head_split = static_cast<int>(blockIdx.x) % args.head_splits;
-  const int first_block = static_cast<int>(blockIdx.x) / args.head_splits;
-  const int block_stride = static_cast<int>(gridDim.x) / args.head_splits;
-  const int head0 = kv_head * args.heads_per_kv + head_split * args.heads_per_split;
-  auto step_head = [&](int i, int m_count) { return head0 + i / m_count; };
-  auto plan_block = [&](int n_block) {
-    BwdBlock block{static_cast<int64_t>(n_block) * kBlockN, false, 0, 0, 0};
-    block.has_keys = block.key0 < seqlen_k;
-    if (!block.has_keys) return block;
-    const int64_t key1 = block.key0 + kBlockN < seqlen_k ? block.key0 + kBlockN : seqlen_k;
-    const QueryRows rows = rows_seeing_keys(p.mask, block.key0, key1, offset, seqlen_q);
-    block.m_min = static_cast<int>(rows.begin / kBlockM);
-    const int m_max = rows.end > rows.begin ? static_cast<int>((rows.end + kBlockM - 1) / kBlockM) : block.m_min;
-    block.m_count = m_max - block.m_min;
-    block.steps = args.heads_per_split * block.m_count;
-    return block;
-  };
+  // Deterministic calls (cta.dq_split): the two consumers' dQ columns are disjoint, so no order between them is needed.
+  const BwdCta<kBlockM, kBlockN> cta(args);
+  const int64_t seqlen_q = cta.sequence.seqlen_q;
+  const int64_t seqlen_k = cta.sequence.seqlen_k;
+  const int64_t offset = cta.offset;
+  const BwdWorkspace& workspace = cta.workspace;
 
   if (threadIdx.x == 0) {
     // q_empty: every consumer thread arrives, since each read the stage's statistics with plain loads: an arrival
     // releases the arriving thread's own reads (bwd_kernel.h's one arrival per consumer after a named barrier left
     // racecheck reporting the next bulk copy against the other threads' reads; docs/perf_log.md, seventeenth session).
-    init_pipeline_barriers(kv_full, kv_empty, q_full, do_full, q_empty, do_empty, kStages, kBwdConsumerWarpgroups,
-                           kBwdConsumerWarpgroups * ptx::kWarpgroupThreads);
+    init_pipeline_barriers(kv_full, ring_tiles.kv_empty, q_full, do_full, q_empty, do_empty, kStages,
+                           kBwdConsumerWarpgroups, kBwdConsumerWarpgroups * ptx::kWarpgroupThreads);
   }
   __syncthreads();
 
@@ -174,44 +146,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
   if (warpgroup == 0) {
     ptx::release_registers<kProducerRegisters>();
     if (threadIdx.x != 0) return;
-    int ring = 0;
-    int loaded_kv = 0;
-    for (int n_block = first_block; n_block < args.num_n_blocks; n_block += block_stride) {
-      const BwdBlock block = plan_block(n_block);
-      if (block.steps == 0) continue;
-      if (loaded_kv > 0) ptx::mbarrier_wait_parity(kv_empty, (loaded_kv - 1) & 1);
-      const int k_row = static_cast<int>(sequence.k_row0 + block.key0);
-      ptx::mbarrier_arrive_expect_tx(kv_full, 2 * Layout::kKvBytes);
-      for (int seg = 0; seg < kSegments; ++seg) {
-        ptx::tma_load_4d(k_tile + seg * kBlockN * kSegmentBytes, &args.k_map, kv_full, seg * kSegmentElems, kv_head,
-                         k_row, map_batch);
-        ptx::tma_load_4d(v_tile + seg * kBlockN * kSegmentBytes, &args.v_map, kv_full, seg * kSegmentElems, kv_head,
-                         k_row, map_batch);
-      }
-      ++loaded_kv;
-      for (int i = 0; i < block.steps; ++i, ++ring) {
-        const Slot slot(ring);
-        const int head = step_head(i, block.m_count);
-        const int m_block = block.m_min + i % block.m_count;
-        const int q_row = static_cast<int>(sequence.q_row0 + static_cast<int64_t>(m_block) * kBlockM);
-        ptx::mbarrier_wait_parity(&q_empty[slot.stage], slot.parity ^ 1);
-        ptx::mbarrier_arrive_expect_tx(&q_full[slot.stage], Layout::kRowsBytes + Layout::kStatBytes);
-        for (int seg = 0; seg < kSegments; ++seg) {
-          ptx::tma_load_4d(q_tiles + slot.stage * Layout::kRowsBytes + seg * kBlockM * kSegmentBytes, &args.q_map,
-                           &q_full[slot.stage], seg * kSegmentElems, head, q_row, map_batch);
-        }
-        ptx::bulk_load(stats + slot.stage * Layout::kStatFloats,
-                       stat_blocks + head * workspace.stats_head_stride +
-                           static_cast<int64_t>(m_block) * Layout::kStatFloats,
-                       Layout::kStatBytes, &q_full[slot.stage]);
-        ptx::mbarrier_wait_parity(&do_empty[slot.stage], slot.parity ^ 1);
-        ptx::mbarrier_arrive_expect_tx(&do_full[slot.stage], Layout::kRowsBytes);
-        for (int seg = 0; seg < kSegments; ++seg) {
-          ptx::tma_load_4d(do_tiles + slot.stage * Layout::kRowsBytes + seg * kBlockM * kSegmentBytes, &args.do_map,
-                           &do_full[slot.stage], seg * kSegmentElems, head, q_row, map_batch);
-        }
-      }
-    }
+    produce_bwd_tiles(args, cta, ring_tiles);
     return;
   }
 
@@ -227,15 +162,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
   // Slot groups of the dq accumulator's rows (bwd_padded_head_dim wide) this consumer's columns reach.
   const int dq_groups = static_cast<int>(
       std::max<int64_t>(std::min<int64_t>(kColumns, workspace.dq_row_stride - column0), 0) / kDqSlotGroup);
-  const float scale = static_cast<float>(p.softmax_scale);
   const bool has_softcap = p.softcap > 0.0;
   const float tanh_scale = has_softcap ? static_cast<float>(p.softmax_scale / p.softcap) : 0.f;
   const float softcap_log2 = static_cast<float>(p.softcap * kLog2e);
   int ring = 0;
   int loaded_kv = 0;
 
-  for (int n_block = first_block; n_block < args.num_n_blocks; n_block += block_stride) {
-    const BwdBlock block = plan_block(n_block);
+  for (int n_block = cta.first_block; n_block < args.num_n_blocks; n_block += cta.block_stride) {
+    const BwdBlock block = cta.plan(p.mask, n_block);
     if (!block.has_keys) continue;
     const int64_t key0 = block.key0;
     const int m_min = block.m_min, m_count = block.m_count, steps = block.steps;
@@ -252,7 +186,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
       ptx::mbarrier_wait_parity(kv_full, loaded_kv & 1);
       for (int i = 0; i < steps; ++i, ++ring) {
         const Slot slot(ring);
-        const int head = step_head(i, m_count);
+        const int head = cta.step_head(i, m_count);
         const int64_t q0 = static_cast<int64_t>(m_min + i % m_count) * kBlockM;
         const uint8_t* q_slot = q_tiles + slot.stage * Layout::kRowsBytes;
         const uint8_t* do_slot = do_tiles + slot.stage * Layout::kRowsBytes;
@@ -265,13 +199,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
 
         const float alibi_slope_log2 =
             kGeneral && p.mask.alibi_slopes != nullptr
-                ? p.mask.alibi_slopes[batch * p.mask.alibi_batch_stride + head] * static_cast<float>(kLog2e)
+                ? p.mask.alibi_slopes[cta.batch * p.mask.alibi_batch_stride + head] * static_cast<float>(kLog2e)
                 : 0.f;
         float distance0[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) distance0[r] = static_cast<float>(q0 + query0 + quad_col + offset - keys[r]);
         // The step's LSE (log2 units; +inf past the sequence) and D, brought with Q.
-        const float* step_stats = stats + slot.stage * Layout::kStatFloats;
+        const float* step_stats = ring_tiles.stats + slot.stage * Layout::kStatFloats;
         const bool masked = block_pair_needs_mask(p.mask, kMask != MaskKind::kNone, q0, kBlockM, key0, kBlockN,
                                                   seqlen_q, seqlen_k, offset);
         // Register 4j + 2r + e: key row keys[r], query column query0 + 8j + quad_col + e of the step.
@@ -395,12 +329,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
         if (thread == 0) ptx::mbarrier_arrive(&do_empty[slot.stage]);
         // dQ in the fp32 accumulator's order (DqLayout::kRows, columns interleaved by dq_slot): a thread's columns 8j +
         // quad_col + e of j = 2g, 2g + 1 are slots 4 (lane % 4) .. + 3 of slot group g, one 16-byte value.
-        float* dq_head = workspace.dq_accum + dq_split * workspace.dq_split_stride + head * workspace.dq_head_stride;
+        float* dq_head =
+            workspace.dq_accum + cta.dq_split * workspace.dq_split_stride + head * workspace.dq_head_stride;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int64_t q = q0 + warp * kRowsPerWarp + lane / kQuadLanes + kSecondRow * r;
           if (q >= seqlen_q) continue;
-          float* dq_row = dq_head + (global_q_row0 + q) * workspace.dq_row_stride + column0;
+          float* dq_row = dq_head + (cta.global_q_row0 + q) * workspace.dq_row_stride + column0;
 #pragma unroll
           for (int g = 0; g < kColumns / kDqSlotGroup; ++g) {
             if (g >= dq_groups) continue;
@@ -409,47 +344,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
           }
         }
       }
-      if (thread == 0) ptx::mbarrier_arrive(kv_empty);
+      if (thread == 0) ptx::mbarrier_arrive(ring_tiles.kv_empty);
       ++loaded_kv;
     }
 
-    // dK = softmax_scale * sum dS^T.Q, dV = sum P^T.dO: this consumer's columns of the block's keys.
-    if (args.head_splits > 1) {
-      const int64_t global_k_row0 = varlen ? sequence.k_row0 : static_cast<int64_t>(batch) * p.shape.seqlen_k;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        if (keys[r] >= seqlen_k) continue;
-        const int64_t accum_row =
-            ((global_k_row0 + keys[r]) * p.shape.nheads_k + kv_head) * workspace.dkv_row_stride + column0;
-#pragma unroll
-        for (int j = 0; j < kColumns / 8; ++j) {
-          const int col = 8 * j + quad_col;
-          if (column0 + col < p.shape.head_dim) {
-            ptx::red_add_v2_f32(workspace.dk_accum + accum_row + col, dk[4 * j + 2 * r] * scale,
-                                dk[4 * j + 2 * r + 1] * scale);
-            ptx::red_add_v2_f32(workspace.dv_accum + accum_row + col, dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
-          }
-        }
-      }
-    } else {
-      T* dk_out = static_cast<T*>(bp.dk) + batch * bp.dk_strides.batch + kv_head * bp.dk_strides.head;
-      T* dv_out = static_cast<T*>(bp.dv) + batch * bp.dv_strides.batch + kv_head * bp.dv_strides.head;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        if (keys[r] >= seqlen_k) continue;
-        T* dk_row = dk_out + (sequence.k_row0 + keys[r]) * bp.dk_strides.row + column0;
-        T* dv_row = dv_out + (sequence.k_row0 + keys[r]) * bp.dv_strides.row + column0;
-#pragma unroll
-        for (int j = 0; j < kColumns / 8; ++j) {
-          const int col = 8 * j + quad_col;
-          if (column0 + col < p.shape.head_dim) {
-            *reinterpret_cast<uint32_t*>(dk_row + col) =
-                pack_pair<T>(dk[4 * j + 2 * r] * scale, dk[4 * j + 2 * r + 1] * scale);
-            *reinterpret_cast<uint32_t*>(dv_row + col) = pack_pair<T>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
-          }
-        }
-      }
-    }
+    // dK and dV of this consumer's columns of the block's keys.
+    store_bwd_dkv<T, kColumns>(args, cta, keys, dk, dv, column0, quad_col);
   }
 #else
   (void)args;
