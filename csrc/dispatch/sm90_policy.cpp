@@ -89,8 +89,9 @@ bool sm90_bwd_pays(const BwdParams& p) {
   // against the portable 317 / 329, 265 / 322; hd 64 335 / 354, 297 / 353 against 286 / 306, 258 / 303; hd 96 (4k)
   // 333 against 255. hd 32 stays portable (151 against 200 before the statistics blocks' +14 %). Deterministic
   // calls stay portable: the Hopper form was not timed.
-  // Above hd 128 (bwd_wide_kernel.h): not yet run on a GPU, so FLASH_ATTN_HOPPER=force only.
-  if (p.fwd.shape.head_dim > sm90::kBwdMaxNarrowHeadDim) return false;
+  // Above hd 128 the wide kernel (bwd_wide_kernel.h; eighteenth session sweep, 4 x 4k, TFLOP/s, Hopper / portable,
+  // causal after the slash): hd 160 250 / 182, 224 / 170; hd 192 265 / 199, 242 / 189; hd 224 275 / 190, 254 / 179;
+  // hd 256 301 / 254, 278 / 240. Its plain calls take the same rules as the narrow kernel's.
   if (p.fwd.softcap > 0.0 || p.fwd.mask.alibi_slopes != nullptr) return true;
   constexpr int64_t kMinPlainHeadDim = 33;
   return p.fwd.shape.head_dim >= kMinPlainHeadDim && !p.deterministic;

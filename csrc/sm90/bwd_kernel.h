@@ -118,8 +118,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   const bool ordered_dq = bp.deterministic && !kColumnHalves;
 
   if (threadIdx.x == 0) {
+    // q_empty: every consumer thread arrives, since each read the stage's statistics block with plain loads; one
+    // arrival per consumer after a named barrier orders them too, but racecheck does not follow that order and
+    // reported the next bulk copy against the other threads' reads (docs/perf_log.md, seventeenth session).
     init_pipeline_barriers(kv_full, kv_empty, q_full, do_full, q_empty, do_empty, kStages, kBwdConsumerWarpgroups,
-                           kBwdConsumerWarpgroups);
+                           kBwdConsumerWarpgroups * ptx::kWarpgroupThreads);
   }
   __syncthreads();
 
@@ -363,10 +366,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
         pin_all(dv);
         pin_all(dk);
         pin_all(dq);
-        if (thread == 0) {
-          ptx::mbarrier_arrive(&q_empty[slot.stage]);
-          ptx::mbarrier_arrive(&do_empty[slot.stage]);
-        }
+        ptx::mbarrier_arrive(&q_empty[slot.stage]);
+        if (thread == 0) ptx::mbarrier_arrive(&do_empty[slot.stage]);
         // The next step's S^T goes to the tensor cores while this step's dQ reductions issue.
         if constexpr (kPrefetchScores) {
           if (i + 1 < steps) issue_step_s(Slot(ring + 1));
