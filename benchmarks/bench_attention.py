@@ -203,7 +203,7 @@ def environment_variable(name: str, value: str):
             os.environ[name] = previous
 
 
-def make_ours(fa_module, fa_error, backward: bool, name: str = OURS) -> Impl:
+def make_ours(fa_module, fa_error, backward: bool, name: str = OURS, deterministic: bool = False) -> Impl:
     def build(p: Problem):
         if fa_module is None:
             raise RuntimeError(f"flash_attn is not importable: {fa_error}")
@@ -214,8 +214,9 @@ def make_ours(fa_module, fa_error, backward: bool, name: str = OURS) -> Impl:
         if p.feature == "varlen":
             cu = torch.arange(0, p.seqlen_q + 1, p.doc_len, dtype=torch.int32, device=p.device)
             return lambda q, k, v: fa_module.flash_attn_varlen_func(
-                q[0], k[0], v[0], cu, cu, p.doc_len, p.doc_len, causal=p.causal).unsqueeze(0)
-        extra = {}
+                q[0], k[0], v[0], cu, cu, p.doc_len, p.doc_len, causal=p.causal,
+                deterministic=deterministic).unsqueeze(0)
+        extra = {"deterministic": True} if deterministic else {}
         if p.feature == "softcap":
             extra["softcap"] = SOFTCAP
         elif p.feature == "window":
@@ -285,11 +286,11 @@ def make_flex() -> Impl:
     return Impl("flex", "bhsd", build, contextlib.nullcontext)
 
 
-def make_impls(names, fa_module, fa_error, backward: bool) -> list:
+def make_impls(names, fa_module, fa_error, backward: bool, deterministic: bool = False) -> list:
     factories = {
-        OURS: lambda: make_ours(fa_module, fa_error, backward),
-        OURS_HOPPER: lambda: make_ours(fa_module, fa_error, backward, OURS_HOPPER),
-        OURS_PORTABLE: lambda: make_ours(fa_module, fa_error, backward, OURS_PORTABLE),
+        OURS: lambda: make_ours(fa_module, fa_error, backward, OURS, deterministic),
+        OURS_HOPPER: lambda: make_ours(fa_module, fa_error, backward, OURS_HOPPER, deterministic),
+        OURS_PORTABLE: lambda: make_ours(fa_module, fa_error, backward, OURS_PORTABLE, deterministic),
         "sdpa": lambda: make_sdpa("sdpa", None),
         "sdpa_flash": lambda: make_sdpa("sdpa_flash", "FLASH_ATTENTION"),
         "sdpa_cudnn": lambda: make_sdpa("sdpa_cudnn", "CUDNN_ATTENTION"),
@@ -829,6 +830,10 @@ def parse_args(argv=None):
         "--out", default=None, help="JSON path (default benchmarks/results/<date>-<device>-<what>.json)"
     )
     parser.add_argument("--no-save", action="store_true", help="print the table only")
+    parser.add_argument(
+        "--deterministic", action="store_true",
+        help="flash_attn's calls with deterministic=True (the backward's fixed-order dQ; peers unchanged)",
+    )
     parser.add_argument("--quick", action="store_true", help="a few shapes, for a smoke test")
     parser.add_argument(
         "--sweep", action="store_true",
@@ -874,7 +879,9 @@ def run_benchmark(argv=None) -> list:
     directions = ["fwd"] if decode or args.direction == "fwd" else (
         ["bwd"] if args.direction == "bwd" else ["fwd", "bwd"]
     )
-    impls = make_impls(args.impls, fa_module, fa_error, backward="bwd" in directions)
+    impls = make_impls(
+        args.impls, fa_module, fa_error, backward="bwd" in directions, deterministic=args.deterministic
+    )
     problems = decode_problems(args) if decode else (sweep_problems(args) if args.sweep else training_problems(args))
 
     print(

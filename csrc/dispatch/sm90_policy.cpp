@@ -69,13 +69,14 @@ bool sm90_fwd_pays(const FwdParams& p) {
   // Measured on the H200, bf16, Hopper / portable TFLOP/s (docs/perf_log.md, fifteenth session):
   // - head dims up to 32 pad to 64 columns and lose everywhere: 4k keys 225 / 238, causal 198 / 214; 512 keys 153 /
   //   177;
-  // - at head dims up to 64 a tile of short keys is a few key blocks, and the portable kernel's smaller tiles win:
-  //   non-causal 512 keys 276 / 285, 1k 353 / 311; masked 1k 236 / 265, 2k 313 / 303;
+  // - at head dims up to 64 a tile of short keys is a few key blocks, and the portable kernel's smaller tiles win
+  //   against one CTA per tile: masked 1k 236 / 265, 2k 313 / 303; non-causal 512 keys 276 / 285 too, but with a CTA
+  //   per SM striding over the tiles (fwd_persistent_pays, eighteenth session) 345 / 287, 1k 403 / 312;
   // - one key block or less (varlen documents of 128 tokens, hd 128): 135 / 143, causal 62 / 72.
   constexpr int64_t kPaddedHeadDim = 32;
   constexpr int64_t kSmallHeadDim = 64;
   constexpr int64_t kMinKeys = 129;
-  constexpr int64_t kMinKeysSmallHeadDim = 513;
+  constexpr int64_t kMinKeysSmallHeadDim = 512;
   constexpr int64_t kMinKeysSmallHeadDimMasked = 1025;
   if (p.shape.head_dim <= kPaddedHeadDim) return false;
   if (p.shape.head_dim > kSmallHeadDim) return p.shape.seqlen_k >= kMinKeys;
@@ -88,13 +89,15 @@ bool sm90_bwd_pays(const BwdParams& p) {
   // Plain calls above hd 32 (seventeenth session, bf16, 4k / 16k, causal 4k / 16k): hd 128 445 / 493, 400 / 480
   // against the portable 317 / 329, 265 / 322; hd 64 335 / 354, 297 / 353 against 286 / 306, 258 / 303; hd 96 (4k)
   // 333 against 255. hd 32 stays portable (151 against 200 before the statistics blocks' +14 %). Deterministic
-  // calls stay portable: the Hopper form was not timed.
+  // calls alike (eighteenth session, Hopper / portable, both deterministic, 2k / 16k, causal 2k / 16k): hd 64 192 /
+  // 170, 185 / 177 against 138 / 114, 121 / 112; hd 128 288 / 317, 241 / 284 against 141 / 126, 118 / 120; hd 256
+  // 141 / 171, 126 / 151 against 76 / 94, 71 / 86.
   // Above hd 128 the wide kernel (bwd_wide_kernel.h; eighteenth session sweep, 4 x 4k, TFLOP/s, Hopper / portable,
   // causal after the slash): hd 160 250 / 182, 224 / 170; hd 192 265 / 199, 242 / 189; hd 224 275 / 190, 254 / 179;
   // hd 256 301 / 254, 278 / 240. Its plain calls take the same rules as the narrow kernel's.
   if (p.fwd.softcap > 0.0 || p.fwd.mask.alibi_slopes != nullptr) return true;
   constexpr int64_t kMinPlainHeadDim = 33;
-  return p.fwd.shape.head_dim >= kMinPlainHeadDim && !p.deterministic;
+  return p.fwd.shape.head_dim >= kMinPlainHeadDim;
 }
 
 int64_t sm90_bwd_head_splits(const BwdParams& p, int num_sms) {

@@ -212,6 +212,14 @@ __device__ __forceinline__ FwdTile plan_tile(const FwdKernelArgs& args, int64_t 
       tile.head = static_cast<int>(rest % heads);
       tile.batch = static_cast<int>(rest / heads);
     } else {
+      // Masked tiles shrink from the first rank to the last: a CTA takes ranks i, 2G - 1 - i, 2G + i, ... of G CTAs
+      // (odd whole rounds reversed), so a heavy tile pairs with a light one; a last, partial round keeps the plain
+      // order, so every rank is still taken once.
+      const int64_t ctas = gridDim.x;
+      const int64_t round_start = index / ctas * ctas;
+      if ((index / ctas) % 2 == 1 && round_start + ctas <= args.num_tiles) {
+        index = round_start + ctas - 1 - (index - round_start);
+      }
       tile.m_block = args.num_m_blocks - 1 - static_cast<int>(index / heads_batches);
       const int64_t rest = index % heads_batches;
       tile.head = static_cast<int>(rest % heads);

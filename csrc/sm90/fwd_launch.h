@@ -68,6 +68,8 @@ inline void require_smem_opt_in(cudaError_t status, int bytes, const char* path)
                            std::to_string(bytes) + " bytes failed: " + cudaGetErrorString(status));
 }
 
+constexpr int64_t kMaxGridX = 2147483647;  // CUDA's grid x limit; the persistent kernel strides over tiles past it
+
 // Calls with softcap or ALiBi take the general kernel (transform_scores); the rest the lean one.
 inline bool fwd_needs_general_kernel(const FwdParams& p) {
   return p.softcap > 0.0 || p.mask.alibi_slopes != nullptr;
@@ -86,11 +88,13 @@ void launch_fwd(FwdKernelArgs& args, cudaStream_t stream) {
   require_smem_opt_in(opt_in, Layout::kLaunchBytes, "forward");
   const AttentionShape& shape = args.params.shape;
   if constexpr (kPersistent) {
-    // One CTA per SM (each holds a whole SM's shared memory), striding over the tiles.
+    // A CTA per SM (each holds a whole SM's shared memory) striding over the tiles, or one CTA per tile
+    // (fwd_persistent_pays).
     int device = 0;
     cudaGetDevice(&device);
     const int64_t sms = device_attributes(device).num_sms;
-    const int64_t ctas = args.num_tiles < sms ? args.num_tiles : sms;
+    const int64_t max_ctas = fwd_persistent_pays(shape.seqlen_k) ? sms : kMaxGridX;
+    const int64_t ctas = args.num_tiles < max_ctas ? args.num_tiles : max_ctas;
     kernel<<<static_cast<unsigned>(ctas), kFwdThreads, Layout::kLaunchBytes, stream>>>(args);
   } else {
     const dim3 grid(args.num_m_blocks, static_cast<unsigned>(shape.nheads_q), static_cast<unsigned>(shape.batch));
@@ -101,7 +105,7 @@ void launch_fwd(FwdKernelArgs& args, cudaStream_t stream) {
 // kSchedule, kTile, kPersistent and kPolyEvery: the policies' (fwd_schedule, fwd_tile_config, fwd_persistent,
 // fwd_poly_exp_every) unless a caller compares others (tools/sm90_fwd_check.cu).
 template <DType kDType, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule = fwd_schedule(kHeadDim),
-          FwdTileConfig kTile = fwd_tile_config(kHeadDim), bool kPersistent = fwd_persistent(kHeadDim),
+          FwdTileConfig kTile = fwd_tile_config(kHeadDim), bool kPersistent = fwd_persistent(kHeadDim, kMask),
           int kPolyEvery = fwd_poly_exp_every(kHeadDim)>
 void run_fwd(const FwdParams& params, void* stream) {
   using T = Element<kDType>;

@@ -26,13 +26,23 @@ struct FwdTileConfig {
   int stages;   // K/V ring depth
 };
 
-// One tile per CTA until the persistent form (fwd_kernel.h kPersistent: the next tile's loads overlap the current
-// tile's tail) is timed against it; predicted to matter at short sequences, where a tile is a few key blocks and its
-// prologue (barrier setup, Q and first K/V loads) is exposed once per CTA.
-constexpr bool fwd_persistent(int head_dim) {
+// Calls without a mask run the persistent kernel (fwd_kernel.h kPersistent: CTAs stride over the tiles, the next
+// tile's loads overlap the current tile's tail), fwd_persistent_pays picking a CTA per SM or one CTA per tile. Masked
+// calls run one tile per CTA: the persistent kernel orders masked tiles longest first across every head, and launched
+// one CTA per tile it ran 4-12 % behind at 4k / 16k keys (concurrent CTAs no longer share a head's K / V in L2), a
+// CTA per SM 10-17 % behind at hd 256 512 / 1k keys (H200, eighteenth session).
+constexpr bool fwd_persistent(int head_dim, MaskKind mask) {
   (void)head_dim;
-  return false;
+  return mask == MaskKind::kNone;
 }
+
+// A CTA per SM where a tile is a few key blocks, so its prologue (barrier setup, Q and first K / V loads) is exposed
+// once per tile; otherwise one CTA per tile (the hardware then orders them). H200, bf16, forced Hopper forward, no
+// mask, TFLOP/s one tile per CTA -> a CTA per SM (eighteenth session, median of four rounds): 512 keys hd 64 263 ->
+// 344, hd 128 379 -> 440, hd 256 380 -> 417; 2k 396 -> 436, 597 -> 589, 618 -> 660. At 4k and 16k the persistent
+// kernel launched one CTA per tile ran within 2 % of the one-tile kernel.
+constexpr int64_t kFwdPersistentMaxKeys = 2048;
+constexpr bool fwd_persistent_pays(int64_t seqlen_k) { return seqlen_k <= kFwdPersistentMaxKeys; }
 
 // How many column groups of a key block share one group of FMA-pipe exponentials (fwd_kernel.h softmax_step): 0
 // (all on the MUFU unit) until timed. HOPPER_NOTES.md section 7 measured 15.8 exp/clk/SM on MUFU alone and 20.6 with
