@@ -196,9 +196,9 @@ struct FwdTile {
   int full_hi;
 };
 
-// Tile `index` of the launch: the grid coordinates of a one-tile CTA, or, for persistent CTAs, a linear index with
-// causal / local tiles longest first (query blocks from the last down, across every head and batch entry) and the
-// others query block fastest (concurrent CTAs share a head's K/V in L2).
+// Tile `index` of the launch: the grid coordinates of a one-tile CTA, or, for persistent CTAs, a linear index: query
+// block fastest (concurrent CTAs share a head's K/V in L2) without a mask or with one CTA per tile; with fewer CTAs,
+// causal / local tiles longest first (query blocks from the last down, across every head and batch entry).
 template <MaskKind kMask, bool kPersistent, int kBlockM, int kBlockN>
 __device__ __forceinline__ FwdTile plan_tile(const FwdKernelArgs& args, int64_t index) {
   const FwdParams& p = args.params;
@@ -208,6 +208,14 @@ __device__ __forceinline__ FwdTile plan_tile(const FwdKernelArgs& args, int64_t 
     const int64_t heads_batches = heads * p.shape.batch;
     if constexpr (kMask == MaskKind::kNone) {
       tile.m_block = static_cast<int>(index % args.num_m_blocks);
+      const int64_t rest = index / args.num_m_blocks;
+      tile.head = static_cast<int>(rest % heads);
+      tile.batch = static_cast<int>(rest / heads);
+    } else if (gridDim.x >= args.num_tiles) {
+      // One CTA per tile (fwd_persistent_pays false): the one-tile kernel's order, each head's query blocks last
+      // first, so concurrent CTAs share a head's K / V in L2 (the longest-first order below, across every head, ran
+      // 4-12 % behind it at 4k / 16k keys: docs/perf_log.md, eighteenth session).
+      tile.m_block = args.num_m_blocks - 1 - static_cast<int>(index % args.num_m_blocks);
       const int64_t rest = index / args.num_m_blocks;
       tile.head = static_cast<int>(rest % heads);
       tile.batch = static_cast<int>(rest / heads);
