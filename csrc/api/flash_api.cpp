@@ -273,6 +273,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
         find_kernel(device_sm(q.device()), device_code_arch(q.device()), p, Direction::kBackward, &bp);
     if (entry != nullptr && entry->key.arch == kHopperArch) {
       bp.head_splits = sm90_bwd_head_splits(bp, num_sms);
+      bp.dq_splits = sm90_bwd_dq_splits(bp, num_sms);
       bp.block_stats = true;
     }
     const at::Tensor workspace = at::empty({bwd_workspace_bytes(bp)}, q.options().dtype(at::kByte));

@@ -1,11 +1,14 @@
 // hopper_switch(), sm90_fwd_declines() and sm90_bwd_declines() (sm90_policy.h).
 #include "sm90_policy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
+#include "flash_attn/bwd_workspace.h"
 #include "flash_attn/common/mask.h"
 #include "sm80/fwd_tile_config.h"
 #include "sm90/bwd_tile_config.h"
@@ -119,6 +122,32 @@ int64_t sm90_bwd_head_splits(const BwdParams& p, int num_sms) {
     } while (group % splits != 0);
   }
   return splits;
+}
+
+int64_t sm90_bwd_dq_splits(const BwdParams& p, int num_sms) {
+  // The portable path's rule (bwd_dq_splits: 2 CTAs per SM over batch x KV heads x splits) suits kernels that hold two
+  // CTAs per SM; the Hopper backward holds one, so at hd 128, 1 x 16 heads x 16k it made 17 splits, 272 CTAs, three
+  // waves of 8 key blocks: 24 key-block times on the busiest SM against 15.5 for the default grid (2048 CTAs), close to
+  // the 0.64x measured (eighteenth session: 317 against 497 TFLOP/s). Here 8 splits, one wave of 16. Never more
+  // accumulators (workspace) than the portable rule's.
+  const AttentionShape& s = p.fwd.shape;
+  if (!p.deterministic) return 1;
+  const int64_t block_n = sm90::bwd_tile_config(sm90_head_dim_bucket(s.head_dim)).block_n;
+  const int64_t key_blocks = std::max<int64_t>((s.seqlen_k + block_n - 1) / block_n, 1);
+  const int64_t ctas = std::max<int64_t>(s.batch * s.nheads_k, 1);
+  const int64_t sms = std::max(num_sms, 1);
+  const int64_t most = std::min(key_blocks, bwd_dq_splits(p, num_sms));
+  int64_t best = 1;
+  int64_t best_cost = std::numeric_limits<int64_t>::max();
+  for (int64_t splits = 1; splits <= most; ++splits) {
+    const int64_t waves = (ctas * splits + sms - 1) / sms;
+    const int64_t cost = waves * ((key_blocks + splits - 1) / splits);
+    if (cost < best_cost) {
+      best = splits;
+      best_cost = cost;
+    }
+  }
+  return best;
 }
 
 int sm90_head_dim_bucket(int64_t head_dim) {

@@ -31,7 +31,7 @@ const char* sm90_bwd_declines(const BwdParams& p);
 
 // Whether FLASH_ATTN_HOPPER=1 (the default) hands a call the Hopper path serves to it rather than to the portable
 // kernels: false where the portable kernel was measured faster (forward: head dims up to 32, short keys; backward: plain
-// calls at head dims up to 32 and deterministic ones). Force ignores them.
+// calls at head dims up to 32). Force ignores them.
 bool sm90_fwd_pays(const FwdParams& p);
 bool sm90_bwd_pays(const BwdParams& p);
 
@@ -39,6 +39,12 @@ bool sm90_bwd_pays(const BwdParams& p);
 // deterministic calls and where the grid already has enough CTAs, else the smallest divisor of the group that gives
 // the grid kBwdHeadSplitMinCtasPerSm CTAs per SM (or the whole group). num_sms: the device's SM count.
 int64_t sm90_bwd_head_splits(const BwdParams& p, int num_sms);
+
+// How many dq accumulators a deterministic call on the Hopper backward uses (BwdParams::dq_splits; 1 otherwise): CTA x
+// of a (batch entry, KV head) walks key blocks x, x + splits, ... into accumulator x, one CTA per SM resident. The
+// fewest splits that minimise the busiest SM's key blocks, ceil(batch kv_heads splits / num_sms) waves of
+// ceil(key_blocks / splits) each.
+int64_t sm90_bwd_dq_splits(const BwdParams& p, int num_sms);
 
 // The head-dim bucket whose Hopper kernel serves a call: the next whole 64-column segment count (96 -> 128, 160 -> 192,
 // 224 -> 256), its columns past head_dim zero-filled by TMA, since the Hopper kernels exist only there

@@ -4,7 +4,8 @@
 // group), and is 1 in deterministic calls; the delta, dq, dK, dV and statistics regions of the layout the sm90
 // kernels use lie inside bwd_workspace_bytes() without overlapping, the last element the split epilogue adds and the
 // conversion reads is inside its accumulator, and every query block of every sequence has a statistics block of its
-// own inside the region. Prints one line per failure and a summary; exits 1 on any failure.
+// own inside the region; the Hopper dq split count is the fewest that minimise the busiest SM's work. Prints one line
+// per failure and a summary; exits 1 on any failure.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -47,6 +48,28 @@ void check_splits(const flash::BwdParams& p, int num_sms) {
     if (group % d == 0 && ctas * d >= kTargetCtasPerSm * num_sms) {
       fail("a smaller divisor reaches the target", p, d, splits);
     }
+  }
+}
+
+// The Hopper backward's dq accumulators (sm90_bwd_dq_splits): 1 unless deterministic; otherwise no more than the
+// portable rule's count or the key blocks, and the fewest that minimise the busiest SM's key blocks (one CTA per SM
+// resident: waves of batch x KV heads x splits CTAs, each walking ceil(key blocks / splits)).
+void check_dq_splits(const flash::BwdParams& p, int num_sms) {
+  const flash::AttentionShape& s = p.fwd.shape;
+  const int64_t splits = flash::sm90_bwd_dq_splits(p, num_sms);
+  if (!p.deterministic) {
+    if (splits != 1) fail("dq splits without deterministic", p, splits, 1);
+    return;
+  }
+  const int64_t block_n = flash::sm90::bwd_tile_config(flash::sm90_head_dim_bucket(s.head_dim)).block_n;
+  const int64_t key_blocks = std::max<int64_t>((s.seqlen_k + block_n - 1) / block_n, 1);
+  const int64_t cap = std::min(key_blocks, flash::bwd_dq_splits(p, num_sms));
+  if (splits < 1 || splits > cap) fail("dq splits outside [1, cap]", p, splits, cap);
+  const int64_t ctas = s.batch * s.nheads_k;
+  auto busiest = [&](int64_t n) { return (ctas * n + num_sms - 1) / num_sms * ((key_blocks + n - 1) / n); };
+  for (int64_t n = 1; n <= cap; ++n) {
+    if (busiest(n) < busiest(splits)) fail("dq splits with a busier SM than another count", p, splits, n);
+    if (n < splits && busiest(n) == busiest(splits)) fail("fewer dq splits do as well", p, splits, n);
   }
 }
 
@@ -149,11 +172,26 @@ int main() {
     p.block_stats = random() % 2 == 0;
     p.deterministic = random() % 4 == 0;
     const int num_sms = sm_counts[random() % 3];
-    p.dq_splits = flash::bwd_dq_splits(p, num_sms);
+    // The Hopper entries (block_stats) take their own dq split count, the portable ones the shared rule.
+    p.dq_splits = p.block_stats ? flash::sm90_bwd_dq_splits(p, num_sms) : flash::bwd_dq_splits(p, num_sms);
     p.head_splits = flash::sm90_bwd_head_splits(p, num_sms);
     check_splits(p, num_sms);
+    check_dq_splits(p, num_sms);
     check_layout(p, lengths);
     ++cases;
+  }
+  // The case the rule was made for (docs/perf_log.md, eighteenth session): hd 128, 1 x 16 heads, 16k keys, 132 SMs:
+  // 8 splits, one wave of 16 key blocks (the portable rule's 17 made three waves of 8).
+  {
+    flash::BwdParams p;
+    flash::AttentionShape& s = p.fwd.shape;
+    s.batch = 1;
+    s.nheads_q = s.nheads_k = 16;
+    s.head_dim = 128;
+    s.seqlen_q = s.seqlen_k = s.total_q = s.total_k = 16384;
+    p.deterministic = true;
+    const int64_t splits = flash::sm90_bwd_dq_splits(p, 132);
+    if (splits != 8) fail("hd 128 16k dq splits", p, splits, 8);
   }
   std::printf("%d cases, %d failures\n", cases, failures);
   return failures == 0 ? 0 : 1;
