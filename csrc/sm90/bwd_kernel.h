@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
     // arrival per consumer after a named barrier orders them too, but racecheck does not follow that order and
     // reported the next bulk copy against the other threads' reads (docs/perf_log.md, seventeenth session).
     init_pipeline_barriers(kv_full, kv_empty, q_full, do_full, q_empty, do_empty, kStages, kBwdConsumerWarpgroups,
-                           kBwdConsumerWarpgroups * ptx::kWarpgroupThreads);
+                           kBwdConsumerWarpgroups * ptx::kWarpgroupThreads, kBwdConsumerWarpgroups);
   }
   __syncthreads();
 

@@ -51,7 +51,8 @@ constexpr bool bwd_prefetches_scores(int head_dim, bool general) {
 // sixteenth session): the reductions' source and address registers, reused while earlier reductions still read them,
 // held ~9 % of the stall samples; cuDNN ran the same shape at 2.0x our time. Calls that are not deterministic only:
 // the deterministic ones order their additions (bwd_kernel.h ordered_dq) and keep the register reductions. The wide
-// kernel has no room for the staging tile (bwd_tile_config).
+// kernel has no room for a staging tile (bwd_tile_config) and stages in its own column segments of the step's Q and
+// dO slots instead (bwd_wide_kernel.h); written, not yet run on a GPU, so off above hd 128 until tested and timed.
 constexpr bool bwd_reduces_dq_in_bulk(int head_dim) { return head_dim <= kBwdMaxNarrowHeadDim; }
 
 }  // namespace flash::sm90

@@ -3,8 +3,9 @@
 // (64 query rows), consumer c computes S^T and dP^T for query rows 32c .. 32c + 31 of the step (wgmma, K and V as A),
 // writes its halves of P^T and dS^T to shared tiles, and after one barrier both read the whole tiles: consumer c adds
 // dV, dK for head-dim columns 128c .. 128c + 127 and computes dQ for the same columns (dS read M-major from the dS^T
-// tile), which it adds to the fp32 accumulator with red.global.add.v4. Calls at hd 129 ... 192 run it with zero-filled
-// columns. Producer, statistics blocks and epilogue: bwd_cta.h; masks as bwd_kernel.h.
+// tile), which it adds to the fp32 accumulator with red.global.add.v4, or (a dq map: bwd_reduces_dq_in_bulk) stages in
+// its own column segments of the step's Q and dO slots for bulk reductions. Calls at hd 129 ... 192 run it with
+// zero-filled columns. Producer, statistics blocks and epilogue: bwd_cta.h; masks as bwd_kernel.h.
 #pragma once
 
 #include <cuda.h>
@@ -19,6 +20,7 @@
 #include "flash_attn/common/mask.h"
 #include "flash_attn/common/math.h"
 #include "flash_attn/params.h"
+#include "flash_attn/ptx/bulk_reduce_sm90.h"
 #include "flash_attn/ptx/fence_proxy_sm90.h"
 #include "flash_attn/ptx/red_sm90.h"
 #include "flash_attn/ptx/stmatrix_sm90.h"
@@ -133,12 +135,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
   const int64_t offset = cta.offset;
   const BwdWorkspace& workspace = cta.workspace;
 
+  const bool bulk_dq = args.dq_map.enabled;  // dQ by bulk reductions, staged in the Q and dO slots (below)
   if (threadIdx.x == 0) {
     // q_empty: every consumer thread arrives, since each read the stage's statistics with plain loads: an arrival
-    // releases the arriving thread's own reads (bwd_kernel.h's one arrival per consumer after a named barrier left
-    // racecheck reporting the next bulk copy against the other threads' reads; docs/perf_log.md, seventeenth session).
+    // releases the arriving thread's own reads (one arrival per consumer after a named barrier left racecheck
+    // reporting the next bulk copy against the other threads' reads; docs/perf_log.md, seventeenth session). do_empty
+    // likewise when the threads wrote dQ boxes into the dO slot; otherwise one arrival per consumer.
+    constexpr int kEveryConsumerThread = kBwdConsumerWarpgroups * ptx::kWarpgroupThreads;
     init_pipeline_barriers(kv_full, ring_tiles.kv_empty, q_full, do_full, q_empty, do_empty, kStages,
-                           kBwdConsumerWarpgroups, kBwdConsumerWarpgroups * ptx::kWarpgroupThreads);
+                           kBwdConsumerWarpgroups, kEveryConsumerThread,
+                           bulk_dq ? kEveryConsumerThread : kBwdConsumerWarpgroups);
   }
   __syncthreads();
 
@@ -165,6 +171,24 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
   const bool has_softcap = p.softcap > 0.0;
   const float tanh_scale = has_softcap ? static_cast<float>(p.softmax_scale / p.softcap) : 0.f;
   const float softcap_log2 = static_cast<float>(p.softcap * kLog2e);
+  // Bulk dQ: a consumer's boxes of kDqSlotGroup columns x kBlockM rows, the first half in its two column segments of
+  // the step's Q slot, the second in those of its dO slot (after its own dK / dV GEMMs nothing reads them: the
+  // other consumer's read its own segments, and S^T / dP^T, which read every segment, finished before the scores
+  // barrier). Thread 0 releases the slot once the TMA unit has read the boxes: pending_stage until then.
+  constexpr int kDqBoxes = kColumns / kDqSlotGroup;
+  constexpr int kBoxesPerSlot = kDqBoxes / 2;
+  constexpr int kBoxFloats = kDqSlotGroup * kBlockM;
+  static_assert(kBoxesPerSlot * kBoxFloats * 4 == kColumnSegments * kBlockM * kSegmentBytes,
+                "half of a consumer's dQ boxes fill its column segments of one Q or dO slot");
+  constexpr int kNoStage = -1;
+  int pending_stage = kNoStage;
+  auto release_pending = [&]() {
+    if (pending_stage == kNoStage) return;
+    ptx::bulk_wait_group_read<0>();
+    ptx::mbarrier_arrive(&q_empty[pending_stage]);
+    ptx::mbarrier_arrive(&do_empty[pending_stage]);
+    pending_stage = kNoStage;
+  };
   int ring = 0;
   int loaded_kv = 0;
 
@@ -196,6 +220,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
         issue_half_scores<T, kHeadDim, kBlockN, kBlockM, kQueries>(s, k_tile, q_slot, query0);
         ptx::mbarrier_wait_parity(&do_full[slot.stage], slot.parity);
         issue_half_scores<T, kHeadDim, kBlockN, kBlockM, kQueries>(dp, v_tile, do_slot, query0);
+        release_pending();  // the previous step's slot, while this step's S^T and dP^T run
 
         const float alibi_slope_log2 =
             kGeneral && p.mask.alibi_slopes != nullptr
@@ -325,25 +350,60 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
         pin_all(dv);
         pin_all(dk);
         pin_all(dq);
-        ptx::mbarrier_arrive(&q_empty[slot.stage]);
-        if (thread == 0) ptx::mbarrier_arrive(&do_empty[slot.stage]);
         // dQ in the fp32 accumulator's order (DqLayout::kRows, columns interleaved by dq_slot): a thread's columns 8j +
         // quad_col + e of j = 2g, 2g + 1 are slots 4 (lane % 4) .. + 3 of slot group g, one 16-byte value.
-        float* dq_head =
-            workspace.dq_accum + cta.dq_split * workspace.dq_split_stride + head * workspace.dq_head_stride;
+        if (bulk_dq) {
+          uint8_t* const halves[2] = {
+              q_tiles + slot.stage * Layout::kRowsBytes + column_segment0 * kBlockM * kSegmentBytes,
+              do_tiles + slot.stage * Layout::kRowsBytes + column_segment0 * kBlockM * kSegmentBytes};
+          auto box = [&](int g) {
+            return reinterpret_cast<float*>(halves[g / kBoxesPerSlot]) + (g % kBoxesPerSlot) * kBoxFloats;
+          };
+          // Dense rows of 64 bytes (a warp's 8 rows x 64 bytes per store: conflict-free). Rows past the sequence
+          // hold zeros (P = 0 there), as in bwd_kernel.h's staging.
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int64_t q = q0 + warp * kRowsPerWarp + lane / kQuadLanes + kSecondRow * r;
-          if (q >= seqlen_q) continue;
-          float* dq_row = dq_head + (cta.global_q_row0 + q) * workspace.dq_row_stride + column0;
+          for (int r = 0; r < 2; ++r) {
+            const int row = warp * kRowsPerWarp + lane / kQuadLanes + kSecondRow * r;
 #pragma unroll
-          for (int g = 0; g < kColumns / kDqSlotGroup; ++g) {
-            if (g >= dq_groups) continue;
-            ptx::red_add_v4_f32(dq_row + g * kDqSlotGroup + 2 * quad_col, dq[8 * g + 2 * r], dq[8 * g + 2 * r + 1],
-                                dq[8 * g + 4 + 2 * r], dq[8 * g + 4 + 2 * r + 1]);
+            for (int g = 0; g < kDqBoxes; ++g) {
+              *reinterpret_cast<float4*>(box(g) + row * kDqSlotGroup + 2 * quad_col) = make_float4(
+                  dq[8 * g + 2 * r], dq[8 * g + 2 * r + 1], dq[8 * g + 4 + 2 * r], dq[8 * g + 4 + 2 * r + 1]);
+            }
+          }
+          ptx::fence_proxy_async_shared();
+          ptx::named_barrier_sync(kBwdDqStageBarrier + consumer, ptx::kWarpgroupThreads);
+          if (thread == 0) {
+            const int row = static_cast<int>(head * workspace.dq_head_rows + cta.global_q_row0 + q0);
+#pragma unroll
+            for (int g = 0; g < kDqBoxes; ++g) {
+              if (g < dq_groups) ptx::bulk_reduce_add_2d(&args.dq_map.map, box(g), column0 + g * kDqSlotGroup, row);
+            }
+            ptx::bulk_commit_group();
+            pending_stage = slot.stage;
+          } else {
+            ptx::mbarrier_arrive(&q_empty[slot.stage]);
+            ptx::mbarrier_arrive(&do_empty[slot.stage]);
+          }
+        } else {
+          ptx::mbarrier_arrive(&q_empty[slot.stage]);
+          if (thread == 0) ptx::mbarrier_arrive(&do_empty[slot.stage]);
+          float* dq_head =
+              workspace.dq_accum + cta.dq_split * workspace.dq_split_stride + head * workspace.dq_head_stride;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int64_t q = q0 + warp * kRowsPerWarp + lane / kQuadLanes + kSecondRow * r;
+            if (q >= seqlen_q) continue;
+            float* dq_row = dq_head + (cta.global_q_row0 + q) * workspace.dq_row_stride + column0;
+#pragma unroll
+            for (int g = 0; g < kDqBoxes; ++g) {
+              if (g >= dq_groups) continue;
+              ptx::red_add_v4_f32(dq_row + g * kDqSlotGroup + 2 * quad_col, dq[8 * g + 2 * r], dq[8 * g + 2 * r + 1],
+                                  dq[8 * g + 4 + 2 * r], dq[8 * g + 4 + 2 * r + 1]);
+            }
           }
         }
       }
+      release_pending();  // the block's last slot: the producer may wait for it before the next block's K / V
       if (thread == 0) ptx::mbarrier_arrive(ring_tiles.kv_empty);
       ++loaded_kv;
     }
@@ -351,6 +411,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
     // dK and dV of this consumer's columns of the block's keys.
     store_bwd_dkv<T, kColumns>(args, cta, keys, dk, dv, column0, quad_col);
   }
+  if (bulk_dq && thread == 0) ptx::bulk_wait_group<0>();  // the last boxes are added before the CTA ends
 #else
   (void)args;
   __trap();

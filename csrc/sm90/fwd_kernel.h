@@ -293,7 +293,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
 
   if (threadIdx.x == 0) {
     init_pipeline_barriers(q_full, q_empty, k_full, v_full, k_empty, v_empty, kStages, kConsumerWarpgroups,
-                           kConsumerWarpgroups);
+                           kConsumerWarpgroups, kConsumerWarpgroups);
   }
   __syncthreads();
 

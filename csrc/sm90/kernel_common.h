@@ -110,17 +110,18 @@ struct RingSlot {
 
 // The mbarriers of one CTA's pipeline, initialised by one thread: a once-per-tile (or per key block) operand pair's
 // full / empty barriers, then per stage the two ring operands' (full: the producer's one arrival plus the TMA bytes;
-// empty: one arrival per consumer warpgroup, or a_empty_arrivals for ring operand a).
+// empty: a_empty_arrivals and b_empty_arrivals, one per consumer warpgroup or one per consumer thread).
 __device__ __forceinline__ void init_pipeline_barriers(uint64_t* once_full, uint64_t* once_empty, uint64_t* a_full,
                                                        uint64_t* b_full, uint64_t* a_empty, uint64_t* b_empty,
-                                                       int stages, int consumers, int a_empty_arrivals) {
+                                                       int stages, int consumers, int a_empty_arrivals,
+                                                       int b_empty_arrivals) {
   ptx::mbarrier_init(once_full, 1);
   ptx::mbarrier_init(once_empty, consumers);
   for (int s = 0; s < stages; ++s) {
     ptx::mbarrier_init(&a_full[s], 1);
     ptx::mbarrier_init(&b_full[s], 1);
     ptx::mbarrier_init(&a_empty[s], a_empty_arrivals);
-    ptx::mbarrier_init(&b_empty[s], consumers);
+    ptx::mbarrier_init(&b_empty[s], b_empty_arrivals);
   }
   ptx::fence_barrier_init();
 }
