@@ -38,21 +38,40 @@ def _rotate(q, k, rotary_cos, rotary_sin, lengths, interleaved, causal_or_local,
     return rotated.reshape(q.shape), k
 
 
-def _cache_lengths(cache_seqlens, batch, cache_rows, new_rows, device):
-    """(batch,) int64 lengths of the cache before the new rows, checked to leave room for them."""
+def _check_cache_seqlens(cache_seqlens, batch, cache_rows, new_rows):
+    """cache_seqlens leaves room for the new rows: an int or a (batch,) tensor of values in [0, rows - new rows]."""
     high = cache_rows - new_rows
     if cache_seqlens is None:
-        return torch.full((batch,), cache_rows, dtype=torch.int64, device=device)
+        return
     if isinstance(cache_seqlens, int):
         if not 0 <= cache_seqlens <= high:
             raise ValueError(f"{_NAME}: cache_seqlens={cache_seqlens} must be in [0, {high}] (the cache has "
                              f"{cache_rows} rows and {new_rows} new ones are appended)")
-        return torch.full((batch,), cache_seqlens, dtype=torch.int64, device=device)
+        return
     if cache_seqlens.shape != (batch,):
         raise ValueError(f"{_NAME}: cache_seqlens must be an int or a (batch,) = ({batch},) tensor; got shape "
                          f"{tuple(cache_seqlens.shape)}")
     check_index_values(_NAME, "cache_seqlens", cache_seqlens, 0, high)
-    return cache_seqlens.to(device=device, dtype=torch.int64).clamp(0, max(high, 0))
+
+
+def _cache_lengths(cache_seqlens, batch, cache_rows, new_rows, device):
+    """(batch,) int64 lengths of the cache before the new rows (checked by _check_cache_seqlens), clamped."""
+    if cache_seqlens is None:
+        return torch.full((batch,), cache_rows, dtype=torch.int64, device=device)
+    if isinstance(cache_seqlens, int):
+        return torch.full((batch,), cache_seqlens, dtype=torch.int64, device=device)
+    return cache_seqlens.to(device=device, dtype=torch.int64).clamp(0, max(cache_rows - new_rows, 0))
+
+
+def _direct_seqused_k(cache_seqlens, device, appends, first_row):
+    """cache_seqlens itself as the op's seqused_k when it already is one (int32, on q's device) and no rows are
+    appended or skipped: a decode step then launches nothing before the attention kernel (the kernels clamp each
+    length to [0, cache rows], as the conversion in _cache_lengths would). None otherwise."""
+    if appends or first_row is not None or not isinstance(cache_seqlens, torch.Tensor):
+        return None
+    if cache_seqlens.dtype != torch.int32 or cache_seqlens.device != device:
+        return None
+    return cache_seqlens
 
 
 def _needs_grad(*tensors) -> bool:
@@ -157,10 +176,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if pages is None and cache_batch_idx is None and cache_entries != batch:
         raise ValueError(f"{_NAME}: k_cache has {cache_entries} entries for a batch of {batch}; pass "
                          "cache_batch_idx to say which cache entry each sequence uses")
-    lengths = _cache_lengths(cache_seqlens, batch, cache_rows, new_rows, q.device)
-    if cache_batch_idx is None:
-        entries = torch.arange(batch, device=q.device)
-    else:
+    _check_cache_seqlens(cache_seqlens, batch, cache_rows, new_rows)
+    entries = None  # the cache entry of each sequence (int64), where an index needs it
+    if cache_batch_idx is not None:
         if cache_batch_idx.shape != (batch,):
             raise ValueError(f"{_NAME}: cache_batch_idx must be a (batch,) = ({batch},) tensor; got shape "
                              f"{tuple(cache_batch_idx.shape)}")
@@ -170,6 +188,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         entries = cache_batch_idx.to(device=q.device, dtype=torch.int64).clamp(0, max(cache_entries - 1, 0))
     first_row = _left_padding(cache_leftpad, batch, cache_rows, pages, q.device)
     window = _window(window_size, causal)
+    if entries is None and pages is None and (k is not None or first_row is not None):
+        entries = torch.arange(batch, device=q.device)
+    direct = None if _needs_grad(q, k_cache, v_cache, alibi_slopes) else _direct_seqused_k(
+        cache_seqlens, q.device, k is not None, first_row)
+    lengths = None if direct is not None else _cache_lengths(cache_seqlens, batch, cache_rows, new_rows, q.device)
     if rotary_cos is not None or rotary_sin is not None:
         positions = lengths if first_row is None else (lengths - first_row).clamp(min=0)
         q, k = _rotate(q, k, rotary_cos, rotary_sin, positions, rotary_interleaved, window != (-1, -1), cache_rows)
@@ -184,12 +207,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     values = _sequence_view(v_cache, entries, pages, first_row, contiguous)
     if first_row is not None:
         lengths = (lengths - first_row).clamp(min=0)  # the keys each sequence sees, from its first row
-    if _needs_grad(q, keys, values, alibi_slopes):
+    if direct is None and _needs_grad(q, keys, values, alibi_slopes):
         bias = _bias(lengths, seqlen_q, cache_rows, window, nheads, alibi_slopes)
         out, lse, _ = attention(q, keys, values, softmax_scale=softmax_scale, softcap=softcap, attn_bias=bias,
                                 bottom_right=False, num_splits=num_splits)
     else:
         slopes = None if alibi_slopes is None else alibi_slopes.to(torch.float32)
+        seqused_k = direct if direct is not None else lengths.to(torch.int32)
         out, lse, _ = attention(q, keys, values, softmax_scale=softmax_scale, window=window, softcap=softcap,
-                                alibi_slopes=slopes, seqused_k=lengths.to(torch.int32), num_splits=num_splits)
+                                alibi_slopes=slopes, seqused_k=seqused_k, num_splits=num_splits)
     return (out, lse) if return_softmax_lse else out

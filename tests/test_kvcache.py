@@ -186,6 +186,52 @@ def test_kvcache_num_splits_honoured(num_splits):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_kvcache_decode_passes_lengths_through(device, monkeypatch):
+    """A decode step with int32 cache_seqlens on q's device and nothing appended hands cache_seqlens itself to the op
+    as seqused_k (no conversion launched); int64 lengths and appends go through the conversion; all agree."""
+    import flash_attn.kvcache as kvcache
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    require_supported(device, dtype, 64)
+    seen = []
+    attention = kvcache.attention
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("seqused_k"))
+        return attention(*args, **kwargs)
+
+    monkeypatch.setattr(kvcache, "attention", spy)
+    q = randn(3, 1, 4, 64, dtype=dtype, device=device)
+    k_cache, v_cache = randn(3, 40, 2, 64, dtype=dtype, device=device), randn(3, 40, 2, 64, dtype=dtype, device=device)
+    lengths = torch.tensor([0, 17, 40], dtype=torch.int32, device=device)
+    direct = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, causal=True)
+    assert seen[-1] is lengths
+    converted = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths.long(), causal=True)
+    assert seen[-1] is not lengths and seen[-1].dtype == torch.int32
+    assert torch.equal(direct, converted)
+    k_new, v_new = randn(3, 1, 2, 64, dtype=dtype, device=device), randn(3, 1, 2, 64, dtype=dtype, device=device)
+    short = torch.tensor([0, 17, 39], dtype=torch.int32, device=device)
+    flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=short, causal=True)
+    assert seen[-1] is not short and seen[-1].tolist() == [1, 18, 40]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_kvcache_decode_launches_only_attention():
+    """The decode step of a contiguous cache with int32 lengths launches no elementwise kernel (length conversions,
+    aranges) around the attention kernel: issue 21's 29 us against flash_attn_func's 20.7 us came from those."""
+    require_supported("cuda", torch.bfloat16, 128)
+    q = randn(2, 1, 8, 128, dtype=torch.bfloat16, device="cuda")
+    cache = randn(2, 1024, 2, 128, dtype=torch.bfloat16, device="cuda")
+    lengths = torch.tensor([700, 1024], dtype=torch.int32, device="cuda")
+    flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths, num_splits=1)  # checks values once
+    with profile(activities=[ProfilerActivity.CUDA]) as trace:
+        flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths, num_splits=1)
+        torch.cuda.synchronize()
+    kernels = [event.name for event in trace.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+    assert kernels and not any("elementwise" in name or "arange" in name for name in kernels), kernels
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_kvcache_num_splits_checked_and_neutral(device):
     """num_splits must be an int >= 0; on CPU, where nothing splits, every value gives the same result."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
