@@ -4,7 +4,8 @@ to the op as seqused_k (the kernels stop at each sequence's length and align mas
 need gradients, which seqused_k has none of, fold the lengths into an additive float32 bias instead. Index values
 (cache_seqlens, cache_batch_idx, block_table) are checked once per tensor version and clamped on the device, never
 read under capture, so the call can be captured in a CUDA graph. Paged caches (block_table) are gathered into a
-contiguous copy per call for now."""
+contiguous copy per call for now. New rows are appended by one fused op (kvcache_append_: write, rotate k, count the
+keys) unless gradients are needed, where torch indexing keeps the autograd graph."""
 
 from __future__ import annotations
 
@@ -18,9 +19,13 @@ from .paged_kv import block_indices, gather_sequences, locate
 _NAME = "flash_attn_with_kvcache"
 
 
-def _rotate(q, k, rotary_cos, rotary_sin, lengths, interleaved, causal_or_local, cache_rows):
-    """Dao's rotary rule: the new keys at their positions lengths[b] + i; the queries at lengths[b] + i when the
-    call is causal or local, otherwise all at lengths[b] (they are taken as one position)."""
+@torch.library.register_fake("flash_attn::kvcache_append_")
+def _append_fake(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, cache_leftpad, rotary_cos,
+                 rotary_sin, interleaved):
+    return k.new_empty((k.shape[0],), dtype=torch.int32)
+
+
+def _check_rotary(rotary_cos, rotary_sin, k, cache_rows):
     if rotary_cos is None or rotary_sin is None:
         raise ValueError(f"{_NAME}: rotary_cos and rotary_sin must be given together")
     if k is None:
@@ -29,13 +34,23 @@ def _rotate(q, k, rotary_cos, rotary_sin, lengths, interleaved, causal_or_local,
     if rotary_cos.shape[0] < cache_rows:
         raise ValueError(f"{_NAME}: rotary_cos / rotary_sin have {rotary_cos.shape[0]} rows for a cache of "
                          f"{cache_rows}; they must cover every cache position")
-    k = apply_rotary_emb(k, rotary_cos, rotary_sin, interleaved=interleaved, seqlen_offsets=lengths)
+
+
+def _rotate_queries(q, rotary_cos, rotary_sin, positions, interleaved, causal_or_local):
+    """Dao's rotary rule for the queries: at positions[b] + i when the call is causal or local, otherwise all at
+    positions[b] (they are taken as one position)."""
     if causal_or_local:
-        return apply_rotary_emb(q, rotary_cos, rotary_sin, interleaved=interleaved, seqlen_offsets=lengths), k
+        return apply_rotary_emb(q, rotary_cos, rotary_sin, interleaved=interleaved, seqlen_offsets=positions)
     batch, seqlen_q, nheads, head_dim = q.shape
     one_position = q.reshape(batch, 1, seqlen_q * nheads, head_dim)
-    rotated = apply_rotary_emb(one_position, rotary_cos, rotary_sin, interleaved=interleaved, seqlen_offsets=lengths)
-    return rotated.reshape(q.shape), k
+    rotated = apply_rotary_emb(one_position, rotary_cos, rotary_sin, interleaved=interleaved, seqlen_offsets=positions)
+    return rotated.reshape(q.shape)
+
+
+def _rotate(q, k, rotary_cos, rotary_sin, positions, interleaved, causal_or_local):
+    """The queries by _rotate_queries, the new keys at their positions positions[b] + i."""
+    k = apply_rotary_emb(k, rotary_cos, rotary_sin, interleaved=interleaved, seqlen_offsets=positions)
+    return _rotate_queries(q, rotary_cos, rotary_sin, positions, interleaved, causal_or_local), k
 
 
 def _check_cache_seqlens(cache_seqlens, batch, cache_rows, new_rows):
@@ -188,15 +203,30 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         entries = cache_batch_idx.to(device=q.device, dtype=torch.int64).clamp(0, max(cache_entries - 1, 0))
     first_row = _left_padding(cache_leftpad, batch, cache_rows, pages, q.device)
     window = _window(window_size, causal)
-    if entries is None and pages is None and (k is not None or first_row is not None):
+    rotary = rotary_cos is not None or rotary_sin is not None
+    if rotary:
+        _check_rotary(rotary_cos, rotary_sin, k, cache_rows)
+    grad = _needs_grad(q, k, v, k_cache, v_cache, alibi_slopes, rotary_cos, rotary_sin)
+    fused = k is not None and not grad  # the append by kvcache_append_, which has no autograd
+    if entries is None and pages is None and ((k is not None and not fused) or first_row is not None):
         entries = torch.arange(batch, device=q.device)
-    direct = None if _needs_grad(q, k_cache, v_cache, alibi_slopes) else _direct_seqused_k(
-        cache_seqlens, q.device, k is not None, first_row)
+    direct = None if grad else _direct_seqused_k(cache_seqlens, q.device, k is not None, first_row)
+    if fused:
+        seqlens = (cache_seqlens.to(q.device) if isinstance(cache_seqlens, torch.Tensor)
+                   else torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device))
+        if rotary:
+            # The checked lengths are the positions; with left padding, counted from each sequence's first row.
+            positions = seqlens.contiguous() if first_row is None else (
+                _cache_lengths(cache_seqlens, batch, cache_rows, new_rows, q.device) - first_row).clamp(min=0)
+            q = _rotate_queries(q, rotary_cos, rotary_sin, positions, rotary_interleaved, window != (-1, -1))
+        direct = torch.ops.flash_attn.kvcache_append_(
+            k_cache, v_cache, k, v, seqlens, entries, pages, first_row, rotary_cos if rotary else None,
+            rotary_sin if rotary else None, rotary_interleaved)
     lengths = None if direct is not None else _cache_lengths(cache_seqlens, batch, cache_rows, new_rows, q.device)
-    if rotary_cos is not None or rotary_sin is not None:
+    if rotary and not fused:
         positions = lengths if first_row is None else (lengths - first_row).clamp(min=0)
-        q, k = _rotate(q, k, rotary_cos, rotary_sin, positions, rotary_interleaved, window != (-1, -1), cache_rows)
-    if k is not None:
+        q, k = _rotate(q, k, rotary_cos, rotary_sin, positions, rotary_interleaved, window != (-1, -1))
+    if k is not None and not fused:
         rows = lengths.view(-1, 1) + torch.arange(k.shape[1], device=q.device).view(1, -1)
         first, second = (entries.view(-1, 1).expand_as(rows), rows) if pages is None else locate(rows, pages, page_size)
         k_cache[first, second] = k
@@ -205,7 +235,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     contiguous = cache_batch_idx is None
     keys = _sequence_view(k_cache, entries, pages, first_row, contiguous)
     values = _sequence_view(v_cache, entries, pages, first_row, contiguous)
-    if first_row is not None:
+    if first_row is not None and direct is None:
         lengths = (lengths - first_row).clamp(min=0)  # the keys each sequence sees, from its first row
     if direct is None and _needs_grad(q, keys, values, alibi_slopes):
         bias = _bias(lengths, seqlen_q, cache_rows, window, nheads, alibi_slopes)

@@ -379,3 +379,95 @@ def test_kvcache_leftpad_refusals():
     with pytest.raises(NotImplementedError, match="cache_leftpad together with block_table"):
         flash_attn_with_kvcache(q, cache, cache, cache_seqlens=4, cache_leftpad=torch.tensor([0, 1]),
                                 block_table=torch.zeros(2, 1, dtype=torch.int32))
+
+
+# ---- the fused append (torch.ops.flash_attn.kvcache_append_) against the torch indexing the grad path keeps ----
+
+APPEND_LAYOUTS = ["contiguous", "batch_idx", "leftpad", "paged"]
+
+
+def _append_inputs(layout, new_rows, device, dtype):
+    """A call's tensors for `layout`: 3 sequences of 7, 0 and 30 rows before the new ones, GQA 4/2, head dim 64."""
+    batch, rows, nheads, nheads_k, head_dim = 3, 40, 4, 2, 64
+    q = randn(batch, 2, nheads, head_dim, dtype=dtype, device=device)
+    k_new, v_new = (randn(batch, new_rows, nheads_k, head_dim, dtype=dtype, device=device) for _ in range(2))
+    lengths = torch.tensor([7, 0, 30], dtype=torch.int32, device=device)
+    extra = {}
+    entries = rows_of = batch
+    if layout == "batch_idx":
+        entries = 5
+        extra["cache_batch_idx"] = torch.tensor([4, 0, 2], dtype=torch.int64, device=device)
+    elif layout == "leftpad":
+        extra["cache_leftpad"] = torch.tensor([3, 0, 10], dtype=torch.int32, device=device)
+    elif layout == "paged":
+        page_size = 7  # not a power of two: appends cross page boundaries
+        pages_per_sequence = -(-rows // page_size)
+        entries, rows_of = batch * pages_per_sequence + 2, page_size
+        order = torch.randperm(entries, generator=torch.Generator().manual_seed(3))[:batch * pages_per_sequence]
+        extra["block_table"] = order.view(batch, pages_per_sequence).to(torch.int32).to(device)
+    shape = (entries, rows if layout != "paged" else rows_of, nheads_k, head_dim)
+    k_cache, v_cache = (randn(*shape, dtype=dtype, device=device) for _ in range(2))
+    return q, k_cache, v_cache, k_new, v_new, lengths, extra
+
+
+@pytest.mark.parametrize("rotary", [False, True])
+@pytest.mark.parametrize("new_rows", [1, 3])
+@pytest.mark.parametrize("layout", APPEND_LAYOUTS)
+@pytest.mark.parametrize("device", DEVICES)
+def test_kvcache_fused_append_matches_indexing(layout, new_rows, rotary, device):
+    """The same call without gradients (the fused append op) and with q requiring grad (torch indexing, the bias
+    path): equal caches (the new rows and every other row) and outputs within the kernels' rounding."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    require_supported(device, dtype, 64)
+    q, k_cache, v_cache, k_new, v_new, lengths, extra = _append_inputs(layout, new_rows, device, dtype)
+    if rotary:
+        angles = torch.rand(64, 16) * 6.3
+        extra.update(rotary_cos=angles.cos().to(dtype).to(device), rotary_sin=angles.sin().to(dtype).to(device),
+                     rotary_interleaved=False)
+    fused_k, fused_v = k_cache.clone(), v_cache.clone()
+    with torch.no_grad():
+        fused = flash_attn_with_kvcache(q, fused_k, fused_v, k_new, v_new, cache_seqlens=lengths, causal=True, **extra)
+    indexed_k, indexed_v = k_cache.clone(), v_cache.clone()
+    indexed = flash_attn_with_kvcache(q.clone().requires_grad_(), indexed_k, indexed_v, k_new, v_new,
+                                      cache_seqlens=lengths, causal=True, **extra)
+    assert torch.equal(fused_v, indexed_v)
+    if rotary and device == "cuda":
+        torch.testing.assert_close(fused_k, indexed_k, atol=1e-2, rtol=0)
+    else:
+        assert torch.equal(fused_k, indexed_k)
+    assert not torch.equal(fused_k, k_cache)  # the rows were written
+    torch.testing.assert_close(fused, indexed.detach(), atol=2e-2 if dtype == torch.bfloat16 else 1e-5, rtol=0)
+
+
+def test_kvcache_append_op_clamps_indices():
+    """Index values outside their ranges (which the Python entry point rejects, except under CUDA-graph capture)
+    are clamped by the op: writes stay inside the caches and the key counts inside [0, cache rows]."""
+    k_cache, v_cache = torch.zeros(2, 8, 1, 4), torch.zeros(2, 8, 1, 4)
+    k, v = torch.ones(2, 2, 1, 4), torch.full((2, 2, 1, 4), 2.0)
+    used = torch.ops.flash_attn.kvcache_append_(k_cache, v_cache, k, v, torch.tensor([-5, 99]),
+                                                torch.tensor([7, -1]), None, None, None, None, False)
+    assert used.tolist() == [2, 8]
+    # Sequence 0 (length clamped to 0) went to entry 1 (7 clamped), rows 0-1; sequence 1 (99 -> 6) to entry 0, rows 6-7.
+    assert k_cache[1, :2].eq(1).all() and k_cache[0, 6:].eq(1).all() and v_cache[0, 6:].eq(2).all()
+    assert k_cache[1, 2:].eq(0).all() and k_cache[0, :6].eq(0).all()
+    pool, pool_v = torch.zeros(3, 4, 1, 4), torch.zeros(3, 4, 1, 4)
+    table = torch.tensor([[9, -2]], dtype=torch.int32)  # pages 2 and 0 after clamping
+    used = torch.ops.flash_attn.kvcache_append_(pool, pool_v, k[:1], v[:1], torch.tensor([3], dtype=torch.int32),
+                                                None, table, None, None, None, False)
+    assert used.tolist() == [5]
+    assert pool[2, 3].eq(1).all() and pool[0, 0].eq(1).all() and pool[1].eq(0).all()
+
+
+def test_kvcache_append_op_passes_opcheck():
+    k_cache, v_cache = torch.randn(3, 10, 2, 16), torch.randn(3, 10, 2, 16)
+    k, v = torch.randn(2, 2, 2, 16), torch.randn(2, 2, 2, 16)
+    angles = torch.rand(12, 4)
+    args = (k_cache, v_cache, k, v, torch.tensor([1, 5], dtype=torch.int32), torch.tensor([2, 0]), None, None,
+            angles.cos(), angles.sin(), True)
+    torch.library.opcheck(torch.ops.flash_attn.kvcache_append_.default, args)
+    with pytest.raises(RuntimeError, match="rotary_cos and rotary_sin must be given together"):
+        torch.ops.flash_attn.kvcache_append_(k_cache, v_cache, k, v, torch.tensor([1, 5]), torch.tensor([2, 0]), None,
+                                             None, angles.cos(), None, False)
+    with pytest.raises(RuntimeError, match="k must have the cache's heads and head dim"):
+        torch.ops.flash_attn.kvcache_append_(k_cache, v_cache, k[..., :8], v[..., :8], torch.tensor([1, 5]), None,
+                                             None, None, None, None, False)

@@ -16,8 +16,12 @@ struct RotaryPair {
   int64_t second;  // column of its second element
 };
 
+FLASH_HOST_DEVICE RotaryPair rotary_pair(bool interleaved, int64_t rotary_dim, int64_t i) {
+  return interleaved ? RotaryPair{2 * i, 2 * i + 1} : RotaryPair{i, i + rotary_dim / 2};
+}
+
 FLASH_HOST_DEVICE RotaryPair rotary_pair(const RotaryParams& p, int64_t i) {
-  return p.interleaved ? RotaryPair{2 * i, 2 * i + 1} : RotaryPair{i, i + p.rotary_dim / 2};
+  return rotary_pair(p.interleaved, p.rotary_dim, i);
 }
 
 // The position of row `row` of sequence b.

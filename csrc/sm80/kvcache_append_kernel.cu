@@ -1,0 +1,98 @@
+// kvcache_append_kernel: one CTA per (sequence, new row); its threads stride over the row's (head, column) items of k
+// (rotary pairs first when rotated, then the remaining columns) and of v. The first row's CTA of each sequence stores
+// the key count. Where rows land and their positions: common/kvcache_append.h, shared with the CPU implementation.
+#include "sm80/kvcache_append_kernel.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "flash_attn/common/kvcache_append.h"
+#include "flash_attn/common/rotary.h"
+#include "sm80/kernel_common.h"
+
+namespace flash::sm80 {
+namespace {
+
+constexpr int kAppendThreads = 128;
+
+template <typename T>
+__device__ __forceinline__ float load_float(const T* p) {
+  return to_float(*p);
+}
+template <>
+__device__ __forceinline__ float load_float<float>(const float* p) {
+  return *p;
+}
+template <typename T>
+__device__ __forceinline__ void store_float(T* p, float value) {
+  *p = from_float<T>(value);
+}
+template <>
+__device__ __forceinline__ void store_float<float>(float* p, float value) {
+  *p = value;
+}
+
+// Grid: batch x max(new_rows, 1) CTAs, so a call without new rows still stores the key counts.
+template <typename T>
+__global__ void __launch_bounds__(kAppendThreads) kvcache_append_kernel(const KvAppendParams p) {
+  const int64_t rows_per_sequence = p.new_rows > 0 ? p.new_rows : 1;
+  const int64_t b = blockIdx.x / rows_per_sequence;
+  const int64_t i = blockIdx.x % rows_per_sequence;
+  if (i == 0 && threadIdx.x == 0) p.seqused[b] = append_seqused(p, b);
+  if (i >= p.new_rows) return;
+  const int64_t row = append_length(p, b) + i;
+  const int64_t position = append_position(p, b, i);
+  const bool rotated = p.cos != nullptr && position < p.seqlen_ro;
+  T* k_dst = static_cast<T*>(p.k_cache) + append_cache_offset(p, p.k_cache_strides, b, row);
+  T* v_dst = static_cast<T*>(p.v_cache) + append_cache_offset(p, p.v_cache_strides, b, row);
+  const T* k_src = static_cast<const T*>(p.k) + b * p.k_strides.batch + i * p.k_strides.row;
+  const T* v_src = static_cast<const T*>(p.v) + b * p.v_strides.batch + i * p.v_strides.row;
+  const int64_t pairs = rotated ? p.rotary_dim / 2 : 0;
+  if (rotated) {
+    const T* cos = static_cast<const T*>(p.cos) + position * p.cos_row_stride;
+    const T* sin = static_cast<const T*>(p.sin) + position * p.sin_row_stride;
+    for (int64_t item = threadIdx.x; item < p.nheads_k * pairs; item += kAppendThreads) {
+      const int64_t h = item / pairs, pair_index = item % pairs;
+      const RotaryPair pair = rotary_pair(p.interleaved, p.rotary_dim, pair_index);
+      const T* src = k_src + h * p.k_strides.head;
+      T* dst = k_dst + h * p.k_cache_strides.head;
+      float x1 = load_float(src + pair.first);
+      float x2 = load_float(src + pair.second);
+      rotate_pair<float>(x1, x2, load_float(cos + pair_index), load_float(sin + pair_index), false);
+      store_float(dst + pair.first, x1);
+      store_float(dst + pair.second, x2);
+    }
+  }
+  const int64_t copied_from = 2 * pairs;
+  const int64_t rest = p.head_dim - copied_from;
+  for (int64_t item = threadIdx.x; item < p.nheads_k * rest; item += kAppendThreads) {
+    const int64_t h = item / rest, d = copied_from + item % rest;
+    k_dst[h * p.k_cache_strides.head + d] = k_src[h * p.k_strides.head + d];
+  }
+  for (int64_t item = threadIdx.x; item < p.nheads_k * p.head_dim; item += kAppendThreads) {
+    const int64_t h = item / p.head_dim, d = item % p.head_dim;
+    v_dst[h * p.v_cache_strides.head + d] = v_src[h * p.v_strides.head + d];
+  }
+}
+
+template <typename T>
+void launch(const KvAppendParams& params, cudaStream_t stream) {
+  const int64_t ctas = params.batch * (params.new_rows > 0 ? params.new_rows : 1);
+  if (ctas == 0) return;
+  kvcache_append_kernel<T><<<static_cast<unsigned>(ctas), kAppendThreads, 0, stream>>>(params);
+}
+
+}  // namespace
+
+bool launch_kvcache_append(const KvAppendParams& params, void* stream) {
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  switch (params.dtype) {
+    case DType::kFloat16: launch<__half>(params, cuda_stream); return true;
+    case DType::kBFloat16: launch<__nv_bfloat16>(params, cuda_stream); return true;
+    case DType::kFloat32: launch<float>(params, cuda_stream); return true;
+    default: return false;
+  }
+}
+
+}  // namespace flash::sm80
