@@ -154,8 +154,8 @@ def test_softcap_and_alibi(forced, feature, causal, head_dim):
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic(forced, head_dim, causal):
-    """deterministic=True: each CTA owns one dq accumulator and walks its key blocks in order (at hd 64 the two
-    consumers also take turns adding); dq, dk, dv are bitwise equal over repeated runs, and correct."""
+    """deterministic=True: each CTA owns its dq accumulators (at hd 64 one per consumer) and walks its key blocks in
+    order; dq, dk, dv are bitwise equal over repeated runs, and correct."""
     _require(torch.bfloat16, head_dim, "causal" if causal else "none")
     q, k, v = _leaves((2, 700, 4, head_dim), (2, 900, 2, head_dim), (2, 900, 2, head_dim))
     dout = randn(2, 700, 4, head_dim, dtype=torch.bfloat16, device="cuda")

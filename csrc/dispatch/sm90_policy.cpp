@@ -132,7 +132,8 @@ int64_t sm90_bwd_dq_splits(const BwdParams& p, int num_sms) {
   // accumulators (workspace) than the portable rule's.
   const AttentionShape& s = p.fwd.shape;
   if (!p.deterministic) return 1;
-  const int64_t block_n = sm90::bwd_tile_config(sm90_head_dim_bucket(s.head_dim)).block_n;
+  const int bucket = sm90_head_dim_bucket(s.head_dim);
+  const int64_t block_n = sm90::bwd_tile_config(bucket).block_n;
   const int64_t key_blocks = std::max<int64_t>((s.seqlen_k + block_n - 1) / block_n, 1);
   const int64_t ctas = std::max<int64_t>(s.batch * s.nheads_k, 1);
   const int64_t sms = std::max(num_sms, 1);
@@ -147,7 +148,7 @@ int64_t sm90_bwd_dq_splits(const BwdParams& p, int num_sms) {
       best_cost = cost;
     }
   }
-  return best;
+  return best * sm90::bwd_dq_accumulators_per_cta(bucket);
 }
 
 int sm90_head_dim_bucket(int64_t head_dim) {

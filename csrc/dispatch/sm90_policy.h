@@ -41,9 +41,10 @@ bool sm90_bwd_pays(const BwdParams& p);
 int64_t sm90_bwd_head_splits(const BwdParams& p, int num_sms);
 
 // How many dq accumulators a deterministic call on the Hopper backward uses (BwdParams::dq_splits; 1 otherwise): CTA x
-// of a (batch entry, KV head) walks key blocks x, x + splits, ... into accumulator x, one CTA per SM resident. The
-// fewest splits that minimise the busiest SM's key blocks, ceil(batch kv_heads splits / num_sms) waves of
-// ceil(key_blocks / splits) each.
+// of a (batch entry, KV head) walks key blocks x, x + splits, ... into its own accumulators (sm90/bwd_tile_config.h
+// bwd_dq_accumulators_per_cta), one CTA per SM resident. The fewest CTA splits that minimise the busiest SM's key
+// blocks, ceil(batch kv_heads splits / num_sms) waves of ceil(key_blocks / splits) each, times the accumulators per
+// CTA.
 int64_t sm90_bwd_dq_splits(const BwdParams& p, int num_sms);
 
 // The head-dim bucket whose Hopper kernel serves a call: the next whole 64-column segment count (96 -> 128, 160 -> 192,

@@ -59,8 +59,9 @@ struct BwdCta {
   BwdWorkspace workspace;
   int64_t global_q_row0;     // the sequence's first row in the workspace's per-head rows
   const float* stat_blocks;  // its statistics blocks, head 0 (bwd_workspace.h): block m holds query block m
-  // Deterministic calls: CTA x adds dQ into accumulator x alone (the dq conversion sums them in a fixed order) and
-  // walks its key blocks in order; otherwise gridDim.x covers every key block and all add into accumulator 0.
+  // Deterministic calls: CTA x adds dQ into its own accumulators alone (x, or 2x and 2x + 1 by consumer:
+  // bwd_dq_accumulators_per_cta; the dq conversion sums them in a fixed order) and walks its key blocks in order;
+  // otherwise gridDim.x covers every key block and all add into accumulator 0.
   int64_t dq_split;
   int first_block;
   int block_stride;

@@ -69,7 +69,6 @@ struct BwdSmemLayout {
 // (own-keys dQ) its dS^T rows, one over both consumers for column-half dQ.
 constexpr int kBwdOwnDsBarrier = 3;     // + consumer
 constexpr int kBwdSharedDsBarrier = 5;  // both consumers
-constexpr int kBwdOrderBarrier = 6;     // + consumer: deterministic own-keys dQ, consumer 0's additions, then 1's
 constexpr int kBwdDqStageBarrier = 8;   // + consumer: its dQ staging tile written, the boxes may be issued
 
 // kGeneral: softcap and / or ALiBi, recomputed as the forward's general kernels apply them (z = softcap tanh(s scale /
@@ -114,8 +113,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   const bool varlen = cta.varlen;
   const BwdWorkspace& workspace = cta.workspace;
   const int64_t global_q_row0 = cta.global_q_row0;
-  const int64_t dq_split = cta.dq_split;
-  const bool ordered_dq = bp.deterministic && !kColumnHalves;
 
   if (threadIdx.x == 0) {
     // q_empty: every consumer thread arrives, since each read the stage's statistics block with plain loads; one
@@ -164,11 +161,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   const bool has_softcap = p.softcap > 0.0;
   const float tanh_scale = has_softcap ? static_cast<float>(p.softmax_scale / p.softcap) : 0.f;
   const float softcap_log2 = static_cast<float>(p.softcap * kLog2e);
-  // Deterministic own-keys dQ: both consumers add into the same elements, so they take turns, consumer 0 first in
-  // every step (each turn's reductions fenced before the hand-over); consumer 1 hands over the first turn here.
-  if (ordered_dq && consumer == 1) {
-    ptx::named_barrier_arrive(kBwdOrderBarrier, kBwdConsumerWarpgroups * ptx::kWarpgroupThreads);
-  }
+  // The dq accumulator this consumer adds into: 0, or in deterministic calls the CTA's own (its consumer's own with
+  // own-keys dQ, where both would add into the same elements: bwd_dq_accumulators_per_cta).
+  const int64_t dq_accumulator =
+      bp.deterministic ? cta.dq_split * bwd_dq_accumulators_per_cta(kHeadDim) + (kColumnHalves ? 0 : consumer) : 0;
   int ring = 0;       // Q / dO ring iterations, counted across key blocks (as the producer counts them)
   int loaded_kv = 0;  // key blocks whose K / V this consumer waited for
 
@@ -402,9 +398,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
             ptx::bulk_commit_group();
           }
         } else {
-          float* dq_head = workspace.dq_accum + dq_split * workspace.dq_split_stride + head * workspace.dq_head_stride;
-          constexpr int kBothConsumers = kBwdConsumerWarpgroups * ptx::kWarpgroupThreads;
-          if (ordered_dq) ptx::named_barrier_sync(kBwdOrderBarrier + consumer, kBothConsumers);
+          float* dq_head =
+              workspace.dq_accum + dq_accumulator * workspace.dq_split_stride + head * workspace.dq_head_stride;
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             const int64_t q = q0 + warp * kRowsPerWarp + lane / kQuadLanes + kSecondRow * r;
@@ -417,10 +412,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
                                   dq[8 * g + 4 + 2 * r], dq[8 * g + 4 + 2 * r + 1]);
             }
           }
-          if (ordered_dq) {
-            __threadfence();  // this turn's reductions land before the other consumer's
-            ptx::named_barrier_arrive(kBwdOrderBarrier + (1 - consumer), kBothConsumers);
-          }
         }
       }
       if (thread == 0) ptx::mbarrier_arrive(kv_empty);  // the block's last GEMMs (the final wait above) are done
@@ -431,10 +422,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
     store_bwd_dkv<T, kHeadDim>(args, cta, keys, dk, dv, 0, quad_col);
   }
   if (bulk_dq && thread == 0) ptx::bulk_wait_group<0>();  // the last boxes are added before the CTA ends
-  if (ordered_dq && consumer == 0) {
-    // The last hand-over.
-    ptx::named_barrier_sync(kBwdOrderBarrier, kBwdConsumerWarpgroups * ptx::kWarpgroupThreads);
-  }
 #else
   (void)args;
   __trap();

@@ -99,10 +99,17 @@ void run_bwd(const BwdParams& params, void* stream) {
   const int64_t key_blocks = (shape.seqlen_k + kTile.block_n - 1) / kTile.block_n;
   args.num_n_blocks = static_cast<int>(key_blocks);
   if (key_blocks > 0) {
-    // Deterministic: one CTA per dq accumulator, walking key blocks x, x + grid, ... (bwd_kernel.h); else one per
-    // key block.
-    const int64_t ctas_x = params.deterministic ? std::min<int64_t>(params.dq_splits, key_blocks)
-                                                : key_blocks * args.head_splits;
+    // Deterministic: one CTA per bwd_dq_accumulators_per_cta accumulators, walking key blocks x, x + grid, ...
+    // (bwd_kernel.h); else one per key block.
+    constexpr int64_t kAccumulatorsPerCta = bwd_dq_accumulators_per_cta(kHeadDim);
+    if (params.deterministic && params.dq_splits % kAccumulatorsPerCta != 0) {
+      throw std::invalid_argument(
+          "flash_attn internal error: a deterministic Hopper backward needs dq_splits a multiple of the accumulators "
+          "per CTA (dispatch/sm90_policy.h sm90_bwd_dq_splits); got " + std::to_string(params.dq_splits));
+    }
+    const int64_t ctas_x = params.deterministic
+                               ? std::min<int64_t>(params.dq_splits / kAccumulatorsPerCta, key_blocks)
+                               : key_blocks * args.head_splits;
     if (split_heads) {
       (void)cudaMemsetAsync(workspace.dk_accum, 0, 2 * workspace.dkv_floats * sizeof(float), s);
     }

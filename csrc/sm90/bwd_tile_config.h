@@ -46,11 +46,20 @@ constexpr bool bwd_prefetches_scores(int head_dim, bool general) {
   return false;
 }
 
+// dq accumulators of a deterministic CTA (BwdParams::dq_splits counts every CTA's): the own-keys split gives each
+// consumer its own, since both add into the same elements; ordered instead (consumer 0, a __threadfence, then consumer
+// 1, every step), hd 64 ran at 0.48-0.76x of the default backward (eighteenth session; the grid's waves are the other
+// suspect, dispatch/sm90_policy.h sm90_bwd_dq_splits). Column halves and the wide kernel add disjoint columns into
+// one.
+constexpr int bwd_dq_accumulators_per_cta(int head_dim) {
+  return head_dim <= kBwdMaxNarrowHeadDim && !bwd_dq_column_halves(head_dim) ? kBwdConsumerWarpgroups : 1;
+}
+
 // Whether dQ leaves a step through a shared staging tile and bulk tensor reductions (one thread issues 4 boxes of 16
 // columns x block_m rows per consumer) instead of 16 `red.global.add.v4.f32` per thread. ncu at hd 128 4k (H200,
 // sixteenth session): the reductions' source and address registers, reused while earlier reductions still read them,
 // held ~9 % of the stall samples; cuDNN ran the same shape at 2.0x our time. Calls that are not deterministic only:
-// the deterministic ones order their additions (bwd_kernel.h ordered_dq) and keep the register reductions. The wide
+// the deterministic ones add into their own accumulators (bwd_dq_accumulators_per_cta) from registers. The wide
 // kernel has no room for a staging tile (bwd_tile_config) and stages in its own column segments of the step's Q and
 // dO slots instead (bwd_wide_kernel.h); written, not yet run on a GPU, so off above hd 128 until tested and timed.
 constexpr bool bwd_reduces_dq_in_bulk(int head_dim) { return head_dim <= kBwdMaxNarrowHeadDim; }

@@ -51,17 +51,23 @@ void check_splits(const flash::BwdParams& p, int num_sms) {
   }
 }
 
-// The Hopper backward's dq accumulators (sm90_bwd_dq_splits): 1 unless deterministic; otherwise no more than the
-// portable rule's count or the key blocks, and the fewest that minimise the busiest SM's key blocks (one CTA per SM
-// resident: waves of batch x KV heads x splits CTAs, each walking ceil(key blocks / splits)).
+// The Hopper backward's dq accumulators (sm90_bwd_dq_splits): 1 unless deterministic; otherwise a whole number of
+// CTAs' (two per CTA in the hd 64 bucket's kernel), whose CTA splits are no more than the portable rule's count or the
+// key blocks, and the fewest that minimise the busiest SM's key blocks (one CTA per SM resident: waves of batch x KV
+// heads x splits CTAs, each walking ceil(key blocks / splits)).
 void check_dq_splits(const flash::BwdParams& p, int num_sms) {
   const flash::AttentionShape& s = p.fwd.shape;
-  const int64_t splits = flash::sm90_bwd_dq_splits(p, num_sms);
+  const int64_t accumulators = flash::sm90_bwd_dq_splits(p, num_sms);
   if (!p.deterministic) {
-    if (splits != 1) fail("dq splits without deterministic", p, splits, 1);
+    if (accumulators != 1) fail("dq splits without deterministic", p, accumulators, 1);
     return;
   }
-  const int64_t block_n = flash::sm90::bwd_tile_config(flash::sm90_head_dim_bucket(s.head_dim)).block_n;
+  const int bucket = flash::sm90_head_dim_bucket(s.head_dim);
+  // The own-keys kernel (hd 64 bucket) gives each of its two consumers an accumulator; the others one per CTA.
+  const int64_t per_cta = bucket <= 64 ? 2 : 1;
+  if (accumulators % per_cta != 0) fail("dq accumulators not whole CTAs'", p, accumulators, per_cta);
+  const int64_t splits = accumulators / per_cta;
+  const int64_t block_n = flash::sm90::bwd_tile_config(bucket).block_n;
   const int64_t key_blocks = std::max<int64_t>((s.seqlen_k + block_n - 1) / block_n, 1);
   const int64_t cap = std::min(key_blocks, flash::bwd_dq_splits(p, num_sms));
   if (splits < 1 || splits > cap) fail("dq splits outside [1, cap]", p, splits, cap);
@@ -192,6 +198,10 @@ int main() {
     p.deterministic = true;
     const int64_t splits = flash::sm90_bwd_dq_splits(p, 132);
     if (splits != 8) fail("hd 128 16k dq splits", p, splits, 8);
+    s.head_dim = 64;  // own-keys: 4 CTA splits (one wave of 32 key blocks at 32 heads) of 2 accumulators
+    s.nheads_q = s.nheads_k = 32;
+    const int64_t own_keys = flash::sm90_bwd_dq_splits(p, 132);
+    if (own_keys != 8) fail("hd 64 16k dq accumulators", p, own_keys, 8);
   }
   std::printf("%d cases, %d failures\n", cases, failures);
   return failures == 0 ? 0 : 1;
