@@ -212,11 +212,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         entries = torch.arange(batch, device=q.device)
     direct = None if grad else _direct_seqused_k(cache_seqlens, q.device, k is not None, first_row)
     if fused:
-        seqlens = (cache_seqlens.to(q.device) if isinstance(cache_seqlens, torch.Tensor)
+        seqlens = (cache_seqlens.to(q.device).contiguous() if isinstance(cache_seqlens, torch.Tensor)
                    else torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device))
         if rotary:
             # The checked lengths are the positions; with left padding, counted from each sequence's first row.
-            positions = seqlens.contiguous() if first_row is None else (
+            positions = seqlens if first_row is None else (
                 _cache_lengths(cache_seqlens, batch, cache_rows, new_rows, q.device) - first_row).clamp(min=0)
             q = _rotate_queries(q, rotary_cos, rotary_sin, positions, rotary_interleaved, window != (-1, -1))
         direct = torch.ops.flash_attn.kvcache_append_(
