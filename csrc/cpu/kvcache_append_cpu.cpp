@@ -5,8 +5,6 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include <type_traits>
-
 #include "flash_attn/common/kvcache_append.h"
 #include "flash_attn/common/rotary.h"
 
@@ -17,11 +15,8 @@ namespace {
 constexpr int64_t kRowsPerTask = 16;
 
 template <typename T>
-using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
-template <typename T>
 void append_rows(const KvAppendParams& p) {
-  using A = Acc<T>;
+  using A = RotaryAcc<T>;
   const T* cos = static_cast<const T*>(p.cos);
   const T* sin = static_cast<const T*>(p.sin);
   for (int64_t b = 0; b < p.batch; ++b) p.seqused[b] = append_seqused(p, b);

@@ -14,11 +14,8 @@ namespace {
 constexpr int64_t kRowsPerTask = 16;
 
 template <typename T>
-using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
-template <typename T>
 void rotate_rows(const RotaryParams& p) {
-  using A = Acc<T>;
+  using A = RotaryAcc<T>;
   const T* x = static_cast<const T*>(p.x);
   T* out = static_cast<T*>(p.out);
   const T* cos = static_cast<const T*>(p.cos);

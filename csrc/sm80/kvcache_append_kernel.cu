@@ -16,23 +16,6 @@ namespace {
 
 constexpr int kAppendThreads = 128;
 
-template <typename T>
-__device__ __forceinline__ float load_float(const T* p) {
-  return to_float(*p);
-}
-template <>
-__device__ __forceinline__ float load_float<float>(const float* p) {
-  return *p;
-}
-template <typename T>
-__device__ __forceinline__ void store_float(T* p, float value) {
-  *p = from_float<T>(value);
-}
-template <>
-__device__ __forceinline__ void store_float<float>(float* p, float value) {
-  *p = value;
-}
-
 // Grid: batch x max(new_rows, 1) CTAs, so a call without new rows still stores the key counts.
 template <typename T>
 __global__ void __launch_bounds__(kAppendThreads) kvcache_append_kernel(const KvAppendParams p) {
@@ -57,11 +40,11 @@ __global__ void __launch_bounds__(kAppendThreads) kvcache_append_kernel(const Kv
       const RotaryPair pair = rotary_pair(p.interleaved, p.rotary_dim, pair_index);
       const T* src = k_src + h * p.k_strides.head;
       T* dst = k_dst + h * p.k_cache_strides.head;
-      float x1 = load_float(src + pair.first);
-      float x2 = load_float(src + pair.second);
-      rotate_pair<float>(x1, x2, load_float(cos + pair_index), load_float(sin + pair_index), false);
-      store_float(dst + pair.first, x1);
-      store_float(dst + pair.second, x2);
+      float x1 = to_float(src[pair.first]);
+      float x2 = to_float(src[pair.second]);
+      rotate_pair<float>(x1, x2, to_float(cos[pair_index]), to_float(sin[pair_index]), false);
+      dst[pair.first] = from_float<T>(x1);
+      dst[pair.second] = from_float<T>(x2);
     }
   }
   const int64_t copied_from = 2 * pairs;

@@ -15,23 +15,6 @@ namespace {
 constexpr int kRotaryThreads = 128;
 
 template <typename T>
-__device__ __forceinline__ float load_float(const T* p) {
-  return to_float(*p);
-}
-template <>
-__device__ __forceinline__ float load_float<float>(const float* p) {
-  return *p;
-}
-template <typename T>
-__device__ __forceinline__ void store_float(T* p, float value) {
-  *p = from_float<T>(value);
-}
-template <>
-__device__ __forceinline__ void store_float<float>(float* p, float value) {
-  *p = value;
-}
-
-template <typename T>
 __global__ void __launch_bounds__(kRotaryThreads) rotary_kernel(const RotaryParams p) {
   const int64_t b = blockIdx.x / p.seqlen;
   const int64_t row = blockIdx.x % p.seqlen;
@@ -50,11 +33,11 @@ __global__ void __launch_bounds__(kRotaryThreads) rotary_kernel(const RotaryPara
     const RotaryPair pair = rotary_pair(p, i);
     const T* src = x + h * p.x_strides.head;
     T* dst = out + h * p.out_strides.head;
-    float x1 = load_float(src + pair.first);
-    float x2 = load_float(src + pair.second);
-    if (rotated) rotate_pair<float>(x1, x2, load_float(cos + i), load_float(sin + i), p.conjugate);
-    store_float(dst + pair.first, x1);
-    store_float(dst + pair.second, x2);
+    float x1 = to_float(src[pair.first]);
+    float x2 = to_float(src[pair.second]);
+    if (rotated) rotate_pair<float>(x1, x2, to_float(cos[i]), to_float(sin[i]), p.conjugate);
+    dst[pair.first] = from_float<T>(x1);
+    dst[pair.second] = from_float<T>(x2);
   }
   if (p.out == p.x) return;
   const int64_t rest = p.head_dim - p.rotary_dim;

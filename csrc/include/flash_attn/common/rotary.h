@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "flash_attn/common/host_device.h"
 #include "flash_attn/common/seqlen.h"
@@ -37,6 +38,10 @@ FLASH_HOST_DEVICE int64_t rotary_position(const RotaryParams& p, int64_t b, int6
 FLASH_HOST_DEVICE bool rotary_position_in_table(const RotaryParams& p, int64_t position) {
   return position >= 0 && position < p.seqlen_ro;
 }
+
+// The accumulation type of a rotation of T elements: double for float64 inputs (the CPU path), float otherwise.
+template <typename T>
+using RotaryAcc = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 // (x1, x2) rotated by the angle whose cosine and sine are c and s (by minus it when conjugate), in the accumulation
 // type A (float; double for float64 inputs).
