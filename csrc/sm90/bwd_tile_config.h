@@ -61,7 +61,12 @@ constexpr int bwd_dq_accumulators_per_cta(int head_dim) {
 // held ~9 % of the stall samples; cuDNN ran the same shape at 2.0x our time. Calls that are not deterministic only:
 // the deterministic ones add into their own accumulators (bwd_dq_accumulators_per_cta) from registers. The wide
 // kernel has no room for a staging tile (bwd_tile_config) and stages in its own column segments of the step's Q and
-// dO slots instead (bwd_wide_kernel.h); written, not yet run on a GPU, so off above hd 128 until tested and timed.
-constexpr bool bwd_reduces_dq_in_bulk(int head_dim) { return head_dim <= kBwdMaxNarrowHeadDim; }
+// dO slots instead (bwd_wide_kernel.h). Wide kernel, H200, hd 256 forced, TFLOP/s red.global -> bulk (nineteenth
+// session, best of 3 rounds): 16k 321 -> 370, 4k 303 -> 340, 2k 285 -> 318, 512 220 -> 234; causal 322 -> 361,
+// 279 -> 313, 251 -> 260, 155 -> 162 (cuDNN 358 / 362 / 342 / 242; causal 376 / 345 / 306 / 182).
+constexpr bool bwd_reduces_dq_in_bulk(int head_dim) {
+  (void)head_dim;
+  return true;
+}
 
 }  // namespace flash::sm90

@@ -93,7 +93,7 @@ void launch_fwd(FwdKernelArgs& args, cudaStream_t stream) {
     int device = 0;
     cudaGetDevice(&device);
     const int64_t sms = device_attributes(device).num_sms;
-    const int64_t max_ctas = fwd_persistent_pays(shape.seqlen_k) ? sms : kMaxGridX;
+    const int64_t max_ctas = fwd_persistent_pays(kHeadDim, kMask != MaskKind::kNone, shape.seqlen_k) ? sms : kMaxGridX;
     const int64_t ctas = args.num_tiles < max_ctas ? args.num_tiles : max_ctas;
     kernel<<<static_cast<unsigned>(ctas), kFwdThreads, Layout::kLaunchBytes, stream>>>(args);
   } else {

@@ -27,13 +27,11 @@ struct FwdTileConfig {
 };
 
 // Calls without a mask run the persistent kernel (fwd_kernel.h kPersistent: CTAs stride over the tiles, the next
-// tile's loads overlap the current tile's tail), fwd_persistent_pays picking a CTA per SM or one CTA per tile. Masked
-// calls run one tile per CTA: the persistent kernel orders masked tiles longest first across every head, and launched
-// one CTA per tile it ran 4-12 % behind at 4k / 16k keys (concurrent CTAs no longer share a head's K / V in L2), a
-// CTA per SM 10-17 % behind at hd 256 512 / 1k keys (H200, eighteenth session).
+// tile's loads overlap the current tile's tail), fwd_persistent_pays picking a CTA per SM or one CTA per tile. So do
+// masked calls at hd 64 and 128, the buckets where a CTA per SM paid (fwd_masked_persistent_max_keys); the others
+// keep one tile per CTA until timed.
 constexpr bool fwd_persistent(int head_dim, MaskKind mask) {
-  (void)head_dim;
-  return mask == MaskKind::kNone;
+  return mask == MaskKind::kNone || head_dim == 64 || head_dim == 128;
 }
 
 // A CTA per SM where a tile is a few key blocks, so its prologue (barrier setup, Q and first K / V loads) is exposed
@@ -42,7 +40,18 @@ constexpr bool fwd_persistent(int head_dim, MaskKind mask) {
 // 344, hd 128 379 -> 440, hd 256 380 -> 417; 2k 396 -> 436, 597 -> 589, 618 -> 660. At 4k and 16k the persistent
 // kernel launched one CTA per tile ran within 2 % of the one-tile kernel.
 constexpr int64_t kFwdPersistentMaxKeys = 2048;
-constexpr bool fwd_persistent_pays(int64_t seqlen_k) { return seqlen_k <= kFwdPersistentMaxKeys; }
+
+// Masked (causal) calls, best of three rounds one tile per CTA -> a CTA per SM (nineteenth session, forced Hopper,
+// bf16 TFLOP/s): hd 64 512 155 -> 199, 2k 308 -> 346; hd 128 512 216 -> 242 but 2k 458 -> 426; hd 256 512 250 ->
+// 204, 2k 474 -> 456 (so hd 256 keeps the one-tile kernel). At 4k / 16k one CTA per tile in the persistent kernel
+// ran as the one-tile kernel (hd 128 554 / 555, hd 64 376 / 377 at 4k). 0: never a CTA per SM.
+constexpr int64_t fwd_masked_persistent_max_keys(int head_dim) {
+  return head_dim == 64 ? 2048 : (head_dim == 128 ? 512 : 0);
+}
+
+constexpr bool fwd_persistent_pays(int head_dim, bool masked, int64_t seqlen_k) {
+  return seqlen_k <= (masked ? fwd_masked_persistent_max_keys(head_dim) : kFwdPersistentMaxKeys);
+}
 
 // How many column groups of a key block share one group of FMA-pipe exponentials (fwd_kernel.h softmax_step): 0
 // (all on the MUFU unit) until timed. HOPPER_NOTES.md section 7 measured 15.8 exp/clk/SM on MUFU alone and 20.6 with
