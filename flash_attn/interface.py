@@ -41,10 +41,12 @@ def _max_seqlen(value) -> int:
 def attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, dropout_p=0.0,
               softmax_scale=None, window=(UNBOUNDED, UNBOUNDED), bottom_right=True, softcap=0.0,
               alibi_slopes=None, attn_bias=None, deterministic=False, return_attn_probs=False, seqused_k=None,
-              num_splits=0):
+              num_splits=0, block_table=None):
     """The one call every public entry point makes: returns (out, softmax_lse, probs). seqused_k (int32
     (batch,), dense calls, forward only): sequence b uses only its first seqused_k[b] keys. num_splits: key splits of
-    the CUDA forward (0: flash_attn's choice)."""
+    the CUDA forward (0: flash_attn's choice). block_table (int32 (batch, pages), with seqused_k): k / v are page
+    pools (num_pages, page_size, nheads_k, headdim) and sequence b's key r is row r % page_size of page
+    block_table[b, r // page_size]."""
     dropout_p = _check_dropout(dropout_p)
     if softmax_scale is None:
         # An empty head dim is rejected by the op with a message naming it; keep the default finite here.
@@ -52,7 +54,7 @@ def attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, 
     rng_state = new_rng_state(dropout_p, q.device)
     return ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, _max_seqlen(max_seqlen_q), _max_seqlen(max_seqlen_k),
                   dropout_p, float(softmax_scale), window[0], window[1], bottom_right, float(softcap), alibi_slopes,
-                  attn_bias, rng_state, return_attn_probs, deterministic, seqused_k, int(num_splits))
+                  attn_bias, rng_state, return_attn_probs, deterministic, seqused_k, int(num_splits), block_table)
 
 
 def _result(out, lse, probs, return_attn_probs):

@@ -3,8 +3,9 @@ the new keys/values appended to the cache in place), on flash_attn's fwd op. The
 to the op as seqused_k (the kernels stop at each sequence's length and align masks and ALiBi to it); calls that
 need gradients, which seqused_k has none of, fold the lengths into an additive float32 bias instead. Index values
 (cache_seqlens, cache_batch_idx, block_table) are checked once per tensor version and clamped on the device, never
-read under capture, so the call can be captured in a CUDA graph. Paged caches (block_table) are gathered into a
-contiguous copy per call for now. New rows are appended by one fused op (kvcache_append_: write, rotate k, count the
+read under capture, so the call can be captured in a CUDA graph. Paged caches (block_table) go to the op as pages
+and a block table (the CUDA decode kernels read the pages in place; other calls read a gathered copy), or, where
+gradients are needed, are gathered here. New rows are appended by one fused op (kvcache_append_: write, rotate k, count the
 keys) unless gradients are needed, where torch indexing keeps the autograd graph."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 from .interface import _window, attention
 from .layers.rotary import apply_rotary_emb
 from .ops import check_index_values
-from .paged_kv import block_indices, gather_sequences, locate
+from .paged_kv import checked_block_table, gather_sequences, locate
 
 _NAME = "flash_attn_with_kvcache"
 
@@ -154,8 +155,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     each sequence.
 
     block_table (batch, max_blocks) int32 makes the caches paged, (num_blocks, page_size, nheads_k, headdim) with
-    any page_size >= 1: row p of sequence b is row p % page_size of block block_table[b, p // page_size]. This
-    version gathers each sequence's pages into a contiguous copy before the kernel (a paged kernel is to come).
+    any page_size >= 1: row p of sequence b is row p % page_size of block block_table[b, p // page_size]. CUDA
+    decode-shaped calls (at most 16 query rows per KV head, no softcap / ALiBi) read the pages in place; other calls,
+    and calls that need gradients, read a gathered contiguous copy.
 
     rotary_cos / rotary_sin (seqlen_ro >= cache rows, rotary_dim / 2), with k / v: the new keys are rotated at
     positions cache_seqlens[b] + i before they are written, the queries at cache_seqlens[b] + i when causal or local
@@ -182,7 +184,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         if cache_batch_idx is not None:
             raise ValueError(f"{_NAME}: block_table and cache_batch_idx cannot be combined (as in Dao's); put the "
                              "entry's pages in block_table instead")
-        pages = block_indices(_NAME, block_table, batch, k_cache, q.device)
+        pages = checked_block_table(_NAME, block_table, batch, k_cache, q.device)  # as given: int32 or int64
         cache_rows = pages.shape[1] * page_size
     new_rows = 0 if k is None else k.shape[1]
     if new_rows > cache_rows:
@@ -207,6 +209,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if rotary:
         _check_rotary(rotary_cos, rotary_sin, k, cache_rows)
     grad = _needs_grad(q, k, v, k_cache, v_cache, alibi_slopes, rotary_cos, rotary_sin)
+    if pages is not None and grad:
+        pages = pages.to(torch.int64).clamp(0, max(cache_entries - 1, 0))  # torch indexing: clamped here
     fused = k is not None and not grad  # the append by kvcache_append_, which has no autograd
     if entries is None and pages is None and ((k is not None and not fused) or first_row is not None):
         entries = torch.arange(batch, device=q.device)
@@ -233,8 +237,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         v_cache[first, second] = v
         lengths = lengths + k.shape[1]
     contiguous = cache_batch_idx is None
-    keys = _sequence_view(k_cache, entries, pages, first_row, contiguous)
-    values = _sequence_view(v_cache, entries, pages, first_row, contiguous)
+    # Without gradients the op reads the pages itself (in place on CUDA decode calls, a gathered copy otherwise);
+    # its values were checked by checked_block_table, and the kernels clamp them.
+    table = pages.to(torch.int32) if pages is not None and not grad else None
+    keys = k_cache if table is not None else _sequence_view(k_cache, entries, pages, first_row, contiguous)
+    values = v_cache if table is not None else _sequence_view(v_cache, entries, pages, first_row, contiguous)
     if first_row is not None and direct is None:
         lengths = (lengths - first_row).clamp(min=0)  # the keys each sequence sees, from its first row
     if direct is None and _needs_grad(q, keys, values, alibi_slopes):
@@ -245,5 +252,5 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         slopes = None if alibi_slopes is None else alibi_slopes.to(torch.float32)
         seqused_k = direct if direct is not None else lengths.to(torch.int32)
         out, lse, _ = attention(q, keys, values, softmax_scale=softmax_scale, window=window, softcap=softcap,
-                                alibi_slopes=slopes, seqused_k=seqused_k, num_splits=num_splits)
+                                alibi_slopes=slopes, seqused_k=seqused_k, num_splits=num_splits, block_table=table)
     return (out, lse) if return_softmax_lse else out

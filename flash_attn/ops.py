@@ -14,7 +14,8 @@ bwd_op = torch.ops.flash_attn.bwd.default
 # Position of each fwd input, for ctx.needs_input_grad.
 _FWD_INPUTS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "dropout_p",
                "softmax_scale", "window_left", "window_right", "bottom_right", "softcap", "alibi_slopes",
-               "attn_bias", "rng_state", "return_probs", "deterministic", "seqused_k", "num_splits")
+               "attn_bias", "rng_state", "return_probs", "deterministic", "seqused_k", "num_splits",
+               "block_table")
 _SEQUSED_K = _FWD_INPUTS.index("seqused_k")
 _GRAD_INPUTS = {"q": 0, "k": 1, "v": 2, "attn_bias": _FWD_INPUTS.index("attn_bias")}
 
@@ -22,7 +23,7 @@ _GRAD_INPUTS = {"q": 0, "k": 1, "v": 2, "attn_bias": _FWD_INPUTS.index("attn_bia
 @torch.library.register_fake("flash_attn::fwd")
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
               window_left, window_right, bottom_right, softcap, alibi_slopes, attn_bias, rng_state, return_probs,
-              deterministic=False, seqused_k=None, num_splits=0):
+              deterministic=False, seqused_k=None, num_splits=0, block_table=None):
     nheads = q.shape[-2]
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     out = q.new_empty(q.shape)
@@ -110,10 +111,11 @@ class _FwdFunction(torch.autograd.Function):
 
 
 def fwd(*args):
-    """torch.ops.flash_attn.fwd with autograd, its arguments positional (see _FWD_INPUTS; seqused_k and num_splits,
-    the last two, may be left out). Traced calls (torch.compile) use the op and its registered formula; eager calls
-    that need gradients use _FwdFunction. seqused_k is forward-only: eager calls that need gradients with it raise
-    NotImplementedError here, traced ones when their backward runs."""
+    """torch.ops.flash_attn.fwd with autograd, its arguments positional (see _FWD_INPUTS; seqused_k, num_splits and
+    block_table, the last three, may be left out; block_table comes only with seqused_k). Traced calls
+    (torch.compile) use the op and its registered formula; eager calls that need gradients use _FwdFunction.
+    seqused_k is forward-only: eager calls that need gradients with it raise NotImplementedError here, traced ones
+    when their backward runs."""
     if torch.compiler.is_compiling():
         return fwd_op(*args)
     if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):

@@ -1,7 +1,7 @@
 """Paged KV caches (Dao-AILab's block_table): a cache of num_blocks pages of page_size rows (any page_size >= 1),
 sequence b's row p in row p % page_size of page block_table[b, p // page_size]. The block table is checked
-(ops.check_index_values) and clamped; the pages are gathered into the contiguous layouts the kernels read (a copy per
-call until the kernels read pages themselves)."""
+(ops.check_index_values) and clamped; flash_attn_with_kvcache hands pages and table to the fwd op (the CUDA decode
+kernels read pages in place), the other paths gather the pages into the contiguous layouts the kernels read."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import torch
 from .ops import check_index_values
 
 
-def block_indices(op: str, block_table: torch.Tensor, batch: int, cache: torch.Tensor,
-                  device: torch.device) -> torch.Tensor:
-    """block_table (batch, max_blocks) checked against the paged cache (num_blocks, page_size, nheads_k, headdim),
-    as clamped int64 indices on `device`."""
+def checked_block_table(op: str, block_table: torch.Tensor, batch: int, cache: torch.Tensor,
+                        device: torch.device) -> torch.Tensor:
+    """block_table (batch, max_blocks) checked against the paged cache (num_blocks, page_size, nheads_k, headdim):
+    its shape, dtype (int32 or int64) and values (once per tensor version), returned on `device` as it is."""
     if block_table.dim() != 2 or block_table.shape[0] != batch:
         raise ValueError(f"{op}: block_table must be (batch, max_blocks_per_sequence) with batch = {batch}; got "
                          f"shape {tuple(block_table.shape)}")
@@ -27,7 +27,14 @@ def block_indices(op: str, block_table: torch.Tensor, batch: int, cache: torch.T
         raise ValueError(f"{op}: block_table indexes an empty paged cache (shape[0] == 0)")
     block_table = block_table.to(device)
     check_index_values(op, "block_table", block_table, 0, num_blocks - 1)
-    return block_table.to(dtype=torch.int64).clamp(0, max(num_blocks - 1, 0))
+    return block_table
+
+
+def block_indices(op: str, block_table: torch.Tensor, batch: int, cache: torch.Tensor,
+                  device: torch.device) -> torch.Tensor:
+    """block_table checked as by checked_block_table, as clamped int64 indices on `device` (for torch indexing)."""
+    table = checked_block_table(op, block_table, batch, cache, device)
+    return table.to(dtype=torch.int64).clamp(0, max(cache.shape[0] - 1, 0))
 
 
 def locate(rows: torch.Tensor, pages: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -228,3 +228,51 @@ def test_paged_decode_step_in_cuda_graph(page_size):
         assert torch.equal(static_out, expected)
         lengths += 1
     assert torch.equal(k_pool, eager_k) and torch.equal(v_pool, eager_v)
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 48, 256])
+@pytest.mark.parametrize("shape", ["gqa_decode", "mha_decode", "mqa_decode", "speculative", "softcap", "splits"])
+def test_paged_decode_equals_contiguous(page_size, shape, device):
+    """Decode over pages read in place (CUDA decode tiles: GQA-packed single tokens, MHA, speculative 4-token steps,
+    forced key splits) or gathered by the op (CPU; MQA 32/1, whose packed rows exceed the decode tile; softcap):
+    bitwise the call over the contiguous cache, at head dim 128, with ragged lengths that cross pages."""
+    dtype = _dtype(device)
+    require_supported(device, dtype, 128, backward=False)
+    generator = torch.Generator().manual_seed(page_size)
+    h, hk, seqlen_q = {"gqa_decode": (32, 8, 1), "mha_decode": (8, 8, 1), "mqa_decode": (32, 1, 1),
+                       "speculative": (16, 4, 4), "softcap": (16, 4, 1), "splits": (16, 4, 1)}[shape]
+    kwargs = {"softcap": dict(softcap=30.0), "splits": dict(num_splits=3),
+              "speculative": dict(causal=True)}.get(shape, {})
+    batch, rows = 3, page_size * max(1, 700 // page_size)
+    lengths = torch.tensor([rows, 1, rows // 2 + 3], dtype=torch.int32, device=device)
+    q = randn(batch, seqlen_q, h, 128, dtype=dtype, device=device)
+    k_cache, v_cache = (randn(batch, rows, hk, 128, dtype=dtype, device=device) for _ in range(2))
+    k_pool, table = _paged(k_cache, page_size, 3, generator)
+    v_pool = torch.empty_like(k_pool)
+    v_pool[table.long().flatten()] = v_cache.reshape(-1, page_size, hk, 128)
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, return_softmax_lse=True, **kwargs)
+    paged_out, paged_lse = flash_attn_with_kvcache(q, k_pool, v_pool, cache_seqlens=lengths, block_table=table,
+                                                   return_softmax_lse=True, **kwargs)
+    assert torch.equal(out, paged_out) and torch.equal(lse, paged_lse)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("page_size", [16, 256])
+def test_paged_decode_reads_pages_in_place(page_size):
+    """A decode step over a paged cache launches the attention kernel (and the split combine) only: no gather of
+    the pages into a contiguous copy (issue 21: at batch 16 x 8k that copy took 3x the attention's time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    require_supported("cuda", torch.bfloat16, 128, backward=False)
+    generator = torch.Generator().manual_seed(page_size)
+    batch, rows, h, hk = 2, 4096, 32, 8
+    k_pool, table = _paged(randn(batch, rows, hk, 128, dtype=torch.bfloat16, device="cuda"), page_size, 2, generator)
+    v_pool = randn(*k_pool.shape, dtype=torch.bfloat16, device="cuda")
+    q = randn(batch, 1, h, 128, dtype=torch.bfloat16, device="cuda")
+    lengths = torch.tensor([4000, 1234], dtype=torch.int32, device="cuda")
+    flash_attn_with_kvcache(q, k_pool, v_pool, cache_seqlens=lengths, block_table=table)  # checks values once
+    with profile(activities=[ProfilerActivity.CUDA]) as trace:
+        flash_attn_with_kvcache(q, k_pool, v_pool, cache_seqlens=lengths, block_table=table)
+        torch.cuda.synchronize()
+    kernels = [event.name for event in trace.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+    assert kernels and all("flash" in name for name in kernels), kernels

@@ -123,21 +123,44 @@ void launch_cuda_probs(const FwdParams& params, const at::Device& device) {
 #endif
 }
 
+// The sequences of a paged cache's pool (num_pages, page_size, nheads_k, head_dim) as a dense (batch, rows, nheads_k,
+// head_dim) copy, for the calls the kernels do not read pages in (fwd_reads_pages). Page numbers are clamped.
+at::Tensor gather_pages(const at::Tensor& pool, const at::Tensor& block_table, int64_t rows) {
+  const at::Tensor pages = block_table.to(at::kLong).clamp(0, std::max<int64_t>(pool.size(0) - 1, 0)).reshape({-1});
+  return pool.index_select(0, pages).reshape({block_table.size(0), rows, pool.size(2), pool.size(3)});
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q,
     const std::optional<at::Tensor>& cu_seqlens_k, c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
     double dropout_p, double softmax_scale, int64_t window_left, int64_t window_right, bool bottom_right,
     double softcap, const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& attn_bias,
     const std::optional<at::Tensor>& rng_state, bool return_probs, bool deterministic,
-    const std::optional<at::Tensor>& seqused_k, int64_t num_splits) {
-  (void)deterministic;  // a backward option, carried by the forward op so autograd can hand it on
+    const std::optional<at::Tensor>& seqused_k, int64_t num_splits, const std::optional<at::Tensor>& block_table) {
   FLASH_CHECK(num_splits >= 0, kFwdOp, ": num_splits must be >= 0 (0 lets flash_attn choose); got ", num_splits,
               ". Pass 0, or the number of key splits wanted.");
+  const int64_t paged_rows =
+      block_table.has_value() ? check_paged_cache(kFwdOp, q, k, v, *block_table,
+                                                  cu_seqlens_q.has_value() || cu_seqlens_k.has_value(),
+                                                  seqused_k.has_value())
+                              : 0;
   const CallArgs args{q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q.expect_int(), max_seqlen_k.expect_int(),
                       dropout_p, softmax_scale, window_left, window_right, bottom_right, softcap, alibi_slopes,
-                      attn_bias, rng_state, seqused_k};
+                      attn_bias, rng_state, seqused_k, paged_rows};
   CheckedCall call = check_call(kFwdOp, args);
   FwdParams& p = call.params;
+  if (paged_rows > 0) {
+    // The decode kernels read the pages in place; every other call (and CPU) reads a dense copy of its sequences.
+    FwdParams probe = p;
+    probe.block_table = block_table->data_ptr<int32_t>();
+    probe.lse_head_stride = p.shape.seqlen_q;  // the dense lse (batch, nheads, seqlen_q) allocated below
+    if (return_probs || !q.is_cuda() || !cuda_fwd_reads_pages(probe, q)) {
+      return fwd(q, gather_pages(k, *block_table, paged_rows), gather_pages(v, *block_table, paged_rows),
+                 cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, window_left,
+                 window_right, bottom_right, softcap, alibi_slopes, attn_bias, rng_state, return_probs, deterministic,
+                 seqused_k, num_splits, std::nullopt);
+    }
+  }
   const auto lse_options = q.options().dtype(lse_dtype(q));
   if (call.no_work) {
     // Every row (if any) sees no key: O = 0, LSE = +inf, as torch's empty-input semantics; no kernel runs.
@@ -169,6 +192,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(
   if (return_probs) {
     p.probs = probs.data_ptr();
     p.probs_strides = ScoreStrides{probs.stride(0), probs.stride(1), probs.stride(2), probs.stride(3)};
+  }
+  const at::Tensor table = paged_rows > 0 ? block_table->contiguous() : at::Tensor();
+  if (paged_rows > 0) {
+    p.block_table = table.data_ptr<int32_t>();
+    p.block_table_stride = table.stride(0);
+    p.page_size = static_cast<int>(in.k.size(1));
+    p.num_pages = static_cast<int>(in.k.size(0));
   }
   if (q.is_cpu()) {
     cpu::run_fwd(p);
@@ -374,7 +404,8 @@ TORCH_LIBRARY(flash_attn, m) {
       "fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt max_seqlen_q, "
       "SymInt max_seqlen_k, float dropout_p, float softmax_scale, int window_left, int window_right, "
       "bool bottom_right, float softcap, Tensor? alibi_slopes, Tensor? attn_bias, Tensor? rng_state, "
-      "bool return_probs, bool deterministic=False, Tensor? seqused_k=None, int num_splits=0) "
+      "bool return_probs, bool deterministic=False, Tensor? seqused_k=None, int num_splits=0, "
+      "Tensor? block_table=None) "
       "-> (Tensor out, Tensor softmax_lse, Tensor probs)");
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor? dlse, "

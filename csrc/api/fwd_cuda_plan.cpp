@@ -45,4 +45,15 @@ void plan_cuda_fwd(FwdParams& p, const at::Tensor& q, std::vector<at::Tensor>& s
 #endif
 }
 
+bool cuda_fwd_reads_pages(const FwdParams& p, const at::Tensor& q) {
+#if defined(FLASH_WITH_CUDA)
+  const DeviceAttributes device = device_attributes(q.device().index());
+  return fwd_reads_pages(p, sm80::fwd_smem_limits(device.smem));
+#else
+  (void)p;
+  (void)q;
+  return false;
+#endif
+}
+
 }  // namespace flash::api

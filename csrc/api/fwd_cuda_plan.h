@@ -14,4 +14,8 @@ namespace flash::api {
 // requested_splits: a caller's num_splits (0: the heuristic's choice).
 void plan_cuda_fwd(FwdParams& p, const at::Tensor& q, std::vector<at::Tensor>& scratch, int64_t requested_splits);
 
+// Whether the CUDA kernels read a paged call's pages in place on q's device (dispatch/fwd_plan.h fwd_reads_pages);
+// false without CUDA.
+bool cuda_fwd_reads_pages(const FwdParams& p, const at::Tensor& q);
+
 }  // namespace flash::api

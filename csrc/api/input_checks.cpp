@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <limits>
 
 #include "../dispatch/registry.h"
 #include "checked_values_cache.h"
@@ -115,6 +116,33 @@ void check_same_layout(const char* op, const char* name, const at::Tensor& t, co
   check_unit_last_stride(op, name, t);
 }
 
+int64_t check_paged_cache(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& block_table, bool varlen, bool has_seqused_k) {
+  FLASH_CHECK(!varlen, op, ": block_table (a paged K / V cache) is for dense q (batch, seqlen, nheads, headdim); got "
+              "it together with cu_seqlens_q / cu_seqlens_k. Pass q per sequence, or gather the pages first");
+  FLASH_CHECK(has_seqused_k, op, ": block_table (a paged K / V cache) needs seqused_k, each sequence's key count");
+  FLASH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, op, ": with block_table, q must be 4-D (batch, seqlen, "
+              "nheads, headdim) and k / v 4-D (num_pages, page_size, nheads_k, headdim); got q=", shape_str(q),
+              ", k=", shape_str(k), ", v=", shape_str(v));
+  FLASH_CHECK(block_table.dim() == 2 && block_table.scalar_type() == at::kInt, op,
+              ": block_table must be a 2-D int32 tensor (batch, pages per sequence); got dtype ",
+              block_table.scalar_type(), " and shape ", shape_str(block_table));
+  FLASH_CHECK(block_table.device() == q.device(), op, ": block_table must be on ", q.device(), " (q's device); got ",
+              block_table.device());
+  FLASH_CHECK(block_table.size(0) == q.size(0), op, ": block_table must have one row per sequence (", q.size(0),
+              "); got shape ", shape_str(block_table));
+  FLASH_CHECK(k.size(1) >= 1, op, ": the pages of k / v (dim 1: page_size) must hold at least one row; got k=",
+              shape_str(k));
+  FLASH_CHECK(k.size(0) >= 1 || block_table.numel() == 0, op, ": block_table names pages, but k / v hold none; got k=",
+              shape_str(k));
+  constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();
+  const int64_t rows = block_table.size(1) * k.size(1);
+  FLASH_CHECK(rows <= kMaxRows && k.size(0) <= kMaxRows, op, ": a paged cache of at most 2^31 - 1 rows per "
+              "sequence and pages; got ", block_table.size(1), " pages of ", k.size(1), " rows and ", k.size(0),
+              " pages");
+  return rows;
+}
+
 CheckedCall check_call(const char* op, const CallArgs& a) {
   const at::Tensor& q = a.q;
   const at::Tensor& k = a.k;
@@ -189,11 +217,11 @@ CheckedCall check_call(const char* op, const CallArgs& a) {
     p.shape.cu_seqlens_q = call.cu_seqlens_q_device.data_ptr<int32_t>();
     p.shape.cu_seqlens_k = call.cu_seqlens_k_device.data_ptr<int32_t>();
   } else {
-    FLASH_CHECK(k.size(0) == q.size(0), op, ": q and k must have the same batch size; got q=", q.size(0),
-                ", k=", k.size(0));
+    FLASH_CHECK(a.paged_rows > 0 || k.size(0) == q.size(0), op, ": q and k must have the same batch size; got q=",
+                q.size(0), ", k=", k.size(0));
     p.shape.batch = q.size(0);
     p.shape.seqlen_q = q.size(1);
-    p.shape.seqlen_k = k.size(1);
+    p.shape.seqlen_k = a.paged_rows > 0 ? a.paged_rows : k.size(1);
     call.total_q = q.size(0) * q.size(1);
     call.total_k = k.size(0) * k.size(1);
   }

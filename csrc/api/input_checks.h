@@ -48,6 +48,9 @@ struct CallArgs {
   const std::optional<at::Tensor>& attn_bias;
   const std::optional<at::Tensor>& rng_state;
   const std::optional<at::Tensor>& seqused_k;
+  // > 0: k and v are a paged cache's (num_pages, page_size, nheads_k, head_dim) pools (check_paged_cache) and each
+  // sequence has this many rows (block_table's width x page_size); 0: dense or varlen k / v.
+  int64_t paged_rows = 0;
 };
 
 // Checks q, k, v and every option; fills params except the output pointers. cu_seqlens values (start at 0,
@@ -55,6 +58,13 @@ struct CallArgs {
 // tensor version (checked_values_cache.h: one synchronisation the first time a tensor is seen, none under CUDA-graph
 // capture). seqused_k values (in [0, seqlen_k]) are validated for CPU tensors; the kernels clamp them on CUDA.
 CheckedCall check_call(const char* op, const CallArgs& args);
+
+// A paged cache call (the fwd op's block_table): k / v 4-D pools (num_pages, page_size, nheads_k, head_dim) of one
+// shape, block_table a 2-D int32 (batch, pages per sequence) tensor on q's device, q dense, and seqused_k given
+// (the pages past a sequence's length are never read). Returns the rows per sequence (pages per sequence x
+// page_size). Table values are the caller's to check (flash_attn/paged_kv.py); the kernels clamp them.
+int64_t check_paged_cache(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& block_table, bool varlen, bool has_seqused_k);
 
 DType to_dtype(at::ScalarType type);
 

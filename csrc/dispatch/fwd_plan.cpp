@@ -20,6 +20,16 @@ bool sees_every_key(const MaskParams& mask, int64_t seqlen_q, int64_t seqlen_k) 
   return seqlen_q == 1 && keys.begin <= 0 && keys.end >= seqlen_k;
 }
 
+int head_dim_bucket(const FwdParams& p) {
+  return static_cast<int>((p.shape.head_dim + kHeadDimGranule - 1) / kHeadDimGranule) * kHeadDimGranule;
+}
+
+// As sm80/fwd_launch.h fwd_needs_general_kernel (which needs CUDA headers).
+bool needs_general_kernel(const FwdParams& p) {
+  return p.softcap > 0.0 || p.mask.alibi_slopes != nullptr || p.mask.bias != nullptr || p.dropout.p > 0.0 ||
+         !(p.softmax_scale > 0.0);
+}
+
 }  // namespace
 
 bool pack_gqa_decode(FwdParams& p) {
@@ -43,9 +53,8 @@ bool pack_gqa_decode(FwdParams& p) {
 
 int choose_fwd_num_splits(const FwdParams& p, int num_sms, sm80::SmemLimits smem) {
   if (p.probs != nullptr || p.shape.seqlen_k <= 0) return 1;
-  const int bucket = static_cast<int>((p.shape.head_dim + kHeadDimGranule - 1) / kHeadDimGranule) * kHeadDimGranule;
-  const bool general = p.softcap > 0.0 || p.mask.alibi_slopes != nullptr || p.mask.bias != nullptr ||
-                       p.dropout.p > 0.0 || !(p.softmax_scale > 0.0);
+  const int bucket = head_dim_bucket(p);
+  const bool general = needs_general_kernel(p);
   const bool masked = mask_kind(p.mask) != MaskKind::kNone;
   const sm80::FwdTileKind kind =
       sm80::fwd_tile_kind(bucket, general, p.shape.seqlen_q, p.shape.seqlen_k, masked, smem);
@@ -71,6 +80,15 @@ int requested_fwd_num_splits(const FwdParams& p, int64_t requested) {
   const int64_t by_grid = p.shape.batch > 0 ? kMaxGridZ / p.shape.batch : 1;
   const int64_t splits = std::min<int64_t>({requested, sm80::kMaxKeySplits, by_grid});
   return static_cast<int>(splits < 1 ? 1 : splits);
+}
+
+bool fwd_reads_pages(FwdParams p, sm80::SmemLimits smem) {
+  if (p.block_table == nullptr || p.shape.cu_seqlens_q != nullptr || p.probs != nullptr) return false;
+  pack_gqa_decode(p);
+  if (needs_general_kernel(p)) return false;
+  const sm80::FwdTileKind kind = sm80::fwd_tile_kind(head_dim_bucket(p), false, p.shape.seqlen_q, p.shape.seqlen_k,
+                                                     mask_kind(p.mask) != MaskKind::kNone, smem);
+  return kind == sm80::FwdTileKind::kDecode || kind == sm80::FwdTileKind::kDecodeCompact;
 }
 
 }  // namespace flash

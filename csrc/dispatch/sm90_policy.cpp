@@ -48,6 +48,7 @@ const char* sm90_fwd_declines(const FwdParams& p) {
   if ((s.cu_seqlens_q == nullptr) != (s.cu_seqlens_k == nullptr)) return "cu_seqlens for only one of q and k";
   // TMA loads whole key tiles: the rows past a cache's used length hold whatever the cache holds (torch.empty: maybe
   // NaN), and P = 0 times NaN is NaN. The portable path zero-fills them.
+  if (p.block_table != nullptr) return "a paged K / V cache (block_table)";
   if (s.seqused_k != nullptr) return "KV-cache lengths (seqused_k / cache_seqlens)";
   if (p.dropout.p > 0.0) return "dropout";
   if (p.mask.bias != nullptr) return "an additive attention bias (attn_mask)";

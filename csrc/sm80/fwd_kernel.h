@@ -77,14 +77,23 @@ struct FwdCta {
 
 // Where the CTA's operands live: Q and the K and V rings in shared memory (Q's rows later stage O), and its Q
 // rows and its kv head's K and V in global memory.
+// The pages of a paged cache's sequence (FwdParams::block_table): key row r is row r % page_size of page table[r /
+// page_size], clamped to [0, num_pages).
+struct KvPages {
+  const int32_t* table;
+  int page_size;
+  int num_pages;
+};
+
 template <typename T>
 struct FwdTiles {
   T* s_q;
   T* s_k_ring;
   T* s_v_ring;
   const T* q;
-  const T* k;
+  const T* k;  // paged: the kv head's column of page 0
   const T* v;
+  KvPages pages;  // kPaged kernels only
 };
 
 // Per-call constants of the score transform, the softmax and dropout (the lean kernel uses x_scale only).
@@ -178,8 +187,9 @@ __device__ __forceinline__ void plan_key_tiles(const FwdParams& p, FwdCta& cta) 
 }
 
 // Locates the CTA's tiles: Q, then the K ring, then the V ring in shared memory, and its rows in global memory.
-// q_buffer: which of the persistent kernel's two Q tiles (after the K and V rings); 0 otherwise.
-template <int kHeadDim, int kBlockM, int kBlockN, int kStages, typename T>
+// q_buffer: which of the persistent kernel's two Q tiles (after the K and V rings); 0 otherwise. kPaged: K / V rows
+// are found through the sequence's pages (load_kv), from its kv head's column of the first page.
+template <int kHeadDim, int kBlockM, int kBlockN, int kStages, typename T, bool kPaged = false>
 __device__ __forceinline__ FwdTiles<T> locate_tiles(unsigned char* smem_raw, const FwdParams& p, const FwdCta& cta,
                                                     int q_buffer = 0) {
   constexpr int kStride = kHeadDim + kSmemRowPad;
@@ -194,6 +204,11 @@ __device__ __forceinline__ FwdTiles<T> locate_tiles(unsigned char* smem_raw, con
             static_cast<int64_t>(cta.hk) * p.k_strides.head;
   tiles.v = static_cast<const T*>(p.v) + cta.b * p.v_strides.batch + cta.k_row0 * p.v_strides.row +
             static_cast<int64_t>(cta.hk) * p.v_strides.head;
+  if constexpr (kPaged) {
+    tiles.k = static_cast<const T*>(p.k) + static_cast<int64_t>(cta.hk) * p.k_strides.head;
+    tiles.v = static_cast<const T*>(p.v) + static_cast<int64_t>(cta.hk) * p.v_strides.head;
+    tiles.pages = KvPages{p.block_table + cta.b * p.block_table_stride, p.page_size, p.num_pages};
+  }
   return tiles;
 }
 
@@ -204,17 +219,54 @@ __device__ __forceinline__ int ring_slot(int n) {
   return static_cast<int>(static_cast<unsigned>(n) % kStages);
 }
 
+// Issues cp.async for the kRows x kHeadDim tile of key rows [row0, row0 + kRows) of a paged cache (Layout in shared
+// memory): each 16-byte chunk's row is looked up in the sequence's pages, so a tile may span pages of any size. Rows
+// at or beyond rows_valid (counted from row0) and columns at or beyond head_dim are zero-filled.
+template <int kRows, int kHeadDim, int kThreads, typename Layout, typename T>
+__device__ __forceinline__ void load_paged_tile_async(T* smem, const T* base, int64_t row_stride, int64_t page_stride,
+                                                      const KvPages& pages, int row0, int rows_valid, int head_dim,
+                                                      int tid) {
+  constexpr int kChunksPerRow = kHeadDim / kChunkElems;
+  constexpr int kChunks = kRows * kChunksPerRow;
+  constexpr int kIters = (kChunks + kThreads - 1) / kThreads;
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int c = tid + i * kThreads;
+    if (kChunks % kThreads == 0 || c < kChunks) {
+      const int row = c / kChunksPerRow;
+      const int col = (c % kChunksPerRow) * kChunkElems;
+      const bool valid = row < rows_valid && col < head_dim;
+      const T* src = base;
+      if (valid) {
+        const int key = row0 + row;
+        const int page = min(max(pages.table[key / pages.page_size], 0), pages.num_pages - 1);
+        src = base + page * page_stride + static_cast<int64_t>(key % pages.page_size) * row_stride + col;
+      }
+      ptx::cp_async_16(smem + Layout::offset(row, col), src, valid);
+    }
+  }
+}
+
 // Issues the cp.async loads of key block n of K or V (rows at base) into its slot of `ring`. Each load commits
 // one cp.async group, empty when the block is outside the range, so the wait counts below hold at the end of the
-// range too.
-template <typename KvLayout, int kHeadDim, int kBlockN, int kThreads, int kStages, typename T>
-__device__ __forceinline__ void load_kv(T* ring, const T* base, int64_t row_stride, int n, const FwdCta& cta) {
+// range too. kPaged: the rows are found through `pages` (page_stride elements between pages).
+template <typename KvLayout, int kHeadDim, int kBlockN, int kThreads, int kStages, bool kPaged = false, typename T>
+__device__ __forceinline__ void load_kv(T* ring, const T* base, int64_t row_stride, int n, const FwdCta& cta,
+                                        int64_t page_stride = 0, const KvPages* pages = nullptr) {
   constexpr int kStride = kHeadDim + kSmemRowPad;  // slots are allocated with padded rows (kernel_common.h)
   if (n >= cta.n_first) {
     const int n0 = n * kBlockN;
-    load_tile_async<kBlockN, kHeadDim, kThreads, KvLayout>(
-        ring + ring_slot<kStages>(n) * kBlockN * kStride, base + n0 * row_stride, row_stride, cta.seqlen_k - n0,
-        cta.head_dim, cta.tid);
+    if constexpr (kPaged) {
+      load_paged_tile_async<kBlockN, kHeadDim, kThreads, KvLayout>(
+          ring + ring_slot<kStages>(n) * kBlockN * kStride, base, row_stride, page_stride, *pages, n0,
+          cta.seqlen_k - n0, cta.head_dim, cta.tid);
+    } else {
+      (void)page_stride;
+      (void)pages;
+      load_tile_async<kBlockN, kHeadDim, kThreads, KvLayout>(
+          ring + ring_slot<kStages>(n) * kBlockN * kStride, base + n0 * row_stride, row_stride, cta.seqlen_k - n0,
+          cta.head_dim, cta.tid);
+    }
   }
   ptx::cp_async_commit();
 }
@@ -228,24 +280,25 @@ __device__ __forceinline__ void load_kv(T* ring, const T* base, int64_t row_stri
 // per tile in the 4-warp kernels, which sit at 255 registers).
 // kFirstV: one stage, and V(n_last) follows as a group of its own (fwd_prefetches_first_v).
 template <typename KvLayout, int kHeadDim, int kBlockM, int kBlockN, int kThreads, int kStages, bool kFirstV,
-          typename T>
+          bool kPaged = false, typename T>
 __device__ __forceinline__ void load_prologue(const FwdParams& p, const FwdCta& cta, const FwdTiles<T>& tiles) {
   // Q's loads branch on whole tiles where K's and V's do (fwd_branches_whole_tiles).
   using QLayout = std::conditional_t<KvLayout::kWholeTileBranch, WholeTileLoads<PaddedRows<kHeadDim>>,
                                      PaddedRows<kHeadDim>>;
   load_tile_async<kBlockM, kHeadDim, kThreads, QLayout>(tiles.s_q, tiles.q, p.q_strides.row, cta.seqlen_q - cta.m0,
                                                         cta.head_dim, cta.tid);
-  load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(tiles.s_k_ring, tiles.k, p.k_strides.row, cta.n_last, cta);
+  load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaged>(tiles.s_k_ring, tiles.k, p.k_strides.row,
+                                                                  cta.n_last, cta, p.k_strides.batch, &tiles.pages);
   if constexpr (kFirstV) {
-    load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(tiles.s_v_ring, tiles.v, p.v_strides.row, cta.n_last,
-                                                            cta);
+    load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaged>(tiles.s_v_ring, tiles.v, p.v_strides.row,
+                                                                    cta.n_last, cta, p.v_strides.batch, &tiles.pages);
   }
 #pragma unroll
   for (int ahead = 1; ahead < kStages; ++ahead) {
-    load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(tiles.s_v_ring, tiles.v, p.v_strides.row,
-                                                            cta.n_last + 1 - ahead, cta);
-    load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(tiles.s_k_ring, tiles.k, p.k_strides.row,
-                                                            cta.n_last - ahead, cta);
+    load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaged>(
+        tiles.s_v_ring, tiles.v, p.v_strides.row, cta.n_last + 1 - ahead, cta, p.v_strides.batch, &tiles.pages);
+    load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaged>(
+        tiles.s_k_ring, tiles.k, p.k_strides.row, cta.n_last - ahead, cta, p.k_strides.batch, &tiles.pages);
   }
 }
 
@@ -310,7 +363,8 @@ __device__ __forceinline__ void init_softmax(float (&row_max)[kStrips][2], float
 // stages) compute their load addresses: the hd32 decode main loop grew from 289 to 307 instructions (SASS).
 // kFirstV (fwd_prefetches_first_v): the prologue issued V(n_last) after Q and K(n_last); the first tile waits for
 // Q and K only and issues nothing.
-template <typename KvLayout, int kHeadDim, int kBlockN, int kThreads, int kStages, bool kFirstV, typename T>
+template <typename KvLayout, int kHeadDim, int kBlockN, int kThreads, int kStages, bool kFirstV,
+          bool kPaged = false, typename T>
 __device__ __forceinline__ void await_k(const FwdParams& p, const FwdCta& cta, const FwdTiles<T>& tiles,
                                         const int& n) {
   if (kFirstV && n == cta.n_last) {
@@ -320,18 +374,20 @@ __device__ __forceinline__ void await_k(const FwdParams& p, const FwdCta& cta, c
   }
   ptx::cp_async_wait<kYoungerGroups<kStages>>();
   __syncthreads();  // K(n) (and Q) landed; every warp is done with V(n+1), whose slot takes V(n + 1 - kStages)
-  load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(tiles.s_v_ring, tiles.v, p.v_strides.row, n + 1 - kStages,
-                                                          cta);
+  load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaged>(tiles.s_v_ring, tiles.v, p.v_strides.row,
+                                                                  n + 1 - kStages, cta, p.v_strides.batch,
+                                                                  &tiles.pages);
 }
 
 // Either right after S = Q K^T or after the softmax (fwd_waits_v_before_softmax): V(n) landed; every warp is
 // done with K(n), whose slot takes K(n - kStages).
-template <typename KvLayout, int kHeadDim, int kBlockN, int kThreads, int kStages, typename T>
+template <typename KvLayout, int kHeadDim, int kBlockN, int kThreads, int kStages, bool kPaged = false, typename T>
 __device__ __forceinline__ void await_v(const FwdParams& p, const FwdCta& cta, const FwdTiles<T>& tiles,
                                         const int& n) {
   ptx::cp_async_wait<kYoungerGroups<kStages>>();
   __syncthreads();
-  load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(tiles.s_k_ring, tiles.k, p.k_strides.row, n - kStages, cta);
+  load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaged>(tiles.s_k_ring, tiles.k, p.k_strides.row,
+                                                                  n - kStages, cta, p.k_strides.batch, &tiles.pages);
 }
 
 // S = Q K^T of this warp's strips against the key tile s_k: each K fragment feeds every strip. `a` holds one k16
@@ -713,8 +769,8 @@ __device__ __forceinline__ void load_prologue_tma(const FwdParams& p, const FwdC
 }
 
 // The forward of one CTA (kernels below). kTma: K and V arrive by TMA (fwd_loads_kv_by_tma), `maps` their tensor
-// maps; otherwise by cp.async and `maps` is unused.
-template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind, bool kTma>
+// maps; otherwise by cp.async and `maps` is unused. kPaged: K and V are a paged cache's (decode tiles only).
+template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind, bool kTma, bool kPaged = false>
 __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& maps) {
   constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral, kKind);
   constexpr int kBlockM = kTile.block_m;
@@ -748,13 +804,13 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
   FwdCta cta = locate_cta<kMask, kBlockM>(p, blockIdx, gridDim.x);
   if (cta.m0 >= cta.seqlen_q) return;
   plan_key_tiles<kMask, kBlockM, kBlockN>(p, cta);
-  const FwdTiles<T> tiles = locate_tiles<kHeadDim, kBlockM, kBlockN, kStages, T>(smem, p, cta);
+  const FwdTiles<T> tiles = locate_tiles<kHeadDim, kBlockM, kBlockN, kStages, T, kPaged>(smem, p, cta);
   TmaKvBarriers bars;
   if constexpr (kTma) {
     bars.init(smem + fwd_smem_bytes(kHeadDim, kGeneral, kKind, sizeof(T)));  // the barriers follow the tiles
     load_prologue_tma<kHeadDim, kBlockM, kBlockN, kThreads>(p, cta, tiles, maps, bars);
   } else {
-    load_prologue<KvLayout, kHeadDim, kBlockM, kBlockN, kThreads, kStages, kFirstV>(p, cta, tiles);
+    load_prologue<KvLayout, kHeadDim, kBlockM, kBlockN, kThreads, kStages, kFirstV, kPaged>(p, cta, tiles);
   }
   const FwdScoreParams sp = read_score_params<kGeneral>(p, cta);
 
@@ -773,7 +829,7 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
         issue_kv_tile_tma<kHeadDim, kBlockN>(tiles.s_k_ring, maps.k, bars.k_full, cta, n - 1);
       }
     } else {
-      await_v<KvLayout, kHeadDim, kBlockN, kThreads, kStages>(p, cta, tiles, n);
+      await_v<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaged>(p, cta, tiles, n);
     }
   };
   for (int n = cta.n_last; n >= cta.n_first; --n) {
@@ -784,7 +840,7 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
       __syncthreads();  // every thread's Q copies landed; every warp is done with V(n + 1)'s slot
       if (cta.tid == 0) issue_kv_tile_tma<kHeadDim, kBlockN>(tiles.s_v_ring, maps.v, bars.v_full, cta, n);
     } else {
-      await_k<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kFirstV>(p, cta, tiles, n);
+      await_k<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kFirstV, kPaged>(p, cta, tiles, n);
     }
     const T* s_k = tiles.s_k_ring + ring_slot<kStages>(n) * kBlockN * kStride;
     const T* s_v = tiles.s_v_ring + ring_slot<kStages>(n) * kBlockN * kStride;
@@ -842,10 +898,12 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
   store_output<kHeadDim, kStripStride, kStrips>(tiles.s_q, p, cta);
 }
 
-template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind>
+template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind, bool kPaged = false>
 __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).warps* kWarpSize)
     fwd_kernel(const FwdParams p) {
-  fwd_tile<T, kHeadDim, kMask, kGeneral, kKind, false>(p, FwdKvMaps{});
+  static_assert(!kPaged || kKind == FwdTileKind::kDecode || kKind == FwdTileKind::kDecodeCompact,
+                "paged K / V: decode tiles only");
+  fwd_tile<T, kHeadDim, kMask, kGeneral, kKind, false, kPaged>(p, FwdKvMaps{});
 }
 
 // The same with K and V by TMA (sm90+; fwd_loads_kv_by_tma), the launch asking for fwd_tma_smem_bytes.

@@ -126,20 +126,21 @@ bool launch_fwd_tma_kernel(const FwdParams& params, cudaStream_t stream, SmemLim
   return true;
 }
 
-template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind>
+// kPaged: K and V are a paged cache (FwdParams::block_table), read by the cp.async decode kernels only.
+template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind, bool kPaged = false>
 void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits limits,
                        const DeviceAttributes& device) {
   constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral, kKind);
   constexpr int kSmemBytes = fwd_smem_bytes(kHeadDim, kGeneral, kKind, sizeof(T));
   require_fwd_shared_memory(kSmemBytes, limits.per_block_optin, kHeadDim);
-  if constexpr (fwd_runs_persistent(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone)) {
+  if constexpr (!kPaged && fwd_runs_persistent(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone)) {
     if (launch_fwd_persistent<T, kHeadDim>(params, stream, limits, device)) return;
   }
   constexpr bool kMasked = kMask != MaskKind::kNone;
-  if constexpr (fwd_loads_kv_by_tma(kHeadDim, kGeneral, kKind, kMasked)) {
+  if constexpr (!kPaged && fwd_loads_kv_by_tma(kHeadDim, kGeneral, kKind, kMasked)) {
     if (launch_fwd_tma_kernel<T, kHeadDim, kMask, kKind>(params, stream, limits, device)) return;
   }
-  auto* kernel = fwd_kernel<T, kHeadDim, kMask, kGeneral, kKind>;
+  auto* kernel = fwd_kernel<T, kHeadDim, kMask, kGeneral, kKind, kPaged>;
   // Above 48 KB of dynamic shared memory a kernel must opt in; once per instantiation and process.
   static const cudaError_t opt_in =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
@@ -184,7 +185,29 @@ void run_fwd(const FwdParams& params, void* stream_ptr) {
   cudaGetDevice(&device_index);
   const DeviceAttributes device = device_attributes(device_index);
   const SmemLimits limits = fwd_smem_limits(device.smem);
-  if (fwd_needs_general_kernel(params)) {
+  if (params.block_table != nullptr) {
+    // The API reads pages in place only where the lean decode tile serves the call (fwd_plan.h fwd_reads_pages) and
+    // gathers them into a dense copy otherwise.
+    const FwdTileKind kind = fwd_tile_kind(kHeadDim, false, params.shape.seqlen_q, params.shape.seqlen_k,
+                                           kMask != MaskKind::kNone, limits);
+    if (fwd_needs_general_kernel(params) || (kind != FwdTileKind::kDecode && kind != FwdTileKind::kDecodeCompact)) {
+      throw std::invalid_argument(
+          "flash_attn forward: a paged K / V cache (block_table) reaches the CUDA kernels only for decode-shaped "
+          "calls without softcap, ALiBi, bias or dropout; this call should have been given gathered pages (a "
+          "flash_attn bug: please report it)");
+    }
+    bool compact = false;
+    if constexpr (kHasDecodeCompact) {
+      compact = kind == FwdTileKind::kDecodeCompact;
+      if (compact) {
+        launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecodeCompact, true>(params, stream, limits,
+                                                                                        device);
+      }
+    }
+    if (!compact) {
+      launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecode, true>(params, stream, limits, device);
+    }
+  } else if (fwd_needs_general_kernel(params)) {
     launch_fwd_kernel<T, kHeadDim, kMask, true, FwdTileKind::kStandard>(params, stream, limits, device);
   } else {
     constexpr bool kMasked = kMask != MaskKind::kNone;
