@@ -220,8 +220,10 @@ __device__ __forceinline__ int ring_slot(int n) {
 }
 
 // Issues cp.async for the kRows x kHeadDim tile of key rows [row0, row0 + kRows) of a paged cache (Layout in shared
-// memory): each 16-byte chunk's row is looked up in the sequence's pages, so a tile may span pages of any size. Rows
-// at or beyond rows_valid (counted from row0) and columns at or beyond head_dim are zero-filled.
+// memory) whose pages need not align with the tile: each 16-byte chunk's row is looked up in the sequence's pages.
+// Every lookup is issued before the first copy (the copies' asm orders memory, so a lookup after one would wait out
+// its own latency: one L2 round trip per chunk, 3.3x the dense decode time at batch 16 x 8k on the H200). Rows at or
+// beyond rows_valid (counted from row0) and columns at or beyond head_dim are zero-filled.
 template <int kRows, int kHeadDim, int kThreads, typename Layout, typename T>
 __device__ __forceinline__ void load_paged_tile_async(T* smem, const T* base, int64_t row_stride, int64_t page_stride,
                                                       const KvPages& pages, int row0, int rows_valid, int head_dim,
@@ -229,6 +231,14 @@ __device__ __forceinline__ void load_paged_tile_async(T* smem, const T* base, in
   constexpr int kChunksPerRow = kHeadDim / kChunkElems;
   constexpr int kChunks = kRows * kChunksPerRow;
   constexpr int kIters = (kChunks + kThreads - 1) / kThreads;
+  int page_of[kIters];
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int c = tid + i * kThreads;
+    const int row = c / kChunksPerRow;
+    const bool valid = (kChunks % kThreads == 0 || c < kChunks) && row < rows_valid;
+    page_of[i] = valid ? pages.table[(row0 + row) / pages.page_size] : 0;
+  }
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
     const int c = tid + i * kThreads;
@@ -236,36 +246,52 @@ __device__ __forceinline__ void load_paged_tile_async(T* smem, const T* base, in
       const int row = c / kChunksPerRow;
       const int col = (c % kChunksPerRow) * kChunkElems;
       const bool valid = row < rows_valid && col < head_dim;
-      const T* src = base;
-      if (valid) {
-        const int key = row0 + row;
-        const int page = min(max(pages.table[key / pages.page_size], 0), pages.num_pages - 1);
-        src = base + page * page_stride + static_cast<int64_t>(key % pages.page_size) * row_stride + col;
-      }
+      const int page = min(max(page_of[i], 0), pages.num_pages - 1);
+      const T* src = valid ? base + page * page_stride + static_cast<int64_t>((row0 + row) % pages.page_size) *
+                                                             row_stride + col
+                           : base;
       ptx::cp_async_16(smem + Layout::offset(row, col), src, valid);
     }
   }
 }
 
+// The page of key block n when the pages align with the key blocks (page_size a multiple of kBlockN: the block lies
+// in one page), clamped; kNoPage where they do not align or n is outside the CTA's blocks. Read before a wait
+// (await_k, await_v), so the lookup's latency hides behind it.
+constexpr int kNoPage = -1;
+template <int kBlockN>
+__device__ __forceinline__ int block_page(const KvPages& pages, int n, const FwdCta& cta) {
+  if (n < cta.n_first || pages.page_size % kBlockN != 0) return kNoPage;
+  return min(max(pages.table[n * kBlockN / pages.page_size], 0), pages.num_pages - 1);
+}
+
 // Issues the cp.async loads of key block n of K or V (rows at base) into its slot of `ring`. Each load commits
 // one cp.async group, empty when the block is outside the range, so the wait counts below hold at the end of the
-// range too. kPaged: the rows are found through `pages` (page_stride elements between pages).
+// range too. kPaged: the rows are found through `pages` (page_stride elements between pages): a block within one
+// page (`page`, from block_page, or looked up here) loads as a dense one from that page; otherwise row by row.
 template <typename KvLayout, int kHeadDim, int kBlockN, int kThreads, int kStages, bool kPaged = false, typename T>
 __device__ __forceinline__ void load_kv(T* ring, const T* base, int64_t row_stride, int n, const FwdCta& cta,
-                                        int64_t page_stride = 0, const KvPages* pages = nullptr) {
+                                        int64_t page_stride = 0, const KvPages* pages = nullptr, int page = kNoPage) {
   constexpr int kStride = kHeadDim + kSmemRowPad;  // slots are allocated with padded rows (kernel_common.h)
   if (n >= cta.n_first) {
     const int n0 = n * kBlockN;
+    T* const slot = ring + ring_slot<kStages>(n) * kBlockN * kStride;
     if constexpr (kPaged) {
-      load_paged_tile_async<kBlockN, kHeadDim, kThreads, KvLayout>(
-          ring + ring_slot<kStages>(n) * kBlockN * kStride, base, row_stride, page_stride, *pages, n0,
-          cta.seqlen_k - n0, cta.head_dim, cta.tid);
+      if (pages->page_size % kBlockN == 0) {
+        if (page == kNoPage) page = block_page<kBlockN>(*pages, n, cta);
+        const T* block = base + page * page_stride + static_cast<int64_t>(n0 % pages->page_size) * row_stride;
+        load_tile_async<kBlockN, kHeadDim, kThreads, KvLayout>(slot, block, row_stride, cta.seqlen_k - n0,
+                                                               cta.head_dim, cta.tid);
+      } else {
+        load_paged_tile_async<kBlockN, kHeadDim, kThreads, KvLayout>(slot, base, row_stride, page_stride, *pages, n0,
+                                                                     cta.seqlen_k - n0, cta.head_dim, cta.tid);
+      }
     } else {
       (void)page_stride;
       (void)pages;
-      load_tile_async<kBlockN, kHeadDim, kThreads, KvLayout>(
-          ring + ring_slot<kStages>(n) * kBlockN * kStride, base + n0 * row_stride, row_stride, cta.seqlen_k - n0,
-          cta.head_dim, cta.tid);
+      (void)page;
+      load_tile_async<kBlockN, kHeadDim, kThreads, KvLayout>(slot, base + n0 * row_stride, row_stride,
+                                                             cta.seqlen_k - n0, cta.head_dim, cta.tid);
     }
   }
   ptx::cp_async_commit();
@@ -372,11 +398,13 @@ __device__ __forceinline__ void await_k(const FwdParams& p, const FwdCta& cta, c
     __syncthreads();  // Q and K(n_last) landed; V(n_last) may still be loading
     return;
   }
+  int v_page = kNoPage;
+  if constexpr (kPaged) v_page = block_page<kBlockN>(tiles.pages, n + 1 - kStages, cta);
   ptx::cp_async_wait<kYoungerGroups<kStages>>();
   __syncthreads();  // K(n) (and Q) landed; every warp is done with V(n+1), whose slot takes V(n + 1 - kStages)
   load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaged>(tiles.s_v_ring, tiles.v, p.v_strides.row,
                                                                   n + 1 - kStages, cta, p.v_strides.batch,
-                                                                  &tiles.pages);
+                                                                  &tiles.pages, v_page);
 }
 
 // Either right after S = Q K^T or after the softmax (fwd_waits_v_before_softmax): V(n) landed; every warp is
@@ -384,10 +412,13 @@ __device__ __forceinline__ void await_k(const FwdParams& p, const FwdCta& cta, c
 template <typename KvLayout, int kHeadDim, int kBlockN, int kThreads, int kStages, bool kPaged = false, typename T>
 __device__ __forceinline__ void await_v(const FwdParams& p, const FwdCta& cta, const FwdTiles<T>& tiles,
                                         const int& n) {
+  int k_page = kNoPage;
+  if constexpr (kPaged) k_page = block_page<kBlockN>(tiles.pages, n - kStages, cta);
   ptx::cp_async_wait<kYoungerGroups<kStages>>();
   __syncthreads();
   load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaged>(tiles.s_k_ring, tiles.k, p.k_strides.row,
-                                                                  n - kStages, cta, p.k_strides.batch, &tiles.pages);
+                                                                  n - kStages, cta, p.k_strides.batch, &tiles.pages,
+                                                                  k_page);
 }
 
 // S = Q K^T of this warp's strips against the key tile s_k: each K fragment feeds every strip. `a` holds one k16
