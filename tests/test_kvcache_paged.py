@@ -230,12 +230,13 @@ def test_paged_decode_step_in_cuda_graph(page_size):
     assert torch.equal(k_pool, eager_k) and torch.equal(v_pool, eager_v)
 
 
-@pytest.mark.parametrize("page_size", [1, 16, 48, 256])
+@pytest.mark.parametrize("page_size", [1, 16, 48, 64, 256])
 @pytest.mark.parametrize("shape", ["gqa_decode", "mha_decode", "mqa_decode", "speculative", "softcap", "splits"])
 def test_paged_decode_equals_contiguous(page_size, shape, device):
-    """Decode over pages read in place (CUDA decode tiles: GQA-packed single tokens, MHA, speculative 4-token steps,
-    forced key splits) or gathered by the op (CPU; MQA 32/1, whose packed rows exceed the decode tile; softcap):
-    bitwise the call over the contiguous cache, at head dim 128, with ragged lengths that cross pages."""
+    """Decode over pages read in place (CUDA decode tiles with pages of whole 32-key blocks: GQA-packed single tokens,
+    MHA, speculative 4-token steps, forced key splits) or gathered by the op (CPU; pages of 1, 16 or 48 rows; MQA 32/1,
+    whose packed rows exceed the decode tile; softcap): bitwise the call over the contiguous cache, at head dim 128,
+    with ragged lengths that cross pages."""
     dtype = _dtype(device)
     require_supported(device, dtype, 128, backward=False)
     generator = torch.Generator().manual_seed(page_size)
@@ -257,7 +258,7 @@ def test_paged_decode_equals_contiguous(page_size, shape, device):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("page_size", [16, 256])
+@pytest.mark.parametrize("page_size", [32, 256])
 def test_paged_decode_reads_pages_in_place(page_size):
     """A decode step over a paged cache launches the attention kernel (and the split combine) only: no gather of
     the pages into a contiguous copy (issue 21: at batch 16 x 8k that copy took 3x the attention's time)."""

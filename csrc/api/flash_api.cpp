@@ -153,6 +153,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(
     // The decode kernels read the pages in place; every other call (and CPU) reads a dense copy of its sequences.
     FwdParams probe = p;
     probe.block_table = block_table->data_ptr<int32_t>();
+    probe.page_size = static_cast<int>(k.size(1));
     probe.lse_head_stride = p.shape.seqlen_q;  // the dense lse (batch, nheads, seqlen_q) allocated below
     if (return_probs || !q.is_cuda() || !cuda_fwd_reads_pages(probe, q)) {
       return fwd(q, gather_pages(k, *block_table, paged_rows), gather_pages(v, *block_table, paged_rows),

@@ -88,7 +88,12 @@ bool fwd_reads_pages(FwdParams p, sm80::SmemLimits smem) {
   if (needs_general_kernel(p)) return false;
   const sm80::FwdTileKind kind = sm80::fwd_tile_kind(head_dim_bucket(p), false, p.shape.seqlen_q, p.shape.seqlen_k,
                                                      mask_kind(p.mask) != MaskKind::kNone, smem);
-  return kind == sm80::FwdTileKind::kDecode || kind == sm80::FwdTileKind::kDecodeCompact;
+  if (kind != sm80::FwdTileKind::kDecode && kind != sm80::FwdTileKind::kDecodeCompact) return false;
+  // Pages that hold whole key blocks: each block is one lookup and a dense load. H200, bf16, GQA 32/8, hd 128, from
+  // a CUDA graph (nineteenth session, benchmarks/bench_kvcache.py), us contiguous / page 256 in place / gathered:
+  // batch 16 x 8k 137 / 147 / 458, 64 x 4k 251 / 260 / 891. Looked up row by row (page 16: a block spans two pages)
+  // the decode tile's one warp spent its time on index arithmetic: 658 and 1259 us against the gather's 460 and 884.
+  return p.page_size % sm80::fwd_tile_config(head_dim_bucket(p), false, kind).block_n == 0;
 }
 
 }  // namespace flash

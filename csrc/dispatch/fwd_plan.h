@@ -26,9 +26,9 @@ int choose_fwd_num_splits(const FwdParams& p, int num_sms, sm80::SmemLimits smem
 // combine.
 int requested_fwd_num_splits(const FwdParams& p, int64_t requested);
 
-// Whether a call over a paged K / V cache (FwdParams::block_table) reads the pages in place: the lean decode tiles
-// do (sm80/fwd_kernel.h kPaged); every other kernel reads dense K / V, so the API gathers the pages first. `p` as
-// checked: decode packing is applied to a copy here, as the launch will apply it.
+// Whether a call over a paged K / V cache (FwdParams::block_table, page_size) reads the pages in place: the lean
+// decode tiles do where a page holds whole key blocks (sm80/fwd_kernel.h kPaged); every other call reads dense K / V,
+// so the API gathers the pages first. `p` as checked: decode packing is applied to a copy here, as the launch will.
 bool fwd_reads_pages(FwdParams p, sm80::SmemLimits smem);
 
 }  // namespace flash

@@ -219,56 +219,20 @@ __device__ __forceinline__ int ring_slot(int n) {
   return static_cast<int>(static_cast<unsigned>(n) % kStages);
 }
 
-// Issues cp.async for the kRows x kHeadDim tile of key rows [row0, row0 + kRows) of a paged cache (Layout in shared
-// memory) whose pages need not align with the tile: each 16-byte chunk's row is looked up in the sequence's pages.
-// Every lookup is issued before the first copy (the copies' asm orders memory, so a lookup after one would wait out
-// its own latency: one L2 round trip per chunk, 3.3x the dense decode time at batch 16 x 8k on the H200). Rows at or
-// beyond rows_valid (counted from row0) and columns at or beyond head_dim are zero-filled.
-template <int kRows, int kHeadDim, int kThreads, typename Layout, typename T>
-__device__ __forceinline__ void load_paged_tile_async(T* smem, const T* base, int64_t row_stride, int64_t page_stride,
-                                                      const KvPages& pages, int row0, int rows_valid, int head_dim,
-                                                      int tid) {
-  constexpr int kChunksPerRow = kHeadDim / kChunkElems;
-  constexpr int kChunks = kRows * kChunksPerRow;
-  constexpr int kIters = (kChunks + kThreads - 1) / kThreads;
-  int page_of[kIters];
-#pragma unroll
-  for (int i = 0; i < kIters; ++i) {
-    const int c = tid + i * kThreads;
-    const int row = c / kChunksPerRow;
-    const bool valid = (kChunks % kThreads == 0 || c < kChunks) && row < rows_valid;
-    page_of[i] = valid ? pages.table[(row0 + row) / pages.page_size] : 0;
-  }
-#pragma unroll
-  for (int i = 0; i < kIters; ++i) {
-    const int c = tid + i * kThreads;
-    if (kChunks % kThreads == 0 || c < kChunks) {
-      const int row = c / kChunksPerRow;
-      const int col = (c % kChunksPerRow) * kChunkElems;
-      const bool valid = row < rows_valid && col < head_dim;
-      const int page = min(max(page_of[i], 0), pages.num_pages - 1);
-      const T* src = valid ? base + page * page_stride + static_cast<int64_t>((row0 + row) % pages.page_size) *
-                                                             row_stride + col
-                           : base;
-      ptx::cp_async_16(smem + Layout::offset(row, col), src, valid);
-    }
-  }
-}
-
-// The page of key block n when the pages align with the key blocks (page_size a multiple of kBlockN: the block lies
-// in one page), clamped; kNoPage where they do not align or n is outside the CTA's blocks. Read before a wait
-// (await_k, await_v), so the lookup's latency hides behind it.
+// The page of key block n of a paged cache, clamped; kNoPage where n is outside the CTA's blocks. The pages align
+// with the key blocks (page_size a multiple of kBlockN, dispatch/fwd_plan.h fwd_reads_pages), so a block lies in one
+// page. Read before a wait (await_k, await_v), so the lookup's latency hides behind it.
 constexpr int kNoPage = -1;
 template <int kBlockN>
 __device__ __forceinline__ int block_page(const KvPages& pages, int n, const FwdCta& cta) {
-  if (n < cta.n_first || pages.page_size % kBlockN != 0) return kNoPage;
+  if (n < cta.n_first) return kNoPage;
   return min(max(pages.table[n * kBlockN / pages.page_size], 0), pages.num_pages - 1);
 }
 
 // Issues the cp.async loads of key block n of K or V (rows at base) into its slot of `ring`. Each load commits
 // one cp.async group, empty when the block is outside the range, so the wait counts below hold at the end of the
-// range too. kPaged: the rows are found through `pages` (page_stride elements between pages): a block within one
-// page (`page`, from block_page, or looked up here) loads as a dense one from that page; otherwise row by row.
+// range too. kPaged: the block loads as a dense one from its page (`page`, from block_page, or looked up here;
+// page_stride elements between pages).
 template <typename KvLayout, int kHeadDim, int kBlockN, int kThreads, int kStages, bool kPaged = false, typename T>
 __device__ __forceinline__ void load_kv(T* ring, const T* base, int64_t row_stride, int n, const FwdCta& cta,
                                         int64_t page_stride = 0, const KvPages* pages = nullptr, int page = kNoPage) {
@@ -277,15 +241,10 @@ __device__ __forceinline__ void load_kv(T* ring, const T* base, int64_t row_stri
     const int n0 = n * kBlockN;
     T* const slot = ring + ring_slot<kStages>(n) * kBlockN * kStride;
     if constexpr (kPaged) {
-      if (pages->page_size % kBlockN == 0) {
-        if (page == kNoPage) page = block_page<kBlockN>(*pages, n, cta);
-        const T* block = base + page * page_stride + static_cast<int64_t>(n0 % pages->page_size) * row_stride;
-        load_tile_async<kBlockN, kHeadDim, kThreads, KvLayout>(slot, block, row_stride, cta.seqlen_k - n0,
-                                                               cta.head_dim, cta.tid);
-      } else {
-        load_paged_tile_async<kBlockN, kHeadDim, kThreads, KvLayout>(slot, base, row_stride, page_stride, *pages, n0,
-                                                                     cta.seqlen_k - n0, cta.head_dim, cta.tid);
-      }
+      if (page == kNoPage) page = block_page<kBlockN>(*pages, n, cta);
+      const T* block = base + page * page_stride + static_cast<int64_t>(n0 % pages->page_size) * row_stride;
+      load_tile_async<kBlockN, kHeadDim, kThreads, KvLayout>(slot, block, row_stride, cta.seqlen_k - n0, cta.head_dim,
+                                                             cta.tid);
     } else {
       (void)page_stride;
       (void)pages;

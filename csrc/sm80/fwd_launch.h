@@ -190,11 +190,13 @@ void run_fwd(const FwdParams& params, void* stream_ptr) {
     // gathers them into a dense copy otherwise.
     const FwdTileKind kind = fwd_tile_kind(kHeadDim, false, params.shape.seqlen_q, params.shape.seqlen_k,
                                            kMask != MaskKind::kNone, limits);
-    if (fwd_needs_general_kernel(params) || (kind != FwdTileKind::kDecode && kind != FwdTileKind::kDecodeCompact)) {
+    const bool decode_tile = kind == FwdTileKind::kDecode || kind == FwdTileKind::kDecodeCompact;
+    if (fwd_needs_general_kernel(params) || !decode_tile ||
+        params.page_size % fwd_tile_config(kHeadDim, false, kind).block_n != 0) {
       throw std::invalid_argument(
           "flash_attn forward: a paged K / V cache (block_table) reaches the CUDA kernels only for decode-shaped "
-          "calls without softcap, ALiBi, bias or dropout; this call should have been given gathered pages (a "
-          "flash_attn bug: please report it)");
+          "calls without softcap, ALiBi, bias or dropout, with pages of whole key blocks; this call should have been "
+          "given gathered pages (a flash_attn bug: please report it)");
     }
     bool compact = false;
     if constexpr (kHasDecodeCompact) {

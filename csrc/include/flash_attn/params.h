@@ -120,10 +120,11 @@ struct FwdParams {
   float* split_out = nullptr;
   float* split_lse = nullptr;
 
-  // Paged K / V (flash_attn_with_kvcache's block_table; dense, decode-tile CUDA calls only, with seqused_k): k and v
-  // are (num_pages, page_size, nheads_k, head_dim) pools whose batch strides step one page, and key row r of
-  // sequence b is row r % page_size of page block_table[b * block_table_stride + r / page_size], a device value the
-  // kernels clamp to [0, num_pages). Null: k / v are dense.
+  // Paged K / V (flash_attn_with_kvcache's block_table; dense decode-tile CUDA calls whose pages hold whole key
+  // blocks, with seqused_k: dispatch/fwd_plan.h fwd_reads_pages): k and v are (num_pages, page_size, nheads_k,
+  // head_dim) pools whose batch strides step one page, and key row r of sequence b is row r % page_size of page
+  // block_table[b * block_table_stride + r / page_size], a device value the kernels clamp to [0, num_pages). Null:
+  // k / v are dense.
   const int32_t* block_table = nullptr;
   int64_t block_table_stride = 0;
   int page_size = 0;
