@@ -1,5 +1,5 @@
-// kvcache_append_kernel: one CTA per (sequence, new row); its threads stride over the row's (head, column) items of k
-// (rotary pairs first when rotated, then the remaining columns) and of v. The first row's CTA of each sequence stores
+// kvcache_append_kernel: one CTA per (sequence, new row); its threads visit the row's (head, column) items of k
+// (rotary pairs first when rotated, then the remaining columns) and of v (for_each_head_item). The first row's CTA of each sequence stores
 // the key count. Where rows land and their positions: common/kvcache_append.h, shared with the CPU implementation.
 #include "sm80/kvcache_append_kernel.h"
 
@@ -31,32 +31,30 @@ __global__ void __launch_bounds__(kAppendThreads) kvcache_append_kernel(const Kv
   T* v_dst = static_cast<T*>(p.v_cache) + append_cache_offset(p, p.v_cache_strides, b, row);
   const T* k_src = static_cast<const T*>(p.k) + b * p.k_strides.batch + i * p.k_strides.row;
   const T* v_src = static_cast<const T*>(p.v) + b * p.v_strides.batch + i * p.v_strides.row;
-  const int64_t pairs = rotated ? p.rotary_dim / 2 : 0;
+  const int nheads = static_cast<int>(p.nheads_k);
+  const int head_dim = static_cast<int>(p.head_dim);
+  const int pairs = rotated ? static_cast<int>(p.rotary_dim / 2) : 0;
   if (rotated) {
     const T* cos = static_cast<const T*>(p.cos) + position * p.cos_row_stride;
     const T* sin = static_cast<const T*>(p.sin) + position * p.sin_row_stride;
-    for (int64_t item = threadIdx.x; item < p.nheads_k * pairs; item += kAppendThreads) {
-      const int64_t h = item / pairs, pair_index = item % pairs;
-      const RotaryPair pair = rotary_pair(p.interleaved, p.rotary_dim, pair_index);
+    for_each_head_item<kAppendThreads>(nheads, pairs, [&](int h, int j) {
+      const RotaryPair pair = rotary_pair(p.interleaved, p.rotary_dim, j);
       const T* src = k_src + h * p.k_strides.head;
       T* dst = k_dst + h * p.k_cache_strides.head;
       float x1 = to_float(src[pair.first]);
       float x2 = to_float(src[pair.second]);
-      rotate_pair<float>(x1, x2, to_float(cos[pair_index]), to_float(sin[pair_index]), false);
+      rotate_pair<float>(x1, x2, to_float(cos[j]), to_float(sin[j]), false);
       dst[pair.first] = from_float<T>(x1);
       dst[pair.second] = from_float<T>(x2);
-    }
+    });
   }
-  const int64_t copied_from = 2 * pairs;
-  const int64_t rest = p.head_dim - copied_from;
-  for (int64_t item = threadIdx.x; item < p.nheads_k * rest; item += kAppendThreads) {
-    const int64_t h = item / rest, d = copied_from + item % rest;
-    k_dst[h * p.k_cache_strides.head + d] = k_src[h * p.k_strides.head + d];
-  }
-  for (int64_t item = threadIdx.x; item < p.nheads_k * p.head_dim; item += kAppendThreads) {
-    const int64_t h = item / p.head_dim, d = item % p.head_dim;
+  const int copied_from = 2 * pairs;  // the rotated pairs cover columns [0, rotary_dim)
+  for_each_head_item<kAppendThreads>(nheads, head_dim - copied_from, [&](int h, int c) {
+    k_dst[h * p.k_cache_strides.head + copied_from + c] = k_src[h * p.k_strides.head + copied_from + c];
+  });
+  for_each_head_item<kAppendThreads>(nheads, head_dim, [&](int h, int d) {
     v_dst[h * p.v_cache_strides.head + d] = v_src[h * p.v_strides.head + d];
-  }
+  });
 }
 
 template <typename T>

@@ -1,5 +1,5 @@
-// rotary_kernel: one CTA per (sequence, row); its threads stride over the row's (head, pair) items and, when out is not
-// x, over the columns past rotary_dim. The rule per pair is common/rotary.h's, shared with the CPU implementation.
+// rotary_kernel: one CTA per (sequence, row); its threads visit the row's (head, pair) items and, when out is not x,
+// the columns past rotary_dim (for_each_head_item). The rule per pair is common/rotary.h's, shared with the CPU implementation.
 #include "sm80/rotary_kernel.h"
 
 #include <cuda_bf16.h>
@@ -27,9 +27,9 @@ __global__ void __launch_bounds__(kRotaryThreads) rotary_kernel(const RotaryPara
   T* out = static_cast<T*>(p.out) + out_row;
   const T* cos = static_cast<const T*>(p.cos) + (rotated ? position * p.cos_row_stride : 0);
   const T* sin = static_cast<const T*>(p.sin) + (rotated ? position * p.sin_row_stride : 0);
-  const int64_t pairs = p.rotary_dim / 2;
-  for (int64_t item = threadIdx.x; item < p.nheads * pairs; item += kRotaryThreads) {
-    const int64_t h = item / pairs, i = item % pairs;
+  const int nheads = static_cast<int>(p.nheads);
+  const int pairs = static_cast<int>(p.rotary_dim / 2);
+  for_each_head_item<kRotaryThreads>(nheads, pairs, [&](int h, int i) {
     const RotaryPair pair = rotary_pair(p, i);
     const T* src = x + h * p.x_strides.head;
     T* dst = out + h * p.out_strides.head;
@@ -38,13 +38,12 @@ __global__ void __launch_bounds__(kRotaryThreads) rotary_kernel(const RotaryPara
     if (rotated) rotate_pair<float>(x1, x2, to_float(cos[i]), to_float(sin[i]), p.conjugate);
     dst[pair.first] = from_float<T>(x1);
     dst[pair.second] = from_float<T>(x2);
-  }
+  });
   if (p.out == p.x) return;
-  const int64_t rest = p.head_dim - p.rotary_dim;
-  for (int64_t item = threadIdx.x; item < p.nheads * rest; item += kRotaryThreads) {
-    const int64_t h = item / rest, d = p.rotary_dim + item % rest;
-    out[h * p.out_strides.head + d] = x[h * p.x_strides.head + d];
-  }
+  const int rotary_dim = static_cast<int>(p.rotary_dim);
+  for_each_head_item<kRotaryThreads>(nheads, static_cast<int>(p.head_dim) - rotary_dim, [&](int h, int c) {
+    out[h * p.out_strides.head + rotary_dim + c] = x[h * p.x_strides.head + rotary_dim + c];
+  });
 }
 
 template <typename T>
