@@ -93,7 +93,13 @@ bool fwd_reads_pages(FwdParams p, sm80::SmemLimits smem) {
   // a CUDA graph (nineteenth session, benchmarks/bench_kvcache.py), us contiguous / page 256 in place / gathered:
   // batch 16 x 8k 137 / 147 / 458, 64 x 4k 251 / 260 / 891. Looked up row by row (page 16: a block spans two pages)
   // the decode tile's one warp spent its time on index arithmetic: 658 and 1259 us against the gather's 460 and 884.
-  return p.page_size % sm80::fwd_tile_config(head_dim_bucket(p), false, kind).block_n == 0;
+  const int block_n = sm80::fwd_tile_config(head_dim_bucket(p), false, kind).block_n;
+  if (p.page_size % block_n == 0) return true;
+  // Pages smaller than a key block (a power of two dividing it: 1 ... 16, vLLM's default block is 16) are read row
+  // by row with shifts and masks (sm80/fwd_kernel.h load_small_pages_async): written, compiled, not yet timed, so
+  // these calls gather until an A/B shows the in-place read ahead.
+  constexpr bool kReadsSmallPages = false;
+  return kReadsSmallPages && block_n % p.page_size == 0;
 }
 
 }  // namespace flash

@@ -191,12 +191,14 @@ void run_fwd(const FwdParams& params, void* stream_ptr) {
     const FwdTileKind kind = fwd_tile_kind(kHeadDim, false, params.shape.seqlen_q, params.shape.seqlen_k,
                                            kMask != MaskKind::kNone, limits);
     const bool decode_tile = kind == FwdTileKind::kDecode || kind == FwdTileKind::kDecodeCompact;
-    if (fwd_needs_general_kernel(params) || !decode_tile ||
-        params.page_size % fwd_tile_config(kHeadDim, false, kind).block_n != 0) {
+    const int block_n = fwd_tile_config(kHeadDim, false, kind).block_n;
+    const bool pages_fit =
+        params.page_size >= 1 && (params.page_size % block_n == 0 || block_n % params.page_size == 0);
+    if (fwd_needs_general_kernel(params) || !decode_tile || !pages_fit) {
       throw std::invalid_argument(
           "flash_attn forward: a paged K / V cache (block_table) reaches the CUDA kernels only for decode-shaped "
-          "calls without softcap, ALiBi, bias or dropout, with pages of whole key blocks; this call should have been "
-          "given gathered pages (a flash_attn bug: please report it)");
+          "calls without softcap, ALiBi, bias or dropout, with pages of whole key blocks or of a power of two rows "
+          "within one; this call should have been given gathered pages (a flash_attn bug: please report it)");
     }
     bool compact = false;
     if constexpr (kHasDecodeCompact) {

@@ -1,0 +1,73 @@
+// Host check of which paged-cache calls the CUDA forward reads in place (dispatch/fwd_plan.cpp fwd_reads_pages), run
+// by tests/test_fwd_pages_policy.py: decode-shaped lean calls with pages of whole 32-key blocks do; pages smaller than
+// a block, pages of other sizes, prefill-shaped calls (more than 16 rows per KV head after GQA packing), softcap,
+// returned probabilities, varlen and calls without a block table do not (the API gathers their pages). Prints one
+// line per failure and a summary; exits 1 on any failure.
+#include <cstdint>
+#include <cstdio>
+#include <initializer_list>
+
+#include "dispatch/fwd_plan.h"
+
+namespace {
+
+// The H200's shared memory: 227 KB per block (opt-in), 228 KB per SM.
+constexpr flash::sm80::SmemLimits kH200{232448, 233472};
+const int32_t kTable[1] = {0};  // only its address is read: the plan never dereferences device pointers
+
+flash::FwdParams decode_call(int64_t nheads_q, int64_t nheads_k, int64_t seqlen_q, int page_size) {
+  flash::FwdParams p;
+  p.dtype = flash::DType::kBFloat16;
+  p.shape.batch = 4;
+  p.shape.nheads_q = nheads_q;
+  p.shape.nheads_k = nheads_k;
+  p.shape.seqlen_q = seqlen_q;
+  p.shape.seqlen_k = 8192;
+  p.shape.head_dim = 128;
+  p.softmax_scale = 0.088;
+  p.lse_head_stride = seqlen_q;  // the dense lse (batch, nheads, seqlen_q)
+  p.mask.window_left = -1;
+  p.mask.window_right = -1;
+  p.block_table = kTable;
+  p.page_size = page_size;
+  return p;
+}
+
+int failures = 0;
+int cases = 0;
+
+void expect(const char* what, const flash::FwdParams& p, bool want) {
+  ++cases;
+  if (flash::fwd_reads_pages(p, kH200) != want) {
+    ++failures;
+    std::printf("FAIL %s: page_size %d, heads %ld/%ld, seqlen_q %ld: want %d\n", what, p.page_size,
+                long(p.shape.nheads_q), long(p.shape.nheads_k), long(p.shape.seqlen_q), int(want));
+  }
+}
+
+}  // namespace
+
+int main() {
+  for (int page_size : {32, 64, 96, 256, 4096}) {
+    expect("GQA decode, whole-block pages", decode_call(32, 8, 1, page_size), true);
+    expect("MHA decode, whole-block pages", decode_call(8, 8, 1, page_size), true);
+    expect("speculative 4-token step", decode_call(16, 4, 4, page_size), true);
+    expect("MQA 32/1: 32 packed rows, the standard tile", decode_call(32, 1, 1, page_size), false);
+    expect("prefill chunk", decode_call(8, 8, 64, page_size), false);
+    flash::FwdParams softcap = decode_call(32, 8, 1, page_size);
+    softcap.softcap = 30.0;
+    expect("softcap: the general kernel", softcap, false);
+    flash::FwdParams no_table = decode_call(32, 8, 1, page_size);
+    no_table.block_table = nullptr;
+    expect("no block table", no_table, false);
+    flash::FwdParams probs = decode_call(32, 8, 1, page_size);
+    int probs_buffer = 0;
+    probs.probs = &probs_buffer;
+    expect("returned probabilities", probs, false);
+  }
+  for (int page_size : {1, 2, 5, 7, 16, 31, 48, 100}) {
+    expect("pages smaller than a block or not whole blocks", decode_call(32, 8, 1, page_size), false);
+  }
+  std::printf("%d cases, %d failures\n", cases, failures);
+  return failures == 0 ? 0 : 1;
+}
