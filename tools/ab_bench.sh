@@ -7,7 +7,8 @@
 # Usage: OUT=dir AB_VARIANTS=". .ab/base" [AB_DIRECTION=fwd AB_HEADDIMS=64,128,256 AB_SEQLENS=... AB_ROUNDS=3
 #        AB_TESTS="tests/x.py" (run on every variant; AB_TEST_FIRST=1: the first only) AB_WORK=dir (where the variant trees go)
 #        AB_IMPL=flash_attn AB_PEER=sdpa_flash (bench_attention.py impls)
-#        AB_DECODE=1 (also the decode shapes of BENCHMARKS.md, TB/s) AB_HIDDEN=n (nheads = n / head dim; 2048 by
+#        AB_DECODE=1 (also the decode shapes of BENCHMARKS.md, TB/s) AB_KVCACHE=1 (also benchmarks/bench_kvcache.py
+#        --graph, summarised by tools/ab_kvcache_summary.py) AB_HIDDEN=n (nheads = n / head dim; 2048 by
 #        default, so head dims that do not divide it, e.g. 96, need one: AB_HIDDEN=3072) AB_HEADS_K="1,0" (KV head
 #        counts, each timed in turn; 0 = MHA, the default)]
 #        tools/ab_bench.sh   (build knobs FLASH_ATTN_* and REP_MS from the environment)
@@ -72,6 +73,10 @@ for r in $(seq "$ROUNDS"); do
         --heads-k "$hk" --out "$OUT/r${r}_${name}_hk$hk.json" \
         > "$OUT/r${r}_${name}_hk$hk.log" 2>&1) || echo "bench $name round $r heads_k $hk failed"
     done
+    if [ "${AB_KVCACHE:-0}" = 1 ]; then
+      (cd "$WORK/$name" && python3 benchmarks/bench_kvcache.py --graph --rep-ms "$REP_MS" \
+        --out "$OUT/kv${r}_${name}.json" > "$OUT/kv${r}_${name}.log" 2>&1) || echo "kvcache $name round $r failed"
+    fi
     if [ "${AB_DECODE:-0}" = 1 ]; then
       (cd "$WORK/$name" && python3 benchmarks/bench_attention.py --impls "$impls" --decode --rep-ms "$REP_MS" \
         --out "$OUT/r${r}_${name}_decode.json" > "$OUT/r${r}_${name}_decode.log" 2>&1) || echo "decode $name round $r failed"
@@ -80,5 +85,9 @@ for r in $(seq "$ROUNDS"); do
 done
 python3 "$ROOT/tools/ab_summary.py" --peer "$PEER" "$OUT" $(for v in "${VARIANTS[@]}"; do name_of "$v"; done) \
   | tee "$OUT/summary.txt"
+if [ "${AB_KVCACHE:-0}" = 1 ]; then
+  python3 "$ROOT/tools/ab_kvcache_summary.py" "$OUT" $(for v in "${VARIANTS[@]}"; do name_of "$v"; done) \
+    | tee -a "$OUT/summary.txt"
+fi
 # The device machine returns a few files of $OUT: the rounds and logs travel as one archive beside the summary.
-(cd "$OUT" && tar czf ab_files.tgz --remove-files r[0-9]*_* build_*.log tests_*.log 2>/dev/null)
+(cd "$OUT" && tar czf ab_files.tgz --remove-files r[0-9]*_* kv[0-9]*_* build_*.log tests_*.log 2>/dev/null)
