@@ -8,7 +8,8 @@
 #        AB_TESTS="tests/x.py" (run on every variant; AB_TEST_FIRST=1: the first only) AB_WORK=dir (where the variant trees go)
 #        AB_IMPL=flash_attn AB_PEER=sdpa_flash (bench_attention.py impls)
 #        AB_DECODE=1 (also the decode shapes of BENCHMARKS.md, TB/s) AB_KVCACHE=1 (also benchmarks/bench_kvcache.py
-#        --graph, summarised by tools/ab_kvcache_summary.py) AB_HIDDEN=n (nheads = n / head dim; 2048 by
+#        --graph, summarised by tools/ab_kvcache_summary.py) AB_BENCH_ARGS="..." (more bench_attention.py arguments,
+#        e.g. --deterministic) AB_HIDDEN=n (nheads = n / head dim; 2048 by
 #        default, so head dims that do not divide it, e.g. 96, need one: AB_HIDDEN=3072) AB_HEADS_K="1,0" (KV head
 #        counts, each timed in turn; 0 = MHA, the default)]
 #        tools/ab_bench.sh   (build knobs FLASH_ATTN_* and REP_MS from the environment)
@@ -70,7 +71,7 @@ for r in $(seq "$ROUNDS"); do
     for hk in ${AB_HEADS_K//,/ }; do  # 0: as many KV heads as query heads
       (cd "$WORK/$name" && python3 benchmarks/bench_attention.py --impls "$impls" --direction "$DIRECTION" \
         --headdim "$hds" --seqlen "$SEQLENS" --causal both --rep-ms "$REP_MS" ${AB_HIDDEN:+--hidden "$AB_HIDDEN"} \
-        --heads-k "$hk" --out "$OUT/r${r}_${name}_hk$hk.json" \
+        --heads-k "$hk" ${AB_BENCH_ARGS:-} --out "$OUT/r${r}_${name}_hk$hk.json" \
         > "$OUT/r${r}_${name}_hk$hk.log" 2>&1) || echo "bench $name round $r heads_k $hk failed"
     done
     if [ "${AB_KVCACHE:-0}" = 1 ]; then

@@ -171,6 +171,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   for (int n_block = cta.first_block; n_block < args.num_n_blocks; n_block += cta.block_stride) {
     const BwdBlock block = cta.plan(p.mask, n_block);
     if (!block.has_keys) continue;
+    // Deterministic bulk dQ (bwd_deterministic_dq_in_bulk): the previous key block's reductions complete before this
+    // one's reach the same rows, so each element's adds arrive in key-block order.
+    if (bulk_dq && bp.deterministic && thread == 0) ptx::bulk_wait_group<0>();
     const int64_t key0 = block.key0;
     const int m_min = block.m_min, m_count = block.m_count, steps = block.steps;
     // This thread's two key rows (of the 64 its consumer owns) in every m64 accumulator, relative to the sequence.
@@ -387,7 +390,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
           ptx::fence_proxy_async_shared();
           ptx::named_barrier_sync(kBwdDqStageBarrier + consumer, ptx::kWarpgroupThreads);
           if (thread == 0) {
-            const int row = static_cast<int>(head * workspace.dq_head_rows + global_q_row0 + q0);
+            const int row = static_cast<int>((dq_accumulator * p.shape.nheads_q + head) * workspace.dq_head_rows +
+                                             global_q_row0 + q0);
 #pragma unroll
             for (int g = 0; g < kDqColumns / kDqSlotGroup; ++g) {
               if (g < dq_groups) {

@@ -89,9 +89,11 @@ void run_bwd(const BwdParams& params, void* stream) {
   // The dq accumulator's map for the bulk reductions (bwd_reduces_dq_in_bulk); without one (deterministic calls, a
   // row index past the kernel's int, or a map the driver refuses) the kernel reduces from registers.
   const BwdWorkspace workspace = bwd_workspace(params, DqLayout::kRows);
-  const int64_t dq_rows = shape.nheads_q * workspace.dq_head_rows;
+  // Every accumulator's rows: [dq_splits][nheads_q][dq_head_rows] (bwd_workspace.h), one per deterministic split.
+  const int64_t dq_rows = params.dq_splits * shape.nheads_q * workspace.dq_head_rows;
   constexpr int64_t kMaxDqRows = int64_t{1} << 31;
-  if (bwd_reduces_dq_in_bulk(kHeadDim) && !params.deterministic && dq_rows > 0 && dq_rows < kMaxDqRows) {
+  const bool bulk = params.deterministic ? bwd_deterministic_dq_in_bulk(kHeadDim) : bwd_reduces_dq_in_bulk(kHeadDim);
+  if (bulk && dq_rows > 0 && dq_rows < kMaxDqRows) {
     encode_fp32_map_2d(args.dq_map, workspace.dq_accum, static_cast<uint64_t>(workspace.dq_row_stride),
                        static_cast<uint64_t>(dq_rows), static_cast<uint64_t>(workspace.dq_row_stride) * sizeof(float),
                        kDqSlotGroup, kTile.block_m);

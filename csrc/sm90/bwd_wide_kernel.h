@@ -195,6 +195,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
   for (int n_block = cta.first_block; n_block < args.num_n_blocks; n_block += cta.block_stride) {
     const BwdBlock block = cta.plan(p.mask, n_block);
     if (!block.has_keys) continue;
+    // Deterministic bulk dQ (bwd_deterministic_dq_in_bulk): the previous key block's reductions complete before this
+    // one's reach the same rows, so each element's adds arrive in key-block order.
+    if (bulk_dq && bp.deterministic && thread == 0) ptx::bulk_wait_group<0>();
     const int64_t key0 = block.key0;
     const int m_min = block.m_min, m_count = block.m_count, steps = block.steps;
     // This thread's two key rows of the m64 accumulators (the same 64 keys in both consumers).
@@ -373,7 +376,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
           ptx::fence_proxy_async_shared();
           ptx::named_barrier_sync(kBwdDqStageBarrier + consumer, ptx::kWarpgroupThreads);
           if (thread == 0) {
-            const int row = static_cast<int>(head * workspace.dq_head_rows + cta.global_q_row0 + q0);
+            const int row = static_cast<int>((cta.dq_split * p.shape.nheads_q + head) * workspace.dq_head_rows +
+                                             cta.global_q_row0 + q0);
 #pragma unroll
             for (int g = 0; g < kDqBoxes; ++g) {
               if (g < dq_groups) ptx::bulk_reduce_add_2d(&args.dq_map.map, box(g), column0 + g * kDqSlotGroup, row);
