@@ -2,10 +2,9 @@
 # head-dim bucket (backward also with the compact tiles of GPUs below Hopper), odd sequence lengths, GQA, causal and
 # not, varlen with empty sequences and rows past cu_seqlens[-1], a padded head dim, dropout, the wide forward tile
 # (and its persistent form), the forward's TMA K/V loads, the row-pair dq accumulator and the stmatrix backward
-# stores, malformed cu_seqlens and cache indices with the host checks off (the kernels' clamps); forward, and backward
-# where it is built. Small sizes keep the sanitizers' slowdown bearable; each case is
-# also checked against the fp64 reference, so the subset is an ordinary part of the CUDA suite as well (marker:
-# sanitize).
+# stores, malformed cu_seqlens, cache indices and block tables with the host checks off (the kernels' clamps); forward,
+# and backward where it is built. Small sizes keep the sanitizers' slowdown bearable; each case is also checked
+# against the fp64 reference, so the subset is an ordinary part of the CUDA suite as well (marker: sanitize).
 import functools
 
 import pytest
@@ -196,3 +195,21 @@ def test_malformed_cache_indices_unchecked(monkeypatch):
     flash_attn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lengths,
                                        cache_batch_idx=index)
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("page_size", [16, 64])
+def test_malformed_block_table_unchecked(page_size, monkeypatch):
+    """Pages past the pool, negative pages and lengths past a sequence's pages, with the host checks off: the append
+    and the attention clamp every page they write or read (pages of 64 rows are read in place by the decode kernel,
+    pages of 16 gathered by the op)."""
+    _require(64, False)
+    monkeypatch.setenv("FLASH_ATTN_CHECK_DEVICE_VALUES", "0")
+    k_pool, v_pool = (randn(6, page_size, 2, 64, dtype=DTYPE, device="cuda") for _ in range(2))
+    table = torch.tensor([[0, 99], [-5, 3], [2, 1_000_000]], dtype=torch.int32, device="cuda")
+    lengths = torch.tensor([2 * page_size - 1, 5000, -3], dtype=torch.int32, device="cuda")
+    q = randn(3, 1, 4, 64, dtype=DTYPE, device="cuda")
+    k_new, v_new = (randn(3, 1, 2, 64, dtype=DTYPE, device="cuda") for _ in range(2))
+    flash_attn.flash_attn_with_kvcache(q, k_pool, v_pool, k_new, v_new, cache_seqlens=lengths, block_table=table)
+    out = flash_attn.flash_attn_with_kvcache(q, k_pool, v_pool, cache_seqlens=lengths, block_table=table)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
