@@ -74,9 +74,10 @@ constexpr bool bwd_reduces_dq_in_bulk(int head_dim) {
 // complete (bulk reductions from one thread carry no order between them; with the wait, each element's adds arrive
 // in key-block order). They reduce from registers now: 0.45-0.80x of the default backward (nineteenth session), whose
 // bulk reductions measured +13-19 % over registers. Written, compiled, not yet run: off until tested and timed.
+constexpr bool kBwdDeterministicDqInBulk = false;
 constexpr bool bwd_deterministic_dq_in_bulk(int head_dim) {
   (void)head_dim;
-  return false;
+  return kBwdDeterministicDqInBulk;
 }
 
 }  // namespace flash::sm90
