@@ -567,7 +567,7 @@ def training_problems(args) -> list:
                     batch = args.batch if args.batch else max(1, args.tokens // seqlen)
                     problems.append(
                         Problem(args.device, DTYPES[dtype_name], batch, nheads, nheads_k, seqlen, seqlen, headdim,
-                                causal)
+                                causal, feature=args.feature)
                     )
     return problems
 
@@ -833,6 +833,10 @@ def parse_args(argv=None):
     parser.add_argument(
         "--deterministic", action="store_true",
         help="flash_attn's calls with deterministic=True (the backward's fixed-order dQ; peers unchanged)",
+    )
+    parser.add_argument(
+        "--feature", choices=SWEEP_FEATURES, default="none",
+        help="the training shapes with softcap, a window or ALiBi (as --sweep adds them; SDPA peers run none)",
     )
     parser.add_argument("--quick", action="store_true", help="a few shapes, for a smoke test")
     parser.add_argument(
