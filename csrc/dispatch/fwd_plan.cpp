@@ -89,10 +89,11 @@ bool fwd_reads_pages(FwdParams p, sm80::SmemLimits smem) {
   const sm80::FwdTileKind kind = sm80::fwd_tile_kind(head_dim_bucket(p), false, p.shape.seqlen_q, p.shape.seqlen_k,
                                                      mask_kind(p.mask) != MaskKind::kNone, smem);
   if (kind != sm80::FwdTileKind::kDecode && kind != sm80::FwdTileKind::kDecodeCompact) return false;
-  // Pages that hold whole key blocks: each block is one lookup and a dense load. H200, bf16, GQA 32/8, hd 128, from
-  // a CUDA graph (nineteenth session, benchmarks/bench_kvcache.py), us contiguous / page 256 in place / gathered:
-  // batch 16 x 8k 137 / 147 / 458, 64 x 4k 251 / 260 / 891. Looked up row by row (page 16: a block spans two pages)
-  // the decode tile's one warp spent its time on index arithmetic: 658 and 1259 us against the gather's 460 and 884.
+  // Pages that hold whole key blocks: each block is one lookup and a dense load. H200, bf16, GQA 32/8, hd 128
+  // (nineteenth session, benchmarks/bench_kvcache.py), us contiguous / page 256 in place (from a CUDA graph) /
+  // gathered (eager): batch 16 x 8k 137 / 147 / 418, 64 x 4k 251 / 260 / 811. Looked up row by row with a 64-bit
+  // division per chunk (page 16: a block spans two pages), the decode tile's one warp spent its time on index
+  // arithmetic: 658 and 1259 us against the gather's 435 and 837.
   const int block_n = sm80::fwd_tile_config(head_dim_bucket(p), false, kind).block_n;
   if (p.page_size % block_n == 0) return true;
   // Pages smaller than a key block (a power of two dividing it: 1 ... 16, vLLM's default block is 16) are read row
