@@ -1,12 +1,20 @@
 # Test helpers: dtype lists, support checks, random inputs, the FlashAttention tolerance rule
 # (assert_close_fa), runners that evaluate flash_attn.reference as fp64 ground truth and as the
-# naive low-precision baseline (outputs and gradients), and a dispatch mode that records the
-# rng_state an entry point hands to torch.ops.flash_attn.fwd.
+# naive low-precision baseline (outputs and gradients), a dispatch mode that records the
+# rng_state an entry point hands to torch.ops.flash_attn.fwd, and the runner of the host C++ checkers (tests/cpp/).
+import pathlib
+import shutil
+import subprocess
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import flash_attn
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+HOST_COMPILER = shutil.which("c++") or shutil.which("g++")
+HOST_CHECK_TIMEOUT_S = 300
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 LOW_DTYPES = [torch.float16, torch.bfloat16]
@@ -178,3 +186,15 @@ def no_host_sync(fn):
         return fn()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def run_host_check(sources, binary):
+    """Builds a host C++ checker (tests/cpp/, against csrc/) with the host compiler into `binary`, runs it, and
+    returns its stdout; a failed build or a non-zero exit fails the calling test with the tail of the output."""
+    build = subprocess.run([HOST_COMPILER, "-std=c++20", "-O2", f"-I{ROOT / 'csrc'}", f"-I{ROOT / 'csrc' / 'include'}",
+                            *map(str, sources), "-o", str(binary)], capture_output=True, text=True,
+                           timeout=HOST_CHECK_TIMEOUT_S)
+    assert build.returncode == 0, build.stderr[-3000:]
+    result = subprocess.run([str(binary)], capture_output=True, text=True, timeout=HOST_CHECK_TIMEOUT_S)
+    assert result.returncode == 0, result.stdout[-3000:]
+    return result.stdout
