@@ -5,8 +5,8 @@ need gradients, which seqused_k has none of, fold the lengths into an additive f
 (cache_seqlens, cache_batch_idx, block_table) are checked once per tensor version and clamped on the device, never
 read under capture, so the call can be captured in a CUDA graph. Paged caches (block_table) go to the op as pages
 and a block table (the CUDA decode kernels read the pages in place; other calls read a gathered copy), or, where
-gradients are needed, are gathered here. New rows are appended by one fused op (kvcache_append_: write, rotate k, count the
-keys) unless gradients are needed, where torch indexing keeps the autograd graph."""
+gradients are needed, are gathered here. New rows are appended by one fused op (kvcache_append_: write, rotate k and
+q, count the keys) unless gradients are needed, where torch indexing keeps the autograd graph."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ _NAME = "flash_attn_with_kvcache"
 
 @torch.library.register_fake("flash_attn::kvcache_append_")
 def _append_fake(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, cache_leftpad, rotary_cos,
-                 rotary_sin, interleaved):
-    return k.new_empty((k.shape[0],), dtype=torch.int32)
+                 rotary_sin, interleaved, q, q_per_row):
+    return k.new_empty((k.shape[0],), dtype=torch.int32), (k.new_empty((0,)) if q is None else torch.empty_like(
+        q, memory_format=torch.contiguous_format))
 
 
 def _check_rotary(rotary_cos, rotary_sin, k, cache_rows):
@@ -218,14 +219,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if fused:
         seqlens = (cache_seqlens.to(q.device).contiguous() if isinstance(cache_seqlens, torch.Tensor)
                    else torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device))
-        if rotary:
-            # The checked lengths are the positions; with left padding, counted from each sequence's first row.
-            positions = seqlens if first_row is None else (
-                _cache_lengths(cache_seqlens, batch, cache_rows, new_rows, q.device) - first_row).clamp(min=0)
-            q = _rotate_queries(q, rotary_cos, rotary_sin, positions, rotary_interleaved, window != (-1, -1))
-        direct = torch.ops.flash_attn.kvcache_append_(
+        # The queries are rotated in the same launch (Dao's rule, _rotate_queries), into a new tensor.
+        direct, q_rotated = torch.ops.flash_attn.kvcache_append_(
             k_cache, v_cache, k, v, seqlens, entries, pages, first_row, rotary_cos if rotary else None,
-            rotary_sin if rotary else None, rotary_interleaved)
+            rotary_sin if rotary else None, rotary_interleaved, q if rotary else None, window != (-1, -1))
+        if rotary:
+            q = q_rotated
     lengths = None if direct is not None else _cache_lengths(cache_seqlens, batch, cache_rows, new_rows, q.device)
     if rotary and not fused:
         positions = lengths if first_row is None else (lengths - first_row).clamp(min=0)

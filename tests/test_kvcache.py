@@ -410,28 +410,37 @@ def _append_inputs(layout, new_rows, device, dtype):
     return q, k_cache, v_cache, k_new, v_new, lengths, extra
 
 
-@pytest.mark.parametrize("rotary", [False, True])
+# rotary case -> (rotary_dim, interleaved, causal): the fused kernel's 16-byte vectors (half-split and GPT-J pairs,
+# queries per row when causal, at one position otherwise) and its element loop (rotary_dim 20 takes no vectors).
+APPEND_ROTARY = {"none": None, "half": (32, False, True), "interleaved": (32, True, False), "odd": (20, False, False)}
+
+
+@pytest.mark.parametrize("rotary", list(APPEND_ROTARY))
 @pytest.mark.parametrize("new_rows", [1, 3])
 @pytest.mark.parametrize("layout", APPEND_LAYOUTS)
 @pytest.mark.parametrize("device", DEVICES)
 def test_kvcache_fused_append_matches_indexing(layout, new_rows, rotary, device):
-    """The same call without gradients (the fused append op) and with q requiring grad (torch indexing, the bias
-    path): equal caches (the new rows and every other row) and outputs within the kernels' rounding."""
+    """The same call without gradients (the fused append op, which also rotates q) and with q requiring grad (torch
+    indexing and the rotary op, the bias path): equal caches (the new rows and every other row) and outputs within
+    the kernels' rounding."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     require_supported(device, dtype, 64)
     q, k_cache, v_cache, k_new, v_new, lengths, extra = _append_inputs(layout, new_rows, device, dtype)
-    if rotary:
-        angles = torch.rand(64, 16) * 6.3
+    causal = True
+    if APPEND_ROTARY[rotary] is not None:
+        rotary_dim, interleaved, causal = APPEND_ROTARY[rotary]
+        angles = torch.rand(64, rotary_dim // 2) * 6.3
         extra.update(rotary_cos=angles.cos().to(dtype).to(device), rotary_sin=angles.sin().to(dtype).to(device),
-                     rotary_interleaved=False)
+                     rotary_interleaved=interleaved)
     fused_k, fused_v = k_cache.clone(), v_cache.clone()
     with torch.no_grad():
-        fused = flash_attn_with_kvcache(q, fused_k, fused_v, k_new, v_new, cache_seqlens=lengths, causal=True, **extra)
+        fused = flash_attn_with_kvcache(q, fused_k, fused_v, k_new, v_new, cache_seqlens=lengths, causal=causal,
+                                        **extra)
     indexed_k, indexed_v = k_cache.clone(), v_cache.clone()
     indexed = flash_attn_with_kvcache(q.clone().requires_grad_(), indexed_k, indexed_v, k_new, v_new,
-                                      cache_seqlens=lengths, causal=True, **extra)
+                                      cache_seqlens=lengths, causal=causal, **extra)
     assert torch.equal(fused_v, indexed_v)
-    if rotary and device == "cuda":
+    if rotary != "none" and device == "cuda":
         torch.testing.assert_close(fused_k, indexed_k, atol=1e-2, rtol=0)
     else:
         assert torch.equal(fused_k, indexed_k)
@@ -444,16 +453,16 @@ def test_kvcache_append_op_clamps_indices():
     are clamped by the op: writes stay inside the caches and the key counts inside [0, cache rows]."""
     k_cache, v_cache = torch.zeros(2, 8, 1, 4), torch.zeros(2, 8, 1, 4)
     k, v = torch.ones(2, 2, 1, 4), torch.full((2, 2, 1, 4), 2.0)
-    used = torch.ops.flash_attn.kvcache_append_(k_cache, v_cache, k, v, torch.tensor([-5, 99]),
-                                                torch.tensor([7, -1]), None, None, None, None, False)
+    used, _ = torch.ops.flash_attn.kvcache_append_(k_cache, v_cache, k, v, torch.tensor([-5, 99]),
+                                                   torch.tensor([7, -1]), None, None, None, None, False, None, False)
     assert used.tolist() == [2, 8]
     # Sequence 0 (length clamped to 0) went to entry 1 (7 clamped), rows 0-1; sequence 1 (99 -> 6) to entry 0, rows 6-7.
     assert k_cache[1, :2].eq(1).all() and k_cache[0, 6:].eq(1).all() and v_cache[0, 6:].eq(2).all()
     assert k_cache[1, 2:].eq(0).all() and k_cache[0, :6].eq(0).all()
     pool, pool_v = torch.zeros(3, 4, 1, 4), torch.zeros(3, 4, 1, 4)
     table = torch.tensor([[9, -2]], dtype=torch.int32)  # pages 2 and 0 after clamping
-    used = torch.ops.flash_attn.kvcache_append_(pool, pool_v, k[:1], v[:1], torch.tensor([3], dtype=torch.int32),
-                                                None, table, None, None, None, False)
+    used, _ = torch.ops.flash_attn.kvcache_append_(pool, pool_v, k[:1], v[:1], torch.tensor([3], dtype=torch.int32),
+                                                   None, table, None, None, None, False, None, False)
     assert used.tolist() == [5]
     assert pool[2, 3].eq(1).all() and pool[0, 0].eq(1).all() and pool[1].eq(0).all()
 
@@ -462,12 +471,17 @@ def test_kvcache_append_op_passes_opcheck():
     k_cache, v_cache = torch.randn(3, 10, 2, 16), torch.randn(3, 10, 2, 16)
     k, v = torch.randn(2, 2, 2, 16), torch.randn(2, 2, 2, 16)
     angles = torch.rand(12, 4)
-    args = (k_cache, v_cache, k, v, torch.tensor([1, 5], dtype=torch.int32), torch.tensor([2, 0]), None, None,
-            angles.cos(), angles.sin(), True)
-    torch.library.opcheck(torch.ops.flash_attn.kvcache_append_.default, args)
+    q = torch.randn(2, 3, 4, 16)
+    for rotated_q, per_row in ((None, False), (q, False), (q, True)):
+        args = (k_cache, v_cache, k, v, torch.tensor([1, 5], dtype=torch.int32), torch.tensor([2, 0]), None, None,
+                angles.cos(), angles.sin(), True, rotated_q, per_row)
+        torch.library.opcheck(torch.ops.flash_attn.kvcache_append_.default, args)
     with pytest.raises(RuntimeError, match="rotary_cos and rotary_sin must be given together"):
         torch.ops.flash_attn.kvcache_append_(k_cache, v_cache, k, v, torch.tensor([1, 5]), torch.tensor([2, 0]), None,
-                                             None, angles.cos(), None, False)
+                                             None, angles.cos(), None, False, None, False)
+    with pytest.raises(RuntimeError, match="q is rotated here only with rotary_cos / rotary_sin"):
+        torch.ops.flash_attn.kvcache_append_(k_cache, v_cache, k, v, torch.tensor([1, 5]), torch.tensor([2, 0]), None,
+                                             None, None, None, False, q, False)
     with pytest.raises(RuntimeError, match="k must have the cache's heads and head dim"):
         torch.ops.flash_attn.kvcache_append_(k_cache, v_cache, k[..., :8], v[..., :8], torch.tensor([1, 5]), None,
-                                             None, None, None, None, False)
+                                             None, None, None, None, False, None, False)

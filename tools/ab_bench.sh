@@ -5,13 +5,14 @@
 # variants build in parallel, then AB_ROUNDS rounds benchmark every variant in turn (FA2 = sdpa_flash alongside the
 # first), and tools/ab_summary.py prints each variant's best and median TFLOP/s per shape over the rounds.
 # Usage: OUT=dir AB_VARIANTS=". .ab/base" [AB_DIRECTION=fwd AB_HEADDIMS=64,128,256 AB_SEQLENS=... AB_ROUNDS=3
-#        AB_TESTS="tests/x.py" (run on every variant; AB_TEST_FIRST=1: the first only) AB_WORK=dir (where the variant trees go)
+#        AB_TESTS="tests/x.py" (run on every variant; AB_TEST_FIRST=1: the first only) AB_WORK=dir (where the variant trees go;
+#        AB_REUSE=1: variants an earlier call built there are not rebuilt, so one device call can time several features)
 #        AB_IMPL=flash_attn AB_PEER=sdpa_flash (bench_attention.py impls)
 #        AB_DECODE=1 (also the decode shapes of BENCHMARKS.md, TB/s) AB_KVCACHE=1 (also benchmarks/bench_kvcache.py
-#        --graph, summarised by tools/ab_kvcache_summary.py) AB_BENCH_ARGS="..." (more bench_attention.py arguments,
-#        e.g. --deterministic) AB_HIDDEN=n (nheads = n / head dim; 2048 by
-#        default, so head dims that do not divide it, e.g. 96, need one: AB_HIDDEN=3072) AB_HEADS_K="1,0" (KV head
-#        counts, each timed in turn; 0 = MHA, the default)]
+#        --graph, summarised by tools/ab_kvcache_summary.py; AB_KVCACHE_ARGS="--shapes 1:8192": its arguments)
+#        AB_BENCH_ARGS="..." (more bench_attention.py arguments, e.g. --deterministic) AB_HIDDEN=n (nheads = n / head
+#        dim; 2048 by default, so head dims that do not divide it, e.g. 96, need one: AB_HIDDEN=3072) AB_HEADS_K="1,0"
+#        (KV head counts, each timed in turn; 0 = MHA, the default)]
 #        tools/ab_bench.sh   (build knobs FLASH_ATTN_* and REP_MS from the environment)
 set -uo pipefail
 # flash_attn.is_supported (which the benchmark and the tests ask) wants every mask kind: a build narrowed with
@@ -41,10 +42,14 @@ REP_MS="${REP_MS:-30}"; ROUNDS="${AB_ROUNDS:-3}"; TESTS="${AB_TESTS:-}"; AB_HEAD
 name_of() { [ "$1" = "." ] && echo new || basename "$1"; }
 start=$(date +%s)
 for v in "${VARIANTS[@]}"; do
-  name=$(name_of "$v"); dir="$WORK/$name"; mkdir -p "$dir"
+  name=$(name_of "$v"); dir="$WORK/$name"
+  # AB_REUSE=1: a variant that an earlier ab_bench.sh call in the same AB_WORK built is benchmarked as it is.
+  if [ "${AB_REUSE:-0}" = 1 ] && [ -f "$dir/.ab_built" ]; then continue; fi
+  mkdir -p "$dir"
   tar -C "$ROOT" --exclude=./build --exclude=./.git --exclude=./.ab -cf - . | tar -C "$dir" -xf -
   if [ "$v" != "." ]; then (cd "$ROOT/$v" && find . -type f) | while read -r f; do cp "$ROOT/$v/$f" "$dir/$f"; done; fi
-  (cd "$dir" && python3 setup.py build_ext --inplace > "$OUT/build_$name.log" 2>&1 || echo "BUILD $name FAILED") &
+  (cd "$dir" && { python3 setup.py build_ext --inplace > "$OUT/build_$name.log" 2>&1 && touch .ab_built; } \
+    || echo "BUILD $name FAILED") &
 done
 wait
 echo "builds: $(( $(date +%s) - start ))s (MAX_JOBS=$MAX_JOBS each)"
@@ -75,7 +80,7 @@ for r in $(seq "$ROUNDS"); do
         > "$OUT/r${r}_${name}_hk$hk.log" 2>&1) || echo "bench $name round $r heads_k $hk failed"
     done
     if [ "${AB_KVCACHE:-0}" = 1 ]; then
-      (cd "$WORK/$name" && python3 benchmarks/bench_kvcache.py --graph --rep-ms "$REP_MS" \
+      (cd "$WORK/$name" && python3 benchmarks/bench_kvcache.py --graph --rep-ms "$REP_MS" ${AB_KVCACHE_ARGS:-} \
         --out "$OUT/kv${r}_${name}.json" > "$OUT/kv${r}_${name}.log" 2>&1) || echo "kvcache $name round $r failed"
     fi
     if [ "${AB_DECODE:-0}" = 1 ]; then

@@ -7,6 +7,7 @@
 
 #include <limits>
 #include <optional>
+#include <tuple>
 
 #include "../cpu/kvcache_append_cpu.h"
 #include "error_message.h"
@@ -55,12 +56,13 @@ void check_rows_tensor(const char* name, const at::Tensor& t, const at::Tensor& 
               " must have stride 1 in its last (head) dimension; got strides ", t.strides());
 }
 
-at::Tensor kvcache_append_(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
+std::tuple<at::Tensor, at::Tensor> kvcache_append_(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
                            const at::Tensor& v, const at::Tensor& cache_seqlens,
                            const std::optional<at::Tensor>& cache_batch_idx,
                            const std::optional<at::Tensor>& block_table,
                            const std::optional<at::Tensor>& cache_leftpad, const std::optional<at::Tensor>& rotary_cos,
-                           const std::optional<at::Tensor>& rotary_sin, bool interleaved) {
+                           const std::optional<at::Tensor>& rotary_sin, bool interleaved,
+                           const std::optional<at::Tensor>& q, bool q_per_row) {
   check_rows_tensor("k_cache", k_cache, k_cache);
   FLASH_CHECK(v_cache.sizes() == k_cache.sizes(), kAppendOp, ": v_cache must have k_cache's shape ", k_cache.sizes(),
               "; got ", v_cache.sizes());
@@ -137,12 +139,30 @@ at::Tensor kvcache_append_(const at::Tensor& k_cache, const at::Tensor& v_cache,
     p.seqlen_ro = cos.size(0);
     p.interleaved = interleaved;
   }
+  at::Tensor q_out = at::empty({0}, k.options());
+  if (q.has_value()) {
+    FLASH_CHECK(rotary_cos.has_value(), kAppendOp, ": q is rotated here only with rotary_cos / rotary_sin; got q "
+                "without them (pass q=None when the queries are not rotated)");
+    check_rows_tensor("q", *q, k_cache);
+    FLASH_CHECK(q->size(0) == batch && q->size(3) == p.head_dim, kAppendOp, ": q must be (batch, seqlen_q, nheads, ",
+                p.head_dim, ") with batch ", batch, "; got shape ", q->sizes());
+    FLASH_CHECK(q->size(0) * q->size(1) < std::numeric_limits<int32_t>::max(), kAppendOp,
+                ": more than 2^31 - 1 query rows (batch x seqlen_q); split the call");
+    q_out = at::empty(q->sizes(), q->options());
+    p.q = q->data_ptr();
+    p.q_out = q_out.data_ptr();
+    p.q_strides = strides_of(*q, false);
+    p.q_out_strides = strides_of(q_out, false);
+    p.seqlen_q = q->size(1);
+    p.nheads_q = q->size(2);
+    p.q_per_row = q_per_row;
+  }
   at::Tensor seqused = at::empty({batch}, k.options().dtype(at::kInt));
   p.seqused = seqused.data_ptr<int32_t>();
-  if (batch == 0) return seqused;
+  if (batch == 0) return {seqused, q_out};
   if (k_cache.is_cpu()) {
     cpu::run_kvcache_append(p);
-    return seqused;
+    return {seqused, q_out};
   }
 #if defined(FLASH_WITH_CUDA)
   const c10::cuda::CUDAGuard guard(k_cache.device());
@@ -152,7 +172,7 @@ at::Tensor kvcache_append_(const at::Tensor& k_cache, const at::Tensor& v_cache,
 #else
   FLASH_FAIL(kAppendOp, ": this build has no CUDA code; rebuild with the CUDA toolkit, or pass CPU tensors");
 #endif
-  return seqused;
+  return {seqused, q_out};
 }
 
 }  // namespace
@@ -161,7 +181,7 @@ at::Tensor kvcache_append_(const at::Tensor& k_cache, const at::Tensor& v_cache,
 TORCH_LIBRARY_FRAGMENT(flash_attn, m) {
   m.def("kvcache_append_(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor cache_seqlens, "
         "Tensor? cache_batch_idx, Tensor? block_table, Tensor? cache_leftpad, Tensor? rotary_cos, "
-        "Tensor? rotary_sin, bool interleaved) -> Tensor");
+        "Tensor? rotary_sin, bool interleaved, Tensor? q, bool q_per_row) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(flash_attn, CPU, m) { m.impl("kvcache_append_", &flash::api::kvcache_append_); }

@@ -844,10 +844,15 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
   extern __shared__ __align__(kSmemAlign) unsigned char smem_raw[];
   unsigned char* const smem = kTma ? tma_aligned_smem(smem_raw) : smem_raw;
 
+  // A decode kernel is itself a programmatic dependent on sm90 (fwd_launch.h): it may start while the kernel before
+  // it (e.g. flash_attn_with_kvcache's append) runs, so it waits for that grid's writes before touching any memory.
   // A split decode grid fits in one wave (choose_fwd_num_splits), so every CTA is resident when the last one allows
   // the combine kernel (its programmatic dependent, fwd_launch.h) to start: no combine CTA takes a slot that a split
-  // CTA still waits for. Without a dependent launch this does nothing.
-  if constexpr (kKind == FwdTileKind::kDecode || kKind == FwdTileKind::kDecodeCompact) ptx::allow_dependent_launch();
+  // CTA still waits for. Without a dependent launch both do nothing.
+  if constexpr (kKind == FwdTileKind::kDecode || kKind == FwdTileKind::kDecodeCompact) {
+    ptx::wait_for_primary_grid();
+    ptx::allow_dependent_launch();
+  }
   FwdCta cta = locate_cta<kMask, kBlockM>(p, blockIdx, gridDim.x);
   if (cta.m0 >= cta.seqlen_q) return;
   plan_key_tiles<kMask, kBlockM, kBlockN>(p, cta);

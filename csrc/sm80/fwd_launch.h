@@ -126,6 +126,27 @@ bool launch_fwd_tma_kernel(const FwdParams& params, cudaStream_t stream, SmemLim
   return true;
 }
 
+// Programmatic dependent launches (griddep_sm90.h) need sm90 code.
+constexpr int kPdlSm = 90;
+
+// Launches `kernel` as a programmatic dependent of the kernel before it in the stream: it may start while that one
+// runs and calls wait_for_primary_grid() before touching memory. A failed launch is left for the caller's
+// cudaGetLastError check, as a <<<>>> launch's would be.
+template <typename Kernel, typename... Args>
+void launch_dependent(Kernel kernel, dim3 grid, dim3 block, int smem_bytes, cudaStream_t stream, const Args&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  (void)cudaLaunchKernelEx(&config, kernel, args...);
+}
+
 // kPaged: K and V are a paged cache (FwdParams::block_table), read by the cp.async decode kernels only.
 template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind, bool kPaged = false>
 void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits limits,
@@ -146,6 +167,11 @@ void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits 
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   (void)opt_in;
   const dim3 grid = fwd_grid<kTile.block_m>(params);
+  constexpr bool kDecode = kKind == FwdTileKind::kDecode || kKind == FwdTileKind::kDecodeCompact;
+  if (kDecode && device.code_arch >= kPdlSm) {
+    launch_dependent(kernel, grid, dim3(kTile.warps * kWarpSize), kSmemBytes, stream, params);
+    return;
+  }
   kernel<<<grid, kTile.warps * kWarpSize, kSmemBytes, stream>>>(params);
 }
 
@@ -153,22 +179,15 @@ void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits 
 // launch: its CTAs start while the split kernel runs (the decode kernels allow it from their first instruction) and
 // wait in wait_for_primary_grid() for its results, instead of being launched only after the split kernel has drained
 // (fwd_combine_kernel.h).
-constexpr int kPdlSm = 90;
 template <typename T, int kHeadDim>
 void launch_fwd_combine(const FwdParams& params, cudaStream_t stream, bool dependent_launch) {
   const int64_t rows = params.shape.batch * params.shape.nheads_q * params.shape.seqlen_q;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(rows));
-  config.blockDim = dim3(kCombineThreads);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = dependent_launch ? 1 : 0;
-  // A failed launch is left for the caller's cudaGetLastError check, as a <<<>>> launch's would be.
-  (void)cudaLaunchKernelEx(&config, fwd_combine_kernel<T, kHeadDim>, params);
+  const dim3 grid(static_cast<unsigned>(rows));
+  if (dependent_launch) {
+    launch_dependent(fwd_combine_kernel<T, kHeadDim>, grid, dim3(kCombineThreads), 0, stream, params);
+  } else {
+    fwd_combine_kernel<T, kHeadDim><<<grid, kCombineThreads, 0, stream>>>(params);
+  }
 }
 
 template <DType kDType, int kHeadDim, MaskKind kMask>

@@ -1,5 +1,6 @@
-// rotary_kernel: one CTA per (sequence, row); its threads visit the row's (head, pair) items and, when out is not x,
-// the columns past rotary_dim (for_each_head_item). The rule per pair is common/rotary.h's, shared with the CPU implementation.
+// rotary_kernel: one CTA per (sequence, row) rotates the row's heads and, when out is not x, copies the columns past
+// rotary_dim (rotate_rows.h: 16-byte vectors where the row allows them). The rule per pair is common/rotary.h's, shared
+// with the CPU implementation.
 #include "sm80/rotary_kernel.h"
 
 #include <cuda_bf16.h>
@@ -8,6 +9,7 @@
 
 #include "flash_attn/common/rotary.h"
 #include "sm80/kernel_common.h"
+#include "sm80/rotate_rows.h"
 
 namespace flash::sm80 {
 namespace {
@@ -22,28 +24,19 @@ __global__ void __launch_bounds__(kRotaryThreads) rotary_kernel(const RotaryPara
   if (x_row < 0) return;
   const int64_t out_row = rotary_row_offset(p, p.out_strides, b, row);
   const int64_t position = rotary_position(p, b, row);
-  const bool rotated = rotary_position_in_table(p, position);
-  const T* x = static_cast<const T*>(p.x) + x_row;
-  T* out = static_cast<T*>(p.out) + out_row;
-  const T* cos = static_cast<const T*>(p.cos) + (rotated ? position * p.cos_row_stride : 0);
-  const T* sin = static_cast<const T*>(p.sin) + (rotated ? position * p.sin_row_stride : 0);
-  const int nheads = static_cast<int>(p.nheads);
-  const int pairs = static_cast<int>(p.rotary_dim / 2);
-  for_each_head_item<kRotaryThreads>(nheads, pairs, [&](int h, int i) {
-    const RotaryPair pair = rotary_pair(p, i);
-    const T* src = x + h * p.x_strides.head;
-    T* dst = out + h * p.out_strides.head;
-    float x1 = to_float(src[pair.first]);
-    float x2 = to_float(src[pair.second]);
-    if (rotated) rotate_pair<float>(x1, x2, to_float(cos[i]), to_float(sin[i]), p.conjugate);
-    dst[pair.first] = from_float<T>(x1);
-    dst[pair.second] = from_float<T>(x2);
-  });
-  if (p.out == p.x) return;
-  const int rotary_dim = static_cast<int>(p.rotary_dim);
-  for_each_head_item<kRotaryThreads>(nheads, static_cast<int>(p.head_dim) - rotary_dim, [&](int h, int c) {
-    out[h * p.out_strides.head + rotary_dim + c] = x[h * p.x_strides.head + rotary_dim + c];
-  });
+  HeadRow<T> heads;
+  heads.src = static_cast<const T*>(p.x) + x_row;
+  heads.dst = static_cast<T*>(p.out) + out_row;
+  heads.src_head = p.x_strides.head;
+  heads.dst_head = p.out_strides.head;
+  heads.nheads = static_cast<int>(p.nheads);
+  heads.rotary_dim = static_cast<int>(p.rotary_dim);
+  heads.copy_rest = p.out != p.x;
+  if (rotary_position_in_table(p, position)) {
+    heads.cos = static_cast<const T*>(p.cos) + position * p.cos_row_stride;
+    heads.sin = static_cast<const T*>(p.sin) + position * p.sin_row_stride;
+  }
+  rotate_rows<kRotaryThreads>(heads, HeadRow<T>{}, static_cast<int>(p.head_dim), p.interleaved, p.conjugate);
 }
 
 template <typename T>

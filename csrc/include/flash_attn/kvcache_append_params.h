@@ -1,7 +1,7 @@
-// The host<->kernel contract of flash_attn_with_kvcache's append (torch.ops.flash_attn.kvcache_append_): the new rows
-// k, v (batch, new_rows, nheads_k, head_dim) written in place into a cache at each sequence's length, k rotated by the
-// rotary tables when given, and the attention's key counts returned. Built by csrc/api/kvcache_append_api.cpp; read
-// by csrc/cpu/kvcache_append_cpu.cpp and csrc/sm80/kvcache_append_kernel.cu through common/kvcache_append.h.
+// The host<->kernel contract of flash_attn_with_kvcache's append (torch.ops.flash_attn.kvcache_append_): the new
+// rows k, v (batch, new_rows, nheads_k, head_dim) written in place into a cache at each sequence's length, k (and q,
+// into q_out, when given) rotated by the rotary tables when given, and the attention's key counts returned. Built by
+// csrc/api/kvcache_append_api.cpp; read by csrc/cpu/kvcache_append_cpu.cpp and csrc/sm80/kvcache_append_kernel.cu.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +47,16 @@ struct KvAppendParams {
   int64_t rotary_dim = 0;
   int64_t seqlen_ro = 0;
   bool interleaved = false;
+  // The queries (batch, seqlen_q, nheads_q, head_dim), rotated into q_out in the same launch when the tables are
+  // given (null: not rotated here): row i of sequence b at position length - leftpad + (q_per_row ? i : 0), Dao's
+  // rule (per row when the call is causal or local, else the sequence's one position).
+  const void* q = nullptr;
+  void* q_out = nullptr;
+  TensorStrides q_strides;
+  TensorStrides q_out_strides;
+  int64_t seqlen_q = 0;
+  int64_t nheads_q = 0;
+  bool q_per_row = false;
   // (batch,) int32 out: the keys sequence b's attention sees, max(length + new_rows - leftpad, 0).
   int32_t* seqused = nullptr;
 };
