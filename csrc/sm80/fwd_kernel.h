@@ -77,6 +77,12 @@ struct FwdCta {
 
 // Where the CTA's operands live: Q and the K and V rings in shared memory (Q's rows later stage O), and its Q
 // rows and its kv head's K and V in global memory.
+// How a kernel reads K and V: dense, or through a paged cache's block table, whole key blocks per page (kBlocks) or
+// rows of pages smaller than a block (kRows). Separate instantiations: with both page paths in one decode kernel
+// ptxas took 255 registers (172 without pages) and ncu saw it stall on instruction fetch (no_instruction 7.8 per
+// issue against 0.6): page 256 at 1 x 8k ran 28.8 us against 12.8 dense (H200, twentieth session).
+enum class KvPaging { kNone, kBlocks, kRows };
+
 // The pages of a paged cache's sequence (FwdParams::block_table): key row r is row r % page_size of page table[r /
 // page_size], clamped to [0, num_pages).
 struct KvPages {
@@ -94,7 +100,7 @@ struct FwdTiles {
   const T* q;
   const T* k;  // paged: the kv head's column of page 0
   const T* v;
-  KvPages pages;  // kPaged kernels only
+  KvPages pages;  // paged kernels only (kPaging)
 };
 
 // Per-call constants of the score transform, the softmax and dropout (the lean kernel uses x_scale only).
@@ -188,9 +194,9 @@ __device__ __forceinline__ void plan_key_tiles(const FwdParams& p, FwdCta& cta) 
 }
 
 // Locates the CTA's tiles: Q, then the K ring, then the V ring in shared memory, and its rows in global memory.
-// q_buffer: which of the persistent kernel's two Q tiles (after the K and V rings); 0 otherwise. kPaged: K / V rows
+// q_buffer: which of the persistent kernel's two Q tiles (after the K and V rings); 0 otherwise. kPaging: K / V rows
 // are found through the sequence's pages (load_kv), from its kv head's column of the first page.
-template <int kHeadDim, int kBlockM, int kBlockN, int kStages, typename T, bool kPaged = false>
+template <int kHeadDim, int kBlockM, int kBlockN, int kStages, typename T, KvPaging kPaging = KvPaging::kNone>
 __device__ __forceinline__ FwdTiles<T> locate_tiles(unsigned char* smem_raw, const FwdParams& p, const FwdCta& cta,
                                                     int q_buffer = 0) {
   constexpr int kStride = kHeadDim + kSmemRowPad;
@@ -205,7 +211,7 @@ __device__ __forceinline__ FwdTiles<T> locate_tiles(unsigned char* smem_raw, con
             static_cast<int64_t>(cta.hk) * p.k_strides.head;
   tiles.v = static_cast<const T*>(p.v) + cta.b * p.v_strides.batch + cta.k_row0 * p.v_strides.row +
             static_cast<int64_t>(cta.hk) * p.v_strides.head;
-  if constexpr (kPaged) {
+  if constexpr (kPaging != KvPaging::kNone) {
     tiles.k = static_cast<const T*>(p.k) + static_cast<int64_t>(cta.hk) * p.k_strides.head;
     tiles.v = static_cast<const T*>(p.v) + static_cast<int64_t>(cta.hk) * p.v_strides.head;
     tiles.pages = KvPages{p.block_table + cta.b * p.block_table_stride, p.page_size, 31 - __clz(p.page_size),
@@ -271,17 +277,18 @@ __device__ __forceinline__ void load_small_pages_async(T* smem, const T* base, i
 
 // Issues the cp.async loads of key block n of K or V (rows at base) into its slot of `ring`. Each load commits
 // one cp.async group, empty when the block is outside the range, so the wait counts below hold at the end of the
-// range too. kPaged (page_stride elements between pages): a block within one page loads as a dense one from it
-// (`page`, from block_page, or looked up here); pages smaller than a block, row by row (load_small_pages_async).
-template <typename KvLayout, int kHeadDim, int kBlockN, int kThreads, int kStages, bool kPaged = false, typename T>
+// range too. kPaging (page_stride elements between pages): kBlocks, a block within one page loads as a dense one
+// from it (`page`, from block_page, or looked up here); kRows, pages smaller than a block, row by row
+// (load_small_pages_async).
+template <typename KvLayout, int kHeadDim, int kBlockN, int kThreads, int kStages, KvPaging kPaging = KvPaging::kNone, typename T>
 __device__ __forceinline__ void load_kv(T* ring, const T* base, int64_t row_stride, int n, const FwdCta& cta,
                                         int64_t page_stride = 0, const KvPages* pages = nullptr, int page = kNoPage) {
   constexpr int kStride = kHeadDim + kSmemRowPad;  // slots are allocated with padded rows (kernel_common.h)
   if (n >= cta.n_first) {
     const int n0 = n * kBlockN;
     T* const slot = ring + ring_slot<kStages>(n) * kBlockN * kStride;
-    if constexpr (kPaged) {
-      if (pages->page_size >= kBlockN) {
+    if constexpr (kPaging != KvPaging::kNone) {
+      if constexpr (kPaging == KvPaging::kBlocks) {
         if (page == kNoPage) page = block_page<kBlockN>(*pages, n, cta);
         const T* block = base + page * page_stride + static_cast<int64_t>(n0 % pages->page_size) * row_stride;
         load_tile_async<kBlockN, kHeadDim, kThreads, KvLayout>(slot, block, row_stride, cta.seqlen_k - n0,
@@ -310,7 +317,7 @@ __device__ __forceinline__ void load_kv(T* ring, const T* base, int64_t row_stri
 // per tile in the 4-warp kernels, which sit at 255 registers).
 // kFirstV: one stage, and V(n_last) follows as a group of its own (fwd_prefetches_first_v).
 template <typename KvLayout, int kHeadDim, int kBlockM, int kBlockN, int kThreads, int kStages, bool kFirstV,
-          bool kPaged = false, typename T>
+          KvPaging kPaging = KvPaging::kNone, typename T>
 __device__ __forceinline__ void load_prologue(const FwdParams& p, const FwdCta& cta, const FwdTiles<T>& tiles) {
   // Q's loads branch on whole tiles where K's and V's do (fwd_branches_whole_tiles).
   using QLayout = std::conditional_t<KvLayout::kWholeTileBranch, WholeTileLoads<PaddedRows<kHeadDim>>,
@@ -323,22 +330,22 @@ __device__ __forceinline__ void load_prologue(const FwdParams& p, const FwdCta& 
 #pragma unroll
   for (int ahead = 0; ahead < kStages; ++ahead) {
     page[ahead] = kNoPage;
-    if constexpr (kPaged) page[ahead] = block_page<kBlockN>(tiles.pages, cta.n_last - ahead, cta);
+    if constexpr (kPaging != KvPaging::kNone) page[ahead] = block_page<kBlockN>(tiles.pages, cta.n_last - ahead, cta);
   }
-  load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaged>(tiles.s_k_ring, tiles.k, p.k_strides.row,
+  load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaging>(tiles.s_k_ring, tiles.k, p.k_strides.row,
                                                                   cta.n_last, cta, p.k_strides.batch, &tiles.pages,
                                                                   page[0]);
   if constexpr (kFirstV) {
-    load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaged>(tiles.s_v_ring, tiles.v, p.v_strides.row,
+    load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaging>(tiles.s_v_ring, tiles.v, p.v_strides.row,
                                                                     cta.n_last, cta, p.v_strides.batch, &tiles.pages,
                                                                     page[0]);
   }
 #pragma unroll
   for (int ahead = 1; ahead < kStages; ++ahead) {
-    load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaged>(tiles.s_v_ring, tiles.v, p.v_strides.row,
+    load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaging>(tiles.s_v_ring, tiles.v, p.v_strides.row,
                                                                     cta.n_last + 1 - ahead, cta, p.v_strides.batch,
                                                                     &tiles.pages, page[ahead - 1]);
-    load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaged>(tiles.s_k_ring, tiles.k, p.k_strides.row,
+    load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaging>(tiles.s_k_ring, tiles.k, p.k_strides.row,
                                                                     cta.n_last - ahead, cta, p.k_strides.batch,
                                                                     &tiles.pages, page[ahead]);
   }
@@ -406,7 +413,7 @@ __device__ __forceinline__ void init_softmax(float (&row_max)[kStrips][2], float
 // kFirstV (fwd_prefetches_first_v): the prologue issued V(n_last) after Q and K(n_last); the first tile waits for
 // Q and K only and issues nothing.
 template <typename KvLayout, int kHeadDim, int kBlockN, int kThreads, int kStages, bool kFirstV,
-          bool kPaged = false, typename T>
+          KvPaging kPaging = KvPaging::kNone, typename T>
 __device__ __forceinline__ void await_k(const FwdParams& p, const FwdCta& cta, const FwdTiles<T>& tiles,
                                         const int& n) {
   if (kFirstV && n == cta.n_last) {
@@ -415,24 +422,24 @@ __device__ __forceinline__ void await_k(const FwdParams& p, const FwdCta& cta, c
     return;
   }
   int v_page = kNoPage;
-  if constexpr (kPaged) v_page = block_page<kBlockN>(tiles.pages, n + 1 - kStages, cta);
+  if constexpr (kPaging != KvPaging::kNone) v_page = block_page<kBlockN>(tiles.pages, n + 1 - kStages, cta);
   ptx::cp_async_wait<kYoungerGroups<kStages>>();
   __syncthreads();  // K(n) (and Q) landed; every warp is done with V(n+1), whose slot takes V(n + 1 - kStages)
-  load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaged>(tiles.s_v_ring, tiles.v, p.v_strides.row,
+  load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaging>(tiles.s_v_ring, tiles.v, p.v_strides.row,
                                                                   n + 1 - kStages, cta, p.v_strides.batch,
                                                                   &tiles.pages, v_page);
 }
 
 // Either right after S = Q K^T or after the softmax (fwd_waits_v_before_softmax): V(n) landed; every warp is
 // done with K(n), whose slot takes K(n - kStages).
-template <typename KvLayout, int kHeadDim, int kBlockN, int kThreads, int kStages, bool kPaged = false, typename T>
+template <typename KvLayout, int kHeadDim, int kBlockN, int kThreads, int kStages, KvPaging kPaging = KvPaging::kNone, typename T>
 __device__ __forceinline__ void await_v(const FwdParams& p, const FwdCta& cta, const FwdTiles<T>& tiles,
                                         const int& n) {
   int k_page = kNoPage;
-  if constexpr (kPaged) k_page = block_page<kBlockN>(tiles.pages, n - kStages, cta);
+  if constexpr (kPaging != KvPaging::kNone) k_page = block_page<kBlockN>(tiles.pages, n - kStages, cta);
   ptx::cp_async_wait<kYoungerGroups<kStages>>();
   __syncthreads();
-  load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaged>(tiles.s_k_ring, tiles.k, p.k_strides.row,
+  load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaging>(tiles.s_k_ring, tiles.k, p.k_strides.row,
                                                                   n - kStages, cta, p.k_strides.batch, &tiles.pages,
                                                                   k_page);
 }
@@ -816,8 +823,8 @@ __device__ __forceinline__ void load_prologue_tma(const FwdParams& p, const FwdC
 }
 
 // The forward of one CTA (kernels below). kTma: K and V arrive by TMA (fwd_loads_kv_by_tma), `maps` their tensor
-// maps; otherwise by cp.async and `maps` is unused. kPaged: K and V are a paged cache's (decode tiles only).
-template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind, bool kTma, bool kPaged = false>
+// maps; otherwise by cp.async and `maps` is unused. kPaging: K and V are a paged cache's (decode tiles only).
+template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind, bool kTma, KvPaging kPaging = KvPaging::kNone>
 __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& maps) {
   constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral, kKind);
   constexpr int kBlockM = kTile.block_m;
@@ -856,13 +863,13 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
   FwdCta cta = locate_cta<kMask, kBlockM>(p, blockIdx, gridDim.x);
   if (cta.m0 >= cta.seqlen_q) return;
   plan_key_tiles<kMask, kBlockM, kBlockN>(p, cta);
-  const FwdTiles<T> tiles = locate_tiles<kHeadDim, kBlockM, kBlockN, kStages, T, kPaged>(smem, p, cta);
+  const FwdTiles<T> tiles = locate_tiles<kHeadDim, kBlockM, kBlockN, kStages, T, kPaging>(smem, p, cta);
   TmaKvBarriers bars;
   if constexpr (kTma) {
     bars.init(smem + fwd_smem_bytes(kHeadDim, kGeneral, kKind, sizeof(T)));  // the barriers follow the tiles
     load_prologue_tma<kHeadDim, kBlockM, kBlockN, kThreads>(p, cta, tiles, maps, bars);
   } else {
-    load_prologue<KvLayout, kHeadDim, kBlockM, kBlockN, kThreads, kStages, kFirstV, kPaged>(p, cta, tiles);
+    load_prologue<KvLayout, kHeadDim, kBlockM, kBlockN, kThreads, kStages, kFirstV, kPaging>(p, cta, tiles);
   }
   const FwdScoreParams sp = read_score_params<kGeneral>(p, cta);
 
@@ -881,7 +888,7 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
         issue_kv_tile_tma<kHeadDim, kBlockN>(tiles.s_k_ring, maps.k, bars.k_full, cta, n - 1);
       }
     } else {
-      await_v<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaged>(p, cta, tiles, n);
+      await_v<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaging>(p, cta, tiles, n);
     }
   };
   for (int n = cta.n_last; n >= cta.n_first; --n) {
@@ -892,7 +899,7 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
       __syncthreads();  // every thread's Q copies landed; every warp is done with V(n + 1)'s slot
       if (cta.tid == 0) issue_kv_tile_tma<kHeadDim, kBlockN>(tiles.s_v_ring, maps.v, bars.v_full, cta, n);
     } else {
-      await_k<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kFirstV, kPaged>(p, cta, tiles, n);
+      await_k<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kFirstV, kPaging>(p, cta, tiles, n);
     }
     const T* s_k = tiles.s_k_ring + ring_slot<kStages>(n) * kBlockN * kStride;
     const T* s_v = tiles.s_v_ring + ring_slot<kStages>(n) * kBlockN * kStride;
@@ -950,12 +957,12 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
   store_output<kHeadDim, kStripStride, kStrips>(tiles.s_q, p, cta);
 }
 
-template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind, bool kPaged = false>
+template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind, KvPaging kPaging = KvPaging::kNone>
 __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).warps* kWarpSize)
     fwd_kernel(const FwdParams p) {
-  static_assert(!kPaged || kKind == FwdTileKind::kDecode || kKind == FwdTileKind::kDecodeCompact,
+  static_assert(kPaging == KvPaging::kNone || kKind == FwdTileKind::kDecode || kKind == FwdTileKind::kDecodeCompact,
                 "paged K / V: decode tiles only");
-  fwd_tile<T, kHeadDim, kMask, kGeneral, kKind, false, kPaged>(p, FwdKvMaps{});
+  fwd_tile<T, kHeadDim, kMask, kGeneral, kKind, false, kPaging>(p, FwdKvMaps{});
 }
 
 // The same with K and V by TMA (sm90+; fwd_loads_kv_by_tma), the launch asking for fwd_tma_smem_bytes.

@@ -147,21 +147,22 @@ void launch_dependent(Kernel kernel, dim3 grid, dim3 block, int smem_bytes, cuda
   (void)cudaLaunchKernelEx(&config, kernel, args...);
 }
 
-// kPaged: K and V are a paged cache (FwdParams::block_table), read by the cp.async decode kernels only.
-template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind, bool kPaged = false>
+// kPaging: K and V are a paged cache (FwdParams::block_table), read by the cp.async decode kernels only.
+template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind,
+          KvPaging kPaging = KvPaging::kNone>
 void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits limits,
                        const DeviceAttributes& device) {
   constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral, kKind);
   constexpr int kSmemBytes = fwd_smem_bytes(kHeadDim, kGeneral, kKind, sizeof(T));
   require_fwd_shared_memory(kSmemBytes, limits.per_block_optin, kHeadDim);
-  if constexpr (!kPaged && fwd_runs_persistent(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone)) {
+  if constexpr (kPaging == KvPaging::kNone && fwd_runs_persistent(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone)) {
     if (launch_fwd_persistent<T, kHeadDim>(params, stream, limits, device)) return;
   }
   constexpr bool kMasked = kMask != MaskKind::kNone;
-  if constexpr (!kPaged && fwd_loads_kv_by_tma(kHeadDim, kGeneral, kKind, kMasked)) {
+  if constexpr (kPaging == KvPaging::kNone && fwd_loads_kv_by_tma(kHeadDim, kGeneral, kKind, kMasked)) {
     if (launch_fwd_tma_kernel<T, kHeadDim, kMask, kKind>(params, stream, limits, device)) return;
   }
-  auto* kernel = fwd_kernel<T, kHeadDim, kMask, kGeneral, kKind, kPaged>;
+  auto* kernel = fwd_kernel<T, kHeadDim, kMask, kGeneral, kKind, kPaging>;
   // Above 48 KB of dynamic shared memory a kernel must opt in; once per instantiation and process.
   static const cudaError_t opt_in =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
@@ -219,16 +220,24 @@ void run_fwd(const FwdParams& params, void* stream_ptr) {
           "calls without softcap, ALiBi, bias or dropout, with pages of whole key blocks or of a power of two rows "
           "within one; this call should have been given gathered pages (a flash_attn bug: please report it)");
     }
+    const bool whole_blocks = params.page_size % block_n == 0;
     bool compact = false;
     if constexpr (kHasDecodeCompact) {
       compact = kind == FwdTileKind::kDecodeCompact;
-      if (compact) {
-        launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecodeCompact, true>(params, stream, limits,
-                                                                                        device);
+      if (compact && whole_blocks) {
+        launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecodeCompact, KvPaging::kBlocks>(
+            params, stream, limits, device);
+      } else if (compact) {
+        launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecodeCompact, KvPaging::kRows>(
+            params, stream, limits, device);
       }
     }
-    if (!compact) {
-      launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecode, true>(params, stream, limits, device);
+    if (!compact && whole_blocks) {
+      launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecode, KvPaging::kBlocks>(params, stream, limits,
+                                                                                           device);
+    } else if (!compact) {
+      launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecode, KvPaging::kRows>(params, stream, limits,
+                                                                                         device);
     }
   } else if (fwd_needs_general_kernel(params)) {
     launch_fwd_kernel<T, kHeadDim, kMask, true, FwdTileKind::kStandard>(params, stream, limits, device);
