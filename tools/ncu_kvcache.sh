@@ -23,7 +23,7 @@ short = {"gpu__time_duration.sum": "time", "launch__grid_size": "grid", "launch_
 cols = [c for c in head if c in short or "stalled" in c]
 name_col = head.index("Kernel Name")
 nvtx = [i for i, c in enumerate(head) if c.startswith("NVTX")]
-print("call | kernel | " + " | ".join(short.get(c, c.split("stalled_")[1].split("_per")[0]) for c in cols))
+print("call | kernel | " + " | ".join((short[c] if c in short else c.split("stalled_")[1].split("_per")[0]) for c in cols))
 for r in data:
     call = next((r[i] for i in nvtx if r[i]), "")
     values = [r[head.index(c)] + (" " + units[head.index(c)] if c == "gpu__time_duration.sum" else "") for c in cols]
