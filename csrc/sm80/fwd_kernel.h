@@ -113,6 +113,7 @@ struct FwdScoreParams {
   float softcap_log2;  // softcap log2(e)
   float log2e;
   float alibi_slope_log2;
+  bool score_mods;  // the lean kernel's softcap / ALiBi call (fwd_lean_runs_score_mods): transform_scores runs
   bool dropout;
   uint64_t seed;
   uint64_t rng_offset;
@@ -354,11 +355,14 @@ __device__ __forceinline__ void load_prologue(const FwdParams& p, const FwdCta& 
 // Reads the call's score, softmax and dropout constants (ALiBi slope of this head, dropout RNG state).
 // Softmax in the log2 domain: p = 2^(x * x_scale - m). The fast path keeps raw scores (x_scale folds the
 // softmax scale and log2(e) into one FFMA); the general path turns scores into log2-domain logits first.
-template <bool kGeneral>
+// kLeanMods: a lean kernel that runs softcap / ALiBi calls too (score_mods: their scores go through the general
+// transform, so x_scale is 1 for them).
+template <bool kGeneral, bool kLeanMods = false>
 __device__ __forceinline__ FwdScoreParams read_score_params(const FwdParams& p, const FwdCta& cta) {
   FwdScoreParams sp;
   const float scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
-  sp.x_scale = kGeneral ? 1.f : scale_log2;
+  sp.score_mods = kLeanMods && (p.softcap > 0.0 || p.mask.alibi_slopes != nullptr || !(p.softmax_scale > 0.0));
+  sp.x_scale = kGeneral || sp.score_mods ? 1.f : scale_log2;
   sp.scale_log2 = scale_log2;
   sp.tanh_scale = p.softcap > 0.0 ? static_cast<float>(p.softmax_scale / p.softcap) : 0.f;
   sp.softcap_log2 = static_cast<float>(p.softcap * kLog2e);
@@ -369,11 +373,13 @@ __device__ __forceinline__ FwdScoreParams read_score_params(const FwdParams& p, 
   sp.rng_offset = 0;
   sp.keep_threshold = 0;
   sp.inv_keep = 1.f;
-  if constexpr (kGeneral) {
+  if constexpr (kGeneral || kLeanMods) {
     sp.alibi_slope_log2 =
         p.mask.alibi_slopes != nullptr
             ? p.mask.alibi_slopes[cta.b * p.mask.alibi_batch_stride + cta.h] * static_cast<float>(kLog2e)
             : 0.f;
+  }
+  if constexpr (kGeneral) {
     sp.dropout = p.dropout.p > 0.0;
     if (sp.dropout) {
       sp.seed = static_cast<uint64_t>(p.dropout.rng_state[0]);
@@ -513,7 +519,8 @@ __device__ __forceinline__ void compute_scores(ptx::MmaC (&sc)[kStrips][kNTiles]
 // around each of the 64 scores of a tile) and the softcap / ALiBi work to predicated code interleaved with it: the
 // general kernel ran softcap and ALiBi at 132 against 383 TFLOP/s without them (H200, hd 128, 4k, sixteenth session).
 // ALiBi's distance is converted once per row and tile (exact while |distance| < 2^24), as in the Hopper kernels.
-template <int kStrips, int kNTiles>
+// kBias false: the lean kernel's form (its calls have no bias), without the bias loop's code.
+template <bool kBias = true, int kStrips, int kNTiles>
 __device__ __forceinline__ void transform_scores(ptx::MmaC (&sc)[kStrips][kNTiles], const int (&rows)[kStrips][2],
                                                  int n0, const FwdParams& p, const FwdCta& cta,
                                                  const FwdScoreParams& sp) {
@@ -553,7 +560,7 @@ __device__ __forceinline__ void transform_scores(ptx::MmaC (&sc)[kStrips][kNTile
       }
     }
   }
-  if (p.mask.bias != nullptr) {
+  if (kBias && p.mask.bias != nullptr) {
     const ScoreStrides& bs = p.mask.bias_strides;
 #pragma unroll
     for (int s = 0; s < kStrips; ++s) {
@@ -824,7 +831,9 @@ __device__ __forceinline__ void load_prologue_tma(const FwdParams& p, const FwdC
 
 // The forward of one CTA (kernels below). kTma: K and V arrive by TMA (fwd_loads_kv_by_tma), `maps` their tensor
 // maps; otherwise by cp.async and `maps` is unused. kPaging: K and V are a paged cache's (decode tiles only).
-template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind, bool kTma, KvPaging kPaging = KvPaging::kNone>
+// kLeanMods: the lean kernel's softcap / ALiBi instantiation (fwd_lean_runs_score_mods).
+template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind, bool kTma,
+          KvPaging kPaging = KvPaging::kNone, bool kLeanMods = false>
 __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& maps) {
   constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral, kKind);
   constexpr int kBlockM = kTile.block_m;
@@ -871,7 +880,10 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
   } else {
     load_prologue<KvLayout, kHeadDim, kBlockM, kBlockN, kThreads, kStages, kFirstV, kPaging>(p, cta, tiles);
   }
-  const FwdScoreParams sp = read_score_params<kGeneral>(p, cta);
+  static_assert(!kLeanMods || (!kGeneral && !kTma && kPaging == KvPaging::kNone &&
+                                (kKind == FwdTileKind::kStandard || kKind == FwdTileKind::kCompact)),
+                "score mods in the lean kernel: its standard and compact cp.async tiles only");
+  const FwdScoreParams sp = read_score_params<kGeneral, kLeanMods>(p, cta);
 
   int rows[kStrips][2];
   find_rows<kStripStride>(rows, cta);
@@ -912,7 +924,11 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
     ptx::MmaA a[kStrips];
     compute_scores<KvLayout, kHeadDim, kStripStride>(sc, a, tiles.s_q, s_k, cta.warp, cta.lane);
     if constexpr (kEarlyV) await_v_tile(n);
-    if constexpr (kGeneral) transform_scores(sc, rows, n0, p, cta, sp);
+    if constexpr (kGeneral) {
+      transform_scores(sc, rows, n0, p, cta, sp);
+    } else if constexpr (kLeanMods) {
+      if (sp.score_mods) transform_scores<false>(sc, rows, n0, p, cta, sp);
+    }
 
     // Mask only the tiles some row of this CTA cannot fully see: scores of keys past seqlen_k or outside the
     // window become -inf. Written here rather than as a function: every function form tried (test and masking
@@ -957,12 +973,13 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
   store_output<kHeadDim, kStripStride, kStrips>(tiles.s_q, p, cta);
 }
 
-template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind, KvPaging kPaging = KvPaging::kNone>
+template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind,
+          KvPaging kPaging = KvPaging::kNone, bool kLeanMods = false>
 __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).warps* kWarpSize)
     fwd_kernel(const FwdParams p) {
   static_assert(kPaging == KvPaging::kNone || kKind == FwdTileKind::kDecode || kKind == FwdTileKind::kDecodeCompact,
                 "paged K / V: decode tiles only");
-  fwd_tile<T, kHeadDim, kMask, kGeneral, kKind, false, kPaging>(p, FwdKvMaps{});
+  fwd_tile<T, kHeadDim, kMask, kGeneral, kKind, false, kPaging, kLeanMods>(p, FwdKvMaps{});
 }
 
 // The same with K and V by TMA (sm90+; fwd_loads_kv_by_tma), the launch asking for fwd_tma_smem_bytes.

@@ -23,6 +23,12 @@ inline bool fwd_needs_general_kernel(const FwdParams& p) {
          !(p.softmax_scale > 0.0);
 }
 
+// A call of the general kernel's whose only features are softcap, ALiBi or a non-positive scale: the lean kernel's
+// standard tile runs it where fwd_lean_runs_score_mods(head dim) says so.
+inline bool fwd_lean_takes_call(const FwdParams& p, int head_dim_bucket) {
+  return fwd_lean_runs_score_mods(head_dim_bucket) && p.mask.bias == nullptr && !(p.dropout.p > 0.0);
+}
+
 // Fails where even the smallest tile does not fit: only under a kFwdSmemLimitEnv below every GPU's (every sm80+
 // GPU has at least the 99 KB the compact and decode-compact tiles need).
 inline void require_fwd_shared_memory(int needed_bytes, int available_bytes, int head_dim_bucket) {
@@ -147,22 +153,25 @@ void launch_dependent(Kernel kernel, dim3 grid, dim3 block, int smem_bytes, cuda
   (void)cudaLaunchKernelEx(&config, kernel, args...);
 }
 
-// kPaging: K and V are a paged cache (FwdParams::block_table), read by the cp.async decode kernels only.
+// kPaging: K and V are a paged cache (FwdParams::block_table), read by the cp.async decode kernels only. kScoreMods:
+// a softcap / ALiBi call of the lean kernel (fwd_lean_takes_call): its own cp.async instantiation, so the plain
+// calls' kernels stay as they are.
 template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind,
-          KvPaging kPaging = KvPaging::kNone>
+          KvPaging kPaging = KvPaging::kNone, bool kScoreMods = false>
 void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits limits,
                        const DeviceAttributes& device) {
   constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral, kKind);
   constexpr int kSmemBytes = fwd_smem_bytes(kHeadDim, kGeneral, kKind, sizeof(T));
   require_fwd_shared_memory(kSmemBytes, limits.per_block_optin, kHeadDim);
-  if constexpr (kPaging == KvPaging::kNone && fwd_runs_persistent(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone)) {
+  constexpr bool kDense = kPaging == KvPaging::kNone && !kScoreMods;
+  if constexpr (kDense && fwd_runs_persistent(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone)) {
     if (launch_fwd_persistent<T, kHeadDim>(params, stream, limits, device)) return;
   }
   constexpr bool kMasked = kMask != MaskKind::kNone;
-  if constexpr (kPaging == KvPaging::kNone && fwd_loads_kv_by_tma(kHeadDim, kGeneral, kKind, kMasked)) {
+  if constexpr (kDense && fwd_loads_kv_by_tma(kHeadDim, kGeneral, kKind, kMasked)) {
     if (launch_fwd_tma_kernel<T, kHeadDim, kMask, kKind>(params, stream, limits, device)) return;
   }
-  auto* kernel = fwd_kernel<T, kHeadDim, kMask, kGeneral, kKind, kPaging>;
+  auto* kernel = fwd_kernel<T, kHeadDim, kMask, kGeneral, kKind, kPaging, kScoreMods>;
   // Above 48 KB of dynamic shared memory a kernel must opt in; once per instantiation and process.
   static const cudaError_t opt_in =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
@@ -238,6 +247,24 @@ void run_fwd(const FwdParams& params, void* stream_ptr) {
     } else if (!compact) {
       launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecode, KvPaging::kRows>(params, stream, limits,
                                                                                          device);
+    }
+  } else if (fwd_needs_general_kernel(params) && fwd_lean_takes_call(params, kHeadDim)) {
+    if constexpr (fwd_lean_runs_score_mods(kHeadDim)) {
+      constexpr bool kMasked = kMask != MaskKind::kNone;
+      const FwdTileKind kind = fwd_tile_kind(kHeadDim, false, params.shape.seqlen_q, params.shape.seqlen_k, kMasked,
+                                             limits);
+      bool compact = false;
+      if constexpr (kHasCompact) {
+        compact = kind == FwdTileKind::kCompact;
+        if (compact) {
+          launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kCompact, KvPaging::kNone, true>(params, stream,
+                                                                                                    limits, device);
+        }
+      }
+      if (!compact) {  // the decode tiles run no score mods: their calls take the standard tile, as the general's do
+        launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kStandard, KvPaging::kNone, true>(params, stream,
+                                                                                                   limits, device);
+      }
     }
   } else if (fwd_needs_general_kernel(params)) {
     launch_fwd_kernel<T, kHeadDim, kMask, true, FwdTileKind::kStandard>(params, stream, limits, device);

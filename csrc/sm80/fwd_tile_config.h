@@ -215,6 +215,18 @@ FLASH_HOST_DEVICE constexpr FwdTileConfig fwd_tile_config(int head_dim, bool gen
                                       : fwd_wide_tile_config(head_dim, general, kind);
 }
 
+// Whether a lean kernel's instantiation (the standard and compact cp.async tiles) runs softcap and ALiBi calls (no
+// bias, no dropout), each feature one uniform branch per tile, instead of the general kernel: that one takes 8 warps of one
+// 16-row strip at head dims 65-128 (every K / V fragment read from shared memory feeds one MMA, not two) and one CTA
+// per SM, and ran softcap / ALiBi at 132 TFLOP/s against the lean kernel's 383 (H200, hd 128 4k, sixteenth
+// session); two K / V stages did not lift it (twentieth session). Written and compiled, not yet timed: off until an
+// A/B shows it ahead at every head dim.
+constexpr bool kLeanRunsScoreMods = false;
+FLASH_HOST_DEVICE constexpr bool fwd_lean_runs_score_mods(int head_dim) {
+  (void)head_dim;
+  return kLeanRunsScoreMods;
+}
+
 // Whether a call takes the decode tile (fast kernel only; calls with per-element features keep the general one).
 FLASH_HOST_DEVICE constexpr bool fwd_uses_decode_tile(long long seqlen_q, bool general) {
   return !general && seqlen_q <= kDecodeMaxRows;
