@@ -92,6 +92,13 @@ struct KvPages {
   int num_pages;
 };
 
+// Pages smaller than a key block (kPagedIndexByLanes): looked up once per tile, a lane per page, and handed to the
+// chunks' threads by shuffles (load_small_pages_by_lanes) instead of a table load and clamp per chunk. SASS (hd 128
+// decode, sm_90a, hottest loop): 1,742 instructions per tile (556 IMAD, 32 LDG, 25 BSSY) -> 1,344 (2 LDG, 36 SHFL),
+// the dense kernel's 664; ncu: page 16 ran 34.8 us against 12.9 dense at 1 x 8k (twentieth session). Written and
+// compiled, not yet run: off until an A/B.
+constexpr bool kPagedIndexByLanes = false;
+
 template <typename T>
 struct FwdTiles {
   T* s_q;
@@ -276,6 +283,39 @@ __device__ __forceinline__ void load_small_pages_async(T* smem, const T* base, i
   }
 }
 
+// load_small_pages_async with the tile's pages looked up once (kPagedIndexByLanes): lane j of each warp reads the
+// table entry of the tile's page j (kRows / page_size <= 32 pages: page_size divides kRows <= 32), clamped, and each
+// chunk's thread takes its row's page by a shuffle. Same chunks, rows and zero-fill as load_small_pages_async.
+template <int kRows, int kHeadDim, int kThreads, typename Layout, typename T>
+__device__ __forceinline__ void load_small_pages_by_lanes(T* smem, const T* base, int64_t row_stride,
+                                                          int64_t page_stride, const KvPages& pages, int row0,
+                                                          int rows_valid, int head_dim, int tid) {
+  static_assert(kRows <= kWarpSize && kThreads % kWarpSize == 0, "a lane per page of the tile");
+  constexpr int kChunksPerRow = kHeadDim / kChunkElems;
+  constexpr int kChunks = kRows * kChunksPerRow;
+  constexpr int kIters = (kChunks + kThreads - 1) / kThreads;
+  const int lane = tid % kWarpSize;
+  const int shift = pages.page_shift;
+  int lane_page = 0;
+  if (lane < (kRows >> shift) && (lane << shift) < rows_valid) {
+    lane_page = min(max(pages.table[(row0 >> shift) + lane], 0), pages.num_pages - 1);
+  }
+  const int row_mask = pages.page_size - 1;
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int c = tid + i * kThreads;
+    const int row = min(c / kChunksPerRow, kRows - 1);
+    const int page = __shfl_sync(0xffffffffu, lane_page, row >> shift);
+    if (kChunks % kThreads == 0 || c < kChunks) {
+      const int col = (c % kChunksPerRow) * kChunkElems;
+      const bool valid = row < rows_valid && col < head_dim;
+      const int64_t in_page = (row0 + row) & row_mask;
+      const T* src = valid ? base + page * page_stride + in_page * row_stride + col : base;
+      ptx::cp_async_16(smem + Layout::offset(row, col), src, valid);
+    }
+  }
+}
+
 // Issues the cp.async loads of key block n of K or V (rows at base) into its slot of `ring`. Each load commits
 // one cp.async group, empty when the block is outside the range, so the wait counts below hold at the end of the
 // range too. kPaging (page_stride elements between pages): kBlocks, a block within one page loads as a dense one
@@ -295,8 +335,14 @@ __device__ __forceinline__ void load_kv(T* ring, const T* base, int64_t row_stri
         load_tile_async<kBlockN, kHeadDim, kThreads, KvLayout>(slot, block, row_stride, cta.seqlen_k - n0,
                                                                cta.head_dim, cta.tid);
       } else {
-        load_small_pages_async<kBlockN, kHeadDim, kThreads, KvLayout>(slot, base, row_stride, page_stride, *pages, n0,
-                                                                      cta.seqlen_k - n0, cta.head_dim, cta.tid);
+        if constexpr (kPagedIndexByLanes) {
+          load_small_pages_by_lanes<kBlockN, kHeadDim, kThreads, KvLayout>(slot, base, row_stride, page_stride,
+                                                                           *pages, n0, cta.seqlen_k - n0,
+                                                                           cta.head_dim, cta.tid);
+        } else {
+          load_small_pages_async<kBlockN, kHeadDim, kThreads, KvLayout>(slot, base, row_stride, page_stride, *pages,
+                                                                        n0, cta.seqlen_k - n0, cta.head_dim, cta.tid);
+        }
       }
     } else {
       (void)page_stride;
