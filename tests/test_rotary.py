@@ -94,6 +94,26 @@ def test_apply_rotary_emb(offsets, rotary_dim, interleaved, device):
         _close(dx, dref, dtype)
 
 
+# The CUDA kernel moves rows in 16-byte vectors where a row allows them and element by element otherwise: a rotary_dim
+# that is no multiple of a vector pair (20), and x starting one element past an aligned address (a view into a
+# wider tensor), take the element loop; the same call in place too.
+@pytest.mark.parametrize("case", ["vectors", "odd_rotary_dim", "misaligned"])
+@pytest.mark.parametrize("interleaved", [False, True], ids=["neox", "gptj"])
+def test_rotary_row_forms(case, interleaved, device):
+    for dtype in _dtypes(device):
+        b, s, h, d = 2, 5, 3, 64
+        rotary_dim = 20 if case == "odd_rotary_dim" else 32
+        wide = randn(b, s, h, d + 8, dtype=dtype, device=device)
+        x = wide[..., 1:d + 1] if case == "misaligned" else wide[..., :d]
+        cos, sin = _tables(16, rotary_dim, dtype, device)
+        offsets = torch.tensor([3, 9], device=device, dtype=torch.int32)  # rows past the 16-row table: unrotated
+        ref = _rotate_ref(x, cos, sin, _positions(b, s, offsets, device), interleaved)
+        _close(apply_rotary_emb(x, cos, sin, interleaved=interleaved, seqlen_offsets=offsets), ref, dtype)
+        inplace = x.clone() if case != "misaligned" else x
+        apply_rotary_emb(inplace, cos, sin, interleaved=interleaved, seqlen_offsets=offsets, inplace=True)
+        _close(inplace, ref, dtype)
+
+
 def test_gradcheck_float64_cpu():
     x = torch.randn(2, 5, 3, 16, dtype=torch.float64, requires_grad=True)
     cos, sin = _tables(9, 12, torch.float64, "cpu")
