@@ -32,7 +32,6 @@ struct HeadRow {
 constexpr int kRotateUnroll = 4;
 constexpr int kVectorBytes = 16;
 
-template <typename T>
 __device__ __forceinline__ bool aligned_to(const void* ptr, int bytes) {
   return (reinterpret_cast<uintptr_t>(ptr) & static_cast<uintptr_t>(bytes - 1)) == 0;
 }
@@ -44,13 +43,12 @@ __device__ __forceinline__ bool row_takes_vectors(const HeadRow<T>& row, int hea
   const int rotary_group = interleaved ? kV : 2 * kV;
   const int table_bytes = interleaved ? kVectorBytes / 2 : kVectorBytes;
   return head_dim % kV == 0 && row.rotary_dim % rotary_group == 0 && row.src_head % kV == 0 &&
-         row.dst_head % kV == 0 && aligned_to<T>(row.src, kVectorBytes) && aligned_to<T>(row.dst, kVectorBytes) &&
-         (row.cos == nullptr || (aligned_to<T>(row.cos, table_bytes) && aligned_to<T>(row.sin, table_bytes)));
+         row.dst_head % kV == 0 && aligned_to(row.src, kVectorBytes) && aligned_to(row.dst, kVectorBytes) &&
+         (row.cos == nullptr || (aligned_to(row.cos, table_bytes) && aligned_to(row.sin, table_bytes)));
 }
 
 // Vector units of a row's head: rotary units (a chunk when interleaved, a chunk and its partner rotary_dim / 2 later
 // otherwise), then the copied chunks past rotary_dim.
-template <typename T>
 struct RowUnits {
   int rotary = 0;
   int per_head = 0;
@@ -58,9 +56,9 @@ struct RowUnits {
 };
 
 template <typename T>
-__device__ __forceinline__ RowUnits<T> row_units(const HeadRow<T>& row, int head_dim, bool interleaved) {
+__device__ __forceinline__ RowUnits row_units(const HeadRow<T>& row, int head_dim, bool interleaved) {
   constexpr int kV = kVectorBytes / sizeof(T);
-  RowUnits<T> u;
+  RowUnits u;
   u.rotary = interleaved ? row.rotary_dim / kV : row.rotary_dim / (2 * kV);
   const int rest = row.copy_rest ? (head_dim - row.rotary_dim) / kV : 0;
   u.per_head = u.rotary + rest;
@@ -74,7 +72,7 @@ struct UnitData {
 };
 
 template <bool kInterleaved, typename T>
-__device__ __forceinline__ void load_unit(const HeadRow<T>& row, const RowUnits<T>& u, int index, int& h, int& col,
+__device__ __forceinline__ void load_unit(const HeadRow<T>& row, const RowUnits& u, int index, int& h, int& col,
                                           bool& rotary, UnitData& d) {
   constexpr int kV = kVectorBytes / sizeof(T);
   h = index / u.per_head;
@@ -162,8 +160,8 @@ __device__ __forceinline__ void rotate_row_elements(const HeadRow<T>& row, int h
 template <int kThreads, bool kInterleaved, typename T>
 __device__ __forceinline__ void rotate_row_vectors(const HeadRow<T>& a, const HeadRow<T>& b, int head_dim,
                                                    bool conjugate) {
-  const RowUnits<T> ua = row_units(a, head_dim, kInterleaved);
-  const RowUnits<T> ub = b.nheads > 0 ? row_units(b, head_dim, kInterleaved) : RowUnits<T>{};
+  const RowUnits ua = row_units(a, head_dim, kInterleaved);
+  const RowUnits ub = b.nheads > 0 ? row_units(b, head_dim, kInterleaved) : RowUnits{};
   const int total = ua.total + ub.total;
   for (int base = static_cast<int>(threadIdx.x); base < total; base += kThreads * kRotateUnroll) {
     UnitData d[kRotateUnroll];
