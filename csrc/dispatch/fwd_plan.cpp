@@ -97,9 +97,9 @@ bool fwd_reads_pages(FwdParams p, sm80::SmemLimits smem) {
   const int block_n = sm80::fwd_tile_config(head_dim_bucket(p), false, kind).block_n;
   if (p.page_size % block_n == 0) return true;
   // Pages smaller than a key block (a power of two dividing it: 1 ... 16, vLLM's default block is 16) are read row
-  // by row with shifts and masks (sm80/fwd_kernel.h load_small_pages_async). Page 16 in place against gathered,
-  // H200, bf16, GQA 32/8, hd 128, us from a CUDA graph (twentieth session): batch 16 x 8k 275 against 435, 1 x 8k 49
-  // against 46 (contiguous: 140, 21). Other sizes gather.
+  // by row with shifts and masks, a tile's pages looked up by lanes (sm80/fwd_kernel.h). Page 16 in place against
+  // gathered, H200, bf16, GQA 32/8, hd 128, us from a CUDA graph: batch 16 x 8k 275 against 435, 1 x 8k 49 against 46
+  // (twentieth session); with the lanes' lookups 212 and 23.6 (contiguous: 139, 20.4). Other sizes gather.
   return block_n % p.page_size == 0;
 }
 

@@ -95,9 +95,10 @@ struct KvPages {
 // Pages smaller than a key block (kPagedIndexByLanes): looked up once per tile, a lane per page, and handed to the
 // chunks' threads by shuffles (load_small_pages_by_lanes) instead of a table load and clamp per chunk. SASS (hd 128
 // decode, sm_90a, hottest loop): 1,742 instructions per tile (556 IMAD, 32 LDG, 25 BSSY) -> 1,344 (2 LDG, 36 SHFL),
-// the dense kernel's 664; ncu: page 16 ran 34.8 us against 12.9 dense at 1 x 8k (twentieth session). Written and
-// compiled, not yet run: off until an A/B.
-constexpr bool kPagedIndexByLanes = false;
+// the dense kernel's 664. Page 16 against the per-chunk lookups, H200, bf16, GQA 32/8, hd 128, us from a CUDA graph,
+// best of 3 interleaved rounds (twenty-first session): 1 x 8k 37.9 -> 23.6, 16 x 8k 238.5 -> 211.8, 64 x 4k 426 -> 402
+// (contiguous 20.4 / 138.7 / 255).
+constexpr bool kPagedIndexByLanes = true;
 
 template <typename T>
 struct FwdTiles {

@@ -219,9 +219,11 @@ FLASH_HOST_DEVICE constexpr FwdTileConfig fwd_tile_config(int head_dim, bool gen
 // bias, no dropout), each feature one uniform branch per tile, instead of the general kernel: that one takes 8 warps of one
 // 16-row strip at head dims 65-128 (every K / V fragment read from shared memory feeds one MMA, not two) and one CTA
 // per SM, and ran softcap / ALiBi at 132 TFLOP/s against the lean kernel's 383 (H200, hd 128 4k, sixteenth
-// session); two K / V stages did not lift it (twentieth session). Written and compiled, not yet timed: off until an
-// A/B shows it ahead at every head dim.
-constexpr bool kLeanRunsScoreMods = false;
+// session); two K / V stages did not lift it (twentieth session). Lean against general, H200, bf16, portable path,
+// best of 2 interleaved rounds, 2k / 8k TFLOP/s (twenty-first session): softcap hd 128 204 / 211 -> 308 / 322 (the
+// same call without softcap: 369 / 382), causal 179 / 201 -> 243 / 276; hd 64 +12-17 %; hd 256 +6-11 %; ALiBi hd 128
+// 220 / 226 -> 328 / 343, hd 64 +4-14 %, hd 256 +8-13 %.
+constexpr bool kLeanRunsScoreMods = true;
 FLASH_HOST_DEVICE constexpr bool fwd_lean_runs_score_mods(int head_dim) {
   (void)head_dim;
   return kLeanRunsScoreMods;
