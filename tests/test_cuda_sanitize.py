@@ -38,7 +38,8 @@ def _run_dense(shape, backward, **kwargs):
     out = flash_attn_func(q, k, v, **kwargs)
     grads = torch.autograd.grad(out, (q, k, v), dout) if backward else None
     inputs = tuple(t.detach().cpu() for t in (q, k, v))
-    truth, naive = reference_pair(functools.partial(attention_ref, **kwargs), inputs,
+    ref_kwargs = {key: (val.cpu() if torch.is_tensor(val) else val) for key, val in kwargs.items()}
+    truth, naive = reference_pair(functools.partial(attention_ref, **ref_kwargs), inputs,
                                   None if dout is None else dout.cpu())
     check_output_and_grads(out.cpu(), None if grads is None else [g.cpu() for g in grads], truth, naive)
 
@@ -124,6 +125,15 @@ def test_window_softcap(direction):
 
 
 @pytest.mark.parametrize("direction", list(DIRECTIONS))
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_alibi_softcap(head_dim, direction):
+    """Softcap and ALiBi without bias or dropout: the lean forward's and the plain backward's score-mods
+    instantiations on the portable path (fwd_lean_runs_score_mods, bwd_plain_runs_score_mods), causal, odd lengths."""
+    slopes = torch.rand(4, device="cuda") * 0.5 + 0.05
+    _run_dense((1, 131, 150, 4, 2, head_dim), DIRECTIONS[direction], causal=True, softcap=7.0, alibi_slopes=slopes)
+
+
+@pytest.mark.parametrize("direction", list(DIRECTIONS))
 def test_dropout_runs_clean(direction):
     backward = DIRECTIONS[direction]
     _require(64, backward)
@@ -200,8 +210,8 @@ def test_malformed_cache_indices_unchecked(monkeypatch):
 @pytest.mark.parametrize("page_size", [16, 64])
 def test_malformed_block_table_unchecked(page_size, monkeypatch):
     """Pages past the pool, negative pages and lengths past a sequence's pages, with the host checks off: the append
-    and the attention clamp every page they write or read (pages of 64 rows are read in place by the decode kernel,
-    pages of 16 gathered by the op)."""
+    and the attention clamp every page they write or read (the decode kernel reads pages of 64 rows as whole key
+    blocks and pages of 16 row by row, a tile's pages looked up by lanes)."""
     _require(64, False)
     monkeypatch.setenv("FLASH_ATTN_CHECK_DEVICE_VALUES", "0")
     k_pool, v_pool = (randn(6, page_size, 2, 64, dtype=DTYPE, device="cuda") for _ in range(2))

@@ -199,6 +199,21 @@ __host__ __device__ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool f
   return tiles == BwdTiles::kFull ? bwd_full_tile_config(head_dim, features) : bwd_compact_tile_config(head_dim);
 }
 
+// Whether softcap / ALiBi calls (no bias, dropout or dbias) run in an instantiation of the plain kernel (its tiles,
+// swizzled Q / dO, staged dQ; the scores' transform one uniform branch per block) instead of the feature kernel, whose
+// tiles leave room for the bias, dropout and dbias state (hd 128: 32 x 64 against the plain 64 x 128). The element
+// loop keeps tanh's value only until its derivative is taken, so the plain tiles' registers hold. The feature kernel
+// ran softcap / ALiBi at 117 / 124 TFLOP/s against the plain call's 314 (H200, hd 128, 4k, sixteenth session); the
+// forward's counterpart (fwd_lean_runs_score_mods) gained 1.1-1.5x. ptxas (sm_90a, bf16, full tiles, spill stores /
+// loads in bytes, plain -> score mods): hd 64 14 / 24 -> 246 / 288 (its 128-row tile; the feature kernel's 64-row one
+// spills 0), hd 128 10 / 8 -> 62 / 84 (causal 20 / 40 -> 82 / 160), hd 256 10 / 8 -> 4 / 4. Not yet timed: off
+// until an A/B.
+constexpr bool kBwdPlainRunsScoreMods = false;
+__host__ __device__ constexpr bool bwd_plain_runs_score_mods(int head_dim) {
+  (void)head_dim;
+  return kBwdPlainRunsScoreMods;
+}
+
 // Where one batch entry's rows start and how long its sequences are (varlen: from cu_seqlens, clamped by varlen_rows).
 struct SeqInfo {
   int64_t q_row0;

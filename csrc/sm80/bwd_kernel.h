@@ -114,12 +114,15 @@ struct BwdSmem {
 // kFeatures: softcap, ALiBi, bias, dropout or dbias may be on. The plain instantiation drops their code:
 // measured with ptxas on hd128 causal, the general code path spills 292 bytes, the plain one 74.
 // kTiles: the tile set (bwd_common.h); the launcher picks the one the device's shared memory allows.
+// kScoreMods: the plain instantiation that also runs softcap and ALiBi (bwd_plain_runs_score_mods): the plain tiles,
+// no bias, dropout or dbias code.
 // dq_map: the dq accumulator's tensor map, for kernels that stage dQ (bwd_stages_dq) in calls that are not
 // deterministic. Compiled for sm90 those kernels add dQ only through it (the launcher runs the feature kernel where
 // it has no map); every other kernel, and every kernel below sm90, reduces from registers.
-template <typename T, int kHeadDim, MaskKind kMask, bool kFeatures, BwdTiles kTiles>
+template <typename T, int kHeadDim, MaskKind kMask, bool kFeatures, BwdTiles kTiles, bool kScoreMods = false>
 __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles>::kCfg.threads(), 1)
     bwd_kernel(const BwdParams bp, const __grid_constant__ TensorMapArg dq_map) {
+  static_assert(!(kFeatures && kScoreMods), "the score-mods instantiation is a plain one");
   using Smem = BwdSmem<kHeadDim, kMask, kFeatures, kTiles>;
   constexpr BwdTileConfig kCfg = Smem::kCfg;
   constexpr int kWarps = kCfg.warps;
@@ -235,9 +238,10 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles>::k
   const float scale = static_cast<float>(p.softmax_scale);
   const float scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
   const float softcap = static_cast<float>(p.softcap);
-  const bool has_softcap = kFeatures && p.softcap > 0.0;
+  constexpr bool kModScores = kFeatures || kScoreMods;
+  const bool has_softcap = kModScores && p.softcap > 0.0;
   const float scale_over_cap = has_softcap ? static_cast<float>(p.softmax_scale / p.softcap) : 0.f;
-  const bool has_alibi = kFeatures && p.mask.alibi_slopes != nullptr;
+  const bool has_alibi = kModScores && p.mask.alibi_slopes != nullptr;
   const bool has_bias = kFeatures && p.mask.bias != nullptr;
   const bool write_dbias = kFeatures && bp.dbias != nullptr;
   const bool plain_scores = !has_softcap && !has_alibi && !has_bias;

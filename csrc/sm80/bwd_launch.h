@@ -57,11 +57,11 @@ inline bool device_reduces_in_bulk() {
   return device_attributes(device).code_arch >= kBulkReduceMinCodeArch;
 }
 
-template <typename T, int kHeadDim, MaskKind kMask, bool kFeatures, bwd::BwdTiles kTiles>
+template <typename T, int kHeadDim, MaskKind kMask, bool kFeatures, bwd::BwdTiles kTiles, bool kScoreMods = false>
 void launch_main(const dim3& grid, const BwdParams& params, const TensorMapArg& dq_map, int smem_bytes,
                  cudaStream_t stream) {
   using Smem = bwd::BwdSmem<kHeadDim, kMask, kFeatures, kTiles>;
-  constexpr auto kKernel = bwd::bwd_kernel<T, kHeadDim, kMask, kFeatures, kTiles>;
+  constexpr auto kKernel = bwd::bwd_kernel<T, kHeadDim, kMask, kFeatures, kTiles, kScoreMods>;
   // Raising the dynamic shared-memory cap is a function attribute, not a stream operation (graph-safe).
   static const cudaError_t attribute_set =
       cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
@@ -91,11 +91,12 @@ inline void require_bwd_shared_memory(int needed_bytes, int available_bytes, int
                  ". Run the backward on another GPU (sm80 or newer), or on CPU tensors."));
 }
 
-// Which main kernel a call runs within one tile set: the plain or the feature kernel, the dq accumulator map of a
-// plain kernel that stages dQ, its shared memory, and the dq accumulator layout it adds in (the preprocess zeroes and
-// the dq conversion reads that one).
+// Which main kernel a call runs within one tile set: the plain or the feature kernel (score_mods: the plain kernel's
+// softcap / ALiBi instantiation), the dq accumulator map of a plain kernel that stages dQ, its shared memory, and the
+// dq accumulator layout it adds in (the preprocess zeroes and the dq conversion reads that one).
 struct BwdMainChoice {
   bool plain;
+  bool score_mods;
   TensorMapArg map;
   int smem_bytes;
   DqLayout layout;
@@ -108,9 +109,22 @@ inline bool bwd_call_has_features(const BwdParams& params) {
          params.dbias != nullptr;
 }
 
+// Whether a call with features has only softcap / ALiBi, which the plain kernel's score-mods instantiation runs where
+// bwd::bwd_plain_runs_score_mods(head dim) says so.
+inline bool bwd_plain_takes_features(const BwdParams& params, int head_dim_bucket) {
+  const FwdParams& p = params.fwd;
+  return bwd::bwd_plain_runs_score_mods(head_dim_bucket) && p.mask.bias == nullptr && !(p.dropout.p > 0.0) &&
+         params.dbias == nullptr;
+}
+
+// Whether a call runs the feature kernel rather than one of the plain kernel's instantiations.
+inline bool bwd_needs_feature_kernel(const BwdParams& params, int head_dim_bucket) {
+  return bwd_call_has_features(params) && !bwd_plain_takes_features(params, head_dim_bucket);
+}
+
 template <typename T, int kHeadDim, MaskKind kMask, bwd::BwdTiles kTiles>
 BwdMainChoice choose_main(const BwdParams& params, int smem_limit) {
-  const bool features = bwd_call_has_features(params);
+  const bool features = bwd_needs_feature_kernel(params, kHeadDim);
   // Where the plain kernel needs more shared memory than the feature kernel (full tiles, 128-row blocks at
   // head dim <= 64: 178 KB, above the 163 KB of an A100), devices without it run the feature kernel, which is
   // also correct for plain calls.
@@ -122,11 +136,12 @@ BwdMainChoice choose_main(const BwdParams& params, int smem_limit) {
   const bool plain_fits = plain_smem <= feature_smem || plain_smem <= smem_limit;
   // A plain kernel that stages dQ on an sm90 device needs the accumulator's map in calls that are not
   // deterministic; without one (a driver without the encoder, a row count past int) the feature kernel runs the call.
-  BwdMainChoice choice{!features && plain_fits, TensorMapArg{}, 0, DqLayout::kRows};
+  BwdMainChoice choice{!features && plain_fits, false, TensorMapArg{}, 0, DqLayout::kRows};
   if (choice.plain && PlainSmem::kStagesDq && bulk_device && !params.deterministic) {
     choice.map = dq_accumulator_map<kHeadDim, kMask, false, kTiles>(params);
     choice.plain = choice.map.enabled;
   }
+  choice.score_mods = choice.plain && bwd_call_has_features(params);
   choice.smem_bytes = choice.plain ? plain_smem : feature_smem;
   choice.layout = bwd::bwd_dq_layout(kHeadDim, kMask, !choice.plain, kTiles);
   return choice;
@@ -145,7 +160,12 @@ void launch_main_tiles(const BwdParams& params, const BwdMainChoice& choice, cud
   const int64_t ctas_x = params.deterministic ? std::min(params.dq_splits, key_blocks) : key_blocks;
   const dim3 grid(static_cast<unsigned>(ctas_x), static_cast<unsigned>(shape.nheads_k),
                   static_cast<unsigned>(shape.batch));
-  if (choice.plain) {
+  if (choice.score_mods) {
+    // Instantiated only where the policy can pick it (choose_main sets score_mods only then).
+    if constexpr (bwd::bwd_plain_runs_score_mods(kHeadDim)) {
+      launch_main<T, kHeadDim, kMask, false, kTiles, true>(grid, params, choice.map, choice.smem_bytes, stream);
+    }
+  } else if (choice.plain) {
     launch_main<T, kHeadDim, kMask, false, kTiles>(grid, params, choice.map, choice.smem_bytes, stream);
   } else {
     launch_main<T, kHeadDim, kMask, true, kTiles>(grid, params, TensorMapArg{}, choice.smem_bytes, stream);
@@ -167,7 +187,7 @@ void run_bwd(const BwdParams& params, void* stream) {
   constexpr bool kFeatureKernelTakesPlainCalls =
       bwd::bwd_tile_config(kHeadDim, false, BwdTiles::kFull).block_n ==
       bwd::bwd_tile_config(kHeadDim, true, BwdTiles::kFull).block_n;
-  const int full_smem = bwd_call_has_features(params) ? kFeatureFullSmem
+  const int full_smem = bwd_needs_feature_kernel(params, kHeadDim) ? kFeatureFullSmem
                         : kFeatureKernelTakesPlainCalls ? std::min(kPlainFullSmem, kFeatureFullSmem)
                                                         : kPlainFullSmem;
   constexpr int kCompactSmem = std::max(bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kCompact>::template bytes<T>(),
