@@ -206,9 +206,12 @@ __host__ __device__ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool f
 // ran softcap / ALiBi at 117 / 124 TFLOP/s against the plain call's 314 (H200, hd 128, 4k, sixteenth session); the
 // forward's counterpart (fwd_lean_runs_score_mods) gained 1.1-1.5x. ptxas (sm_90a, bf16, full tiles, spill stores /
 // loads in bytes, plain -> score mods): hd 64 14 / 24 -> 246 / 288 (its 128-row tile; the feature kernel's 64-row one
-// spills 0), hd 128 10 / 8 -> 62 / 84 (causal 20 / 40 -> 82 / 160), hd 256 10 / 8 -> 4 / 4. Not yet timed: off
-// until an A/B.
-constexpr bool kBwdPlainRunsScoreMods = false;
+// spills 0), hd 128 10 / 8 -> 62 / 84 (causal 20 / 40 -> 82 / 160), hd 256 10 / 8 -> 4 / 4. Measured on the H200
+// (bf16, 4k, portable backward, best of 2 interleaved rounds, TFLOP/s, score mods / feature kernel, the plain call
+// in brackets; docs/perf_log.md "twenty-first session"): softcap hd 64 144 / 76 (289), causal 138 / 61 (258); hd 128
+// 234 / 115 (310), causal 200 / 103 (269); hd 256 229 / 149 (254), causal 210 / 138 (240); ALiBi within 1 % of
+// softcap. The spills at hd 64 did not stop it from winning 1.9-2.3x.
+constexpr bool kBwdPlainRunsScoreMods = true;
 __host__ __device__ constexpr bool bwd_plain_runs_score_mods(int head_dim) {
   (void)head_dim;
   return kBwdPlainRunsScoreMods;
