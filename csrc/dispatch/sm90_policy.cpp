@@ -76,14 +76,16 @@ bool sm90_fwd_pays(const FwdParams& p) {
   // - at head dims up to 64 a tile of short keys is a few key blocks, and the portable kernel's smaller tiles win
   //   against one CTA per tile: masked 1k 236 / 265, 2k 313 / 303; non-causal 512 keys 276 / 285 too, but with a CTA
   //   per SM striding over the tiles (fwd_persistent_pays, eighteenth session) 345 / 287, 1k 403 / 312;
-  // - one key block or less (varlen documents of 128 tokens, hd 128): 135 / 143, causal 62 / 72.
+  // - above hd 64 it pays at every length: one key block or less (varlen documents of 128 tokens, hd 128) lost in the
+  //   fifteenth session (135 / 143, causal 62 / 72) and wins since the persistent masked forward (twenty-first
+  //   session sweep, forced Hopper / default: 160 / 138, causal 83 / 68; benchmarks/results/
+  //   2026-12-02-h200-sweep-both-sm90-s21.json).
   constexpr int64_t kPaddedHeadDim = 32;
   constexpr int64_t kSmallHeadDim = 64;
-  constexpr int64_t kMinKeys = 129;
   constexpr int64_t kMinKeysSmallHeadDim = 512;
   constexpr int64_t kMinKeysSmallHeadDimMasked = 1025;
   if (p.shape.head_dim <= kPaddedHeadDim) return false;
-  if (p.shape.head_dim > kSmallHeadDim) return p.shape.seqlen_k >= kMinKeys;
+  if (p.shape.head_dim > kSmallHeadDim) return true;
   const bool masked = mask_kind(p.mask) != MaskKind::kNone;
   return p.shape.seqlen_k >= (masked ? kMinKeysSmallHeadDimMasked : kMinKeysSmallHeadDim);
 }
