@@ -298,14 +298,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
     const int num_sms = std::max(device_attributes(q.device().index()).num_sms, 1);
     bp.total_q = call.total_q;
     bp.dq_splits = bwd_dq_splits(bp, num_sms);
-    // The Hopper backward may split a KV head's query heads over several CTAs, whose dK / dV accumulators are part
-    // of the workspace, and reads the statistics in blocks; the portable kernels do neither.
+    // Either backward may split a KV head's query heads over several CTAs, whose dK / dV accumulators are part of
+    // the workspace (each by its own rule); the Hopper one also reads the statistics in blocks.
     const KernelEntry* entry =
         find_kernel(device_sm(q.device()), device_code_arch(q.device()), p, Direction::kBackward, &bp);
     if (entry != nullptr && entry->key.arch == kHopperArch) {
       bp.head_splits = sm90_bwd_head_splits(bp, num_sms);
       bp.dq_splits = sm90_bwd_dq_splits(bp, num_sms);
       bp.block_stats = true;
+    } else {
+      bp.head_splits = bwd_head_splits(bp, num_sms);
     }
     const at::Tensor workspace = at::empty({bwd_workspace_bytes(bp)}, q.options().dtype(at::kByte));
     bp.workspace = workspace.data_ptr();

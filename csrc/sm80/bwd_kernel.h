@@ -2,7 +2,8 @@
 // are staged in shared memory once; the CTA walks every (q head of the group, query block) that can see the
 // key block, with Q_i / dO_i staged by cp.async (two stages where the tile allows). Per block: S^T = K Q^T, P,
 // dP^T = V dO^T, dS = P (dP - D) in registers; P and dS to shared memory; dV += P^T dO, dK += dS^T Q
-// (registers, written once at the end, so GQA sums over the group in a fixed order); dQ_i += dS K into fp32
+// (registers, written once at the end, so GQA sums over the group in a fixed order; or, with the group's query heads
+// split over CTAs, added into fp32 accumulators that a conversion pass turns into dk, dv); dQ_i += dS K into fp32
 // global accumulators (atomics, or per-CTA accumulators with plain read-add-write when deterministic).
 #pragma once
 
@@ -73,6 +74,17 @@ __device__ __forceinline__ void add_dq_pair(float* dst, int64_t row_stride, cons
   }
 }
 
+// Adds two consecutive fp32 values of a split dK / dV accumulator (8-byte aligned): one vector reduction on sm90,
+// two scalar atomics below.
+__device__ __forceinline__ void add_dkv_pair(float* dst, float x, float y) {
+  if constexpr (kVectorDqReduction) {
+    ptx::red_add_v2_f32(dst, x, y);
+  } else {
+    atomicAdd(dst, x);
+    atomicAdd(dst + 1, y);
+  }
+}
+
 // Columns of one dQ bulk-reduction box (bwd_stages_dq): one slot group of the accumulator, 64 bytes per row, so the
 // two rows that one 8-lane phase of a 16-byte shared store covers fill all 32 banks.
 constexpr int kDqBoxColumns = kDqSlotGroup;
@@ -115,14 +127,18 @@ struct BwdSmem {
 // measured with ptxas on hd128 causal, the general code path spills 292 bytes, the plain one 74.
 // kTiles: the tile set (bwd_common.h); the launcher picks the one the device's shared memory allows.
 // kScoreMods: the plain instantiation that also runs softcap and ALiBi (bwd_plain_runs_score_mods): the plain tiles,
-// no bias, dropout or dbias code.
+// no bias, dropout or dbias code. kSplitHeads: the plain instantiation whose CTAs take a share of their KV head's
+// query heads (BwdParams::head_splits); an instantiation of its own because the runtime split cost the plain kernels
+// up to 300 bytes of spill (ptxas, hd 128 / 256), the same code with the split folded away.
 // dq_map: the dq accumulator's tensor map, for kernels that stage dQ (bwd_stages_dq) in calls that are not
 // deterministic. Compiled for sm90 those kernels add dQ only through it (the launcher runs the feature kernel where
 // it has no map); every other kernel, and every kernel below sm90, reduces from registers.
-template <typename T, int kHeadDim, MaskKind kMask, bool kFeatures, BwdTiles kTiles, bool kScoreMods = false>
+template <typename T, int kHeadDim, MaskKind kMask, bool kFeatures, BwdTiles kTiles, bool kScoreMods = false,
+          bool kSplitHeads = false>
 __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles>::kCfg.threads(), 1)
     bwd_kernel(const BwdParams bp, const __grid_constant__ TensorMapArg dq_map) {
   static_assert(!(kFeatures && kScoreMods), "the score-mods instantiation is a plain one");
+  static_assert(!(kSplitHeads && (kFeatures || kScoreMods)), "the split-heads instantiation is a plain one");
   using Smem = BwdSmem<kHeadDim, kMask, kFeatures, kTiles>;
   constexpr BwdTileConfig kCfg = Smem::kCfg;
   constexpr int kWarps = kCfg.warps;
@@ -208,7 +224,12 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles>::k
   const int seqlen_q = si.seqlen_q;
   const int seqlen_k = si.seqlen_k;
   const int n_blocks = (seqlen_k + kBlockN - 1) / kBlockN;
-  if (static_cast<int>(blockIdx.x) >= n_blocks) return;
+  // kSplitHeads (BwdParams::head_splits, bwd_workspace.h bwd_head_splits; the launcher never splits deterministic
+  // calls): CTA x takes the query heads (x % head_splits) * heads_per_split ... of its KV head's group for key block
+  // x / head_splits (the splits of a key block are neighbours, so they meet its K / V in L2) and adds dK, dV into the
+  // workspace's fp32 accumulators.
+  const int head_splits = kSplitHeads ? static_cast<int>(bp.head_splits) : 1;
+  if (static_cast<int>(blockIdx.x) / head_splits >= n_blocks) return;
 
   const int tid = threadIdx.x;
   const int warp = tid / kWarpSize;
@@ -287,7 +308,7 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles>::k
     }
   };
 
-  for (int n_block = blockIdx.x; n_block < n_blocks; n_block += gridDim.x) {
+  for (int n_block = blockIdx.x / head_splits; n_block < n_blocks; n_block += gridDim.x / head_splits) {
     const int n0 = n_block * kBlockN;
     const int n_end = min(n0 + kBlockN, seqlen_k);
     // Query rows that see any key of [n0, n_end): i + offset + right >= n0 and i + offset - left < n_end.
@@ -296,7 +317,8 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles>::k
     if (left_bounded) row_hi = min(seqlen_q, n_end - offset + window_left);
     const int m_first = row_lo / kBlockM;
     const int m_count = row_hi > row_lo ? (row_hi + kBlockM - 1) / kBlockM - m_first : 0;
-    const int iterations = m_count * group;
+    const int heads_per_split = group / head_splits;
+    const int iterations = m_count * heads_per_split;
 
     const T* k_tile = static_cast<const T*>(p.k) + b * p.k_strides.batch + (si.k_row0 + n0) * p.k_strides.row +
                       hk * p.k_strides.head;
@@ -351,7 +373,7 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles>::k
     load_tile<T, kBlockN, kHeadDim, kThreads, KeyLayout>(s_v, v_tile, p.v_strides.row, seqlen_k - n0,
                                               static_cast<int>(head_dim), vector_v, tid);
     // Head and query block of the current iteration, advanced incrementally (query blocks inner).
-    int cur_h = hk * group;
+    int cur_h = hk * group + static_cast<int>(blockIdx.x) % head_splits * heads_per_split;
     int cur_m_block = m_first;
     StageSource next_src = source_at(cur_h, m_first * kBlockM);
     if (iterations > 0) stage(next_src, m_first * kBlockM, 0);
@@ -709,6 +731,35 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles>::k
     if (kBulkDq && bulk_dq && lane == 0) ptx::bulk_wait_group_read<0>();
 
     // ---- dK = scale * dS^T Q, dV: this key block's rows of the kv head ----
+    if constexpr (kSplitHeads) {
+      // Accumulator rows: the packed key row (varlen) or batch entry * seqlen_k + key, then the KV head
+      // (bwd_dkv_convert_kernel.h reads them back). The workspace is looked up here again, from the parameters,
+      // rather than kept live through the loop (ptxas: the plain hd 128 kernel spilled 290 bytes with it live).
+      const BwdWorkspace dkv_ws = bwd_workspace(bp, DqLayout::kRows);
+      const int64_t row_step = shape.nheads_k * dkv_ws.dkv_row_stride;
+      const int64_t first_row =
+          (shape.cu_seqlens_k != nullptr ? si.k_row0 : static_cast<int64_t>(b) * shape.seqlen_k) + n0 + kv_key0 + g;
+      const int64_t thread_offset = (first_row * shape.nheads_k + hk) * dkv_ws.dkv_row_stride + kv_dim0 + 2 * t;
+      float* dk_acc = dkv_ws.dk_accum + thread_offset;
+      float* dv_acc = dkv_ws.dv_accum + thread_offset;
+#pragma unroll
+      for (int mt = 0; mt < kKVMT; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int key_local = kv_key0 + mt * kMmaM + g + 8 * r;
+          if (n0 + key_local >= seqlen_k) continue;
+          const int64_t row_offset = (mt * kMmaM + 8 * r) * row_step;
+#pragma unroll
+          for (int nt = 0; nt < kKVNT; ++nt) {
+            if (kv_dim0 + nt * kMmaN + 2 * t >= head_dim) continue;
+            add_dkv_pair(dk_acc + row_offset + nt * kMmaN, acc_dk[mt][nt].reg[2 * r] * scale,
+                         acc_dk[mt][nt].reg[2 * r + 1] * scale);
+            add_dkv_pair(dv_acc + row_offset + nt * kMmaN, acc_dv[mt][nt].reg[2 * r], acc_dv[mt][nt].reg[2 * r + 1]);
+          }
+        }
+      }
+      continue;
+    }
     T* dk = static_cast<T*>(bp.dk) + b * bp.dk_strides.batch + (si.k_row0 + n0) * bp.dk_strides.row +
             hk * bp.dk_strides.head;
     T* dv = static_cast<T*>(bp.dv) + b * bp.dv_strides.batch + (si.k_row0 + n0) * bp.dv_strides.row +

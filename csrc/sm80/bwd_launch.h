@@ -12,6 +12,7 @@
 
 #include "dispatch/device_attributes.h"
 #include "sm80/bwd_convert_kernel.h"
+#include "sm80/bwd_dkv_convert_kernel.h"
 #include "sm80/bwd_kernel.h"
 #include "sm80/bwd_preprocess_kernel.h"
 #include "sm80/smem_limit_env.h"
@@ -57,11 +58,12 @@ inline bool device_reduces_in_bulk() {
   return device_attributes(device).code_arch >= kBulkReduceMinCodeArch;
 }
 
-template <typename T, int kHeadDim, MaskKind kMask, bool kFeatures, bwd::BwdTiles kTiles, bool kScoreMods = false>
+template <typename T, int kHeadDim, MaskKind kMask, bool kFeatures, bwd::BwdTiles kTiles, bool kScoreMods = false,
+          bool kSplitHeads = false>
 void launch_main(const dim3& grid, const BwdParams& params, const TensorMapArg& dq_map, int smem_bytes,
                  cudaStream_t stream) {
   using Smem = bwd::BwdSmem<kHeadDim, kMask, kFeatures, kTiles>;
-  constexpr auto kKernel = bwd::bwd_kernel<T, kHeadDim, kMask, kFeatures, kTiles, kScoreMods>;
+  constexpr auto kKernel = bwd::bwd_kernel<T, kHeadDim, kMask, kFeatures, kTiles, kScoreMods, kSplitHeads>;
   // Raising the dynamic shared-memory cap is a function attribute, not a stream operation (graph-safe).
   static const cudaError_t attribute_set =
       cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
@@ -92,15 +94,29 @@ inline void require_bwd_shared_memory(int needed_bytes, int available_bytes, int
 }
 
 // Which main kernel a call runs within one tile set: the plain or the feature kernel (score_mods: the plain kernel's
-// softcap / ALiBi instantiation), the dq accumulator map of a plain kernel that stages dQ, its shared memory, and the
-// dq accumulator layout it adds in (the preprocess zeroes and the dq conversion reads that one).
+// softcap / ALiBi instantiation; split_heads: its instantiation that splits each KV head's query heads over CTAs), the
+// dq accumulator map of a plain kernel that stages dQ, its shared memory, and the dq accumulator layout it adds in (the
+// preprocess zeroes and the dq conversion reads that one).
 struct BwdMainChoice {
   bool plain;
   bool score_mods;
+  bool split_heads;
   TensorMapArg map;
   int smem_bytes;
   DqLayout layout;
 };
+
+// The split of each KV head's query heads the main kernel runs (BwdParams::head_splits, never with deterministic).
+// Fails on a split that does not divide the group: the API's rule (bwd_workspace.h bwd_head_splits) never makes one.
+inline int64_t bwd_head_splits_of(const BwdParams& params) {
+  if (params.head_splits <= 1 || params.deterministic) return 1;
+  const AttentionShape& s = params.fwd.shape;
+  if (s.nheads_k < 1 || (s.nheads_q / s.nheads_k) % params.head_splits != 0) {
+    throw std::invalid_argument("flash_attn internal error: BwdParams::head_splits " +
+                                std::to_string(params.head_splits) + " does not divide the query heads per KV head");
+  }
+  return params.head_splits;
+}
 
 // Whether a call needs the feature kernel (softcap, ALiBi, bias, dropout, a bias gradient).
 inline bool bwd_call_has_features(const BwdParams& params) {
@@ -136,12 +152,13 @@ BwdMainChoice choose_main(const BwdParams& params, int smem_limit) {
   const bool plain_fits = plain_smem <= feature_smem || plain_smem <= smem_limit;
   // A plain kernel that stages dQ on an sm90 device needs the accumulator's map in calls that are not
   // deterministic; without one (a driver without the encoder, a row count past int) the feature kernel runs the call.
-  BwdMainChoice choice{!features && plain_fits, false, TensorMapArg{}, 0, DqLayout::kRows};
+  BwdMainChoice choice{!features && plain_fits, false, false, TensorMapArg{}, 0, DqLayout::kRows};
   if (choice.plain && PlainSmem::kStagesDq && bulk_device && !params.deterministic) {
     choice.map = dq_accumulator_map<kHeadDim, kMask, false, kTiles>(params);
     choice.plain = choice.map.enabled;
   }
   choice.score_mods = choice.plain && bwd_call_has_features(params);
+  choice.split_heads = kBwdSplitsHeads && choice.plain && !choice.score_mods && bwd_head_splits_of(params) > 1;
   choice.smem_bytes = choice.plain ? plain_smem : feature_smem;
   choice.layout = bwd::bwd_dq_layout(kHeadDim, kMask, !choice.plain, kTiles);
   return choice;
@@ -156,11 +173,18 @@ void launch_main_tiles(const BwdParams& params, const BwdMainChoice& choice, cud
                                    : bwd::bwd_tile_config(kHeadDim, true, kTiles).block_n;
   const int64_t key_blocks = (shape.seqlen_k + block_n - 1) / block_n;
   if (key_blocks == 0) return;
-  // Deterministic: each CTA owns one dq accumulator and walks key blocks x, x + grid, ...
-  const int64_t ctas_x = params.deterministic ? std::min(params.dq_splits, key_blocks) : key_blocks;
+  // Deterministic: each CTA owns one dq accumulator and walks key blocks x, x + grid, ... Otherwise one CTA per key
+  // block and split of its KV head's query heads (bwd_head_splits).
+  const int64_t ctas_x = params.deterministic ? std::min(params.dq_splits, key_blocks)
+                                              : key_blocks * (choice.split_heads ? bwd_head_splits_of(params) : 1);
   const dim3 grid(static_cast<unsigned>(ctas_x), static_cast<unsigned>(shape.nheads_k),
                   static_cast<unsigned>(shape.batch));
-  if (choice.score_mods) {
+  if (choice.split_heads) {
+    // Instantiated only while the policy can split (bwd_workspace.h kBwdSplitsHeads).
+    if constexpr (kBwdSplitsHeads) {
+      launch_main<T, kHeadDim, kMask, false, kTiles, false, true>(grid, params, choice.map, choice.smem_bytes, stream);
+    }
+  } else if (choice.score_mods) {
     // Instantiated only where the policy can pick it (choose_main sets score_mods only then).
     if constexpr (bwd::bwd_plain_runs_score_mods(kHeadDim)) {
       launch_main<T, kHeadDim, kMask, false, kTiles, true>(grid, params, choice.map, choice.smem_bytes, stream);
@@ -207,11 +231,13 @@ void run_bwd(const BwdParams& params, void* stream) {
     bwd::bwd_preprocess_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch),
                                     bwd::kRowwiseThreads, 0, cuda_stream>>>(params, choice.layout);
   }
+  if (choice.split_heads) bwd::zero_dkv_accumulators(params, cuda_stream);
   if (full) {
     launch_main_tiles<T, kHeadDim, kMask, BwdTiles::kFull>(params, choice, cuda_stream);
   } else {
     launch_main_tiles<T, kHeadDim, kMask, BwdTiles::kCompact>(params, choice, cuda_stream);
   }
+  if (choice.split_heads && shape.seqlen_k > 0) bwd::launch_dkv_convert<T>(params, cuda_stream);
   if (row_blocks > 0) {
     bwd::bwd_convert_dq_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch),
                                     bwd::kRowwiseThreads, 0, cuda_stream>>>(params, choice.layout);

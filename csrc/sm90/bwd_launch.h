@@ -12,8 +12,8 @@
 #include <string>
 
 #include "sm80/bwd_convert_kernel.h"
+#include "sm80/bwd_dkv_convert_kernel.h"
 #include "sm80/bwd_preprocess_kernel.h"
-#include "sm90/bwd_dkv_convert_kernel.h"
 #include "sm90/bwd_kernel.h"
 #include "sm90/bwd_wide_kernel.h"
 #include "sm90/fwd_launch.h"
@@ -112,9 +112,7 @@ void run_bwd(const BwdParams& params, void* stream) {
     const int64_t ctas_x = params.deterministic
                                ? std::min<int64_t>(params.dq_splits / kAccumulatorsPerCta, key_blocks)
                                : key_blocks * args.head_splits;
-    if (split_heads) {
-      (void)cudaMemsetAsync(workspace.dk_accum, 0, 2 * workspace.dkv_floats * sizeof(float), s);
-    }
+    if (split_heads) rowwise::zero_dkv_accumulators(params, s);
     const dim3 grid(static_cast<unsigned>(ctas_x), static_cast<unsigned>(shape.nheads_k), batch);
     if (fwd_needs_general_kernel(p)) {
       launch_bwd<T, kHeadDim, kMask, true, kTile>(grid, args, s);
@@ -122,12 +120,7 @@ void run_bwd(const BwdParams& params, void* stream) {
       launch_bwd<T, kHeadDim, kMask, false, kTile>(grid, args, s);
     }
   }
-  if (split_heads && key_blocks > 0) {
-    const int64_t pairs = shape.total_k * shape.nheads_k * (shape.head_dim / 2);
-    constexpr int64_t kMaxConvertBlocks = 4096;
-    const int64_t blocks = std::min<int64_t>((pairs + kDkvConvertThreads - 1) / kDkvConvertThreads, kMaxConvertBlocks);
-    if (blocks > 0) bwd_dkv_convert_kernel<T><<<static_cast<unsigned>(blocks), kDkvConvertThreads, 0, s>>>(params);
-  }
+  if (split_heads && key_blocks > 0) rowwise::launch_dkv_convert<T>(params, s);
   if (row_blocks > 0) {
     rowwise::bwd_convert_dq_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch),
                                         rowwise::kRowwiseThreads, 0, s>>>(params, DqLayout::kRows);

@@ -4,8 +4,10 @@
 // group), and is 1 in deterministic calls; the delta, dq, dK, dV and statistics regions of the layout the sm90
 // kernels use lie inside bwd_workspace_bytes() without overlapping, the last element the split epilogue adds and the
 // conversion reads is inside its accumulator, and every query block of every sequence has a statistics block of its
-// own inside the region; the Hopper dq split count is the fewest that minimise the busiest SM's work. Prints one line
-// per failure and a summary; exits 1 on any failure.
+// own inside the region; the Hopper dq split count is the fewest that minimise the busiest SM's work; the portable
+// backward's head splits (bwd_head_splits) divide the group and are 1 when deterministic or switched off; the regions
+// after the dq accumulators sit at the same offsets whichever dq layout the kernel was given. Prints one line per
+// failure and a summary; exits 1 on any failure.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -104,6 +106,16 @@ void check_layout(flash::BwdParams p, const std::vector<int64_t>& lengths) {
   float* const base = reinterpret_cast<float*>(uintptr_t{1} << 20);
   p.workspace = base;
   const flash::BwdWorkspace w = flash::bwd_workspace(p, flash::DqLayout::kRows);
+  // The portable kernels pass either layout; the dK / dV conversion and the Hopper kernels pass kRows.
+  const flash::BwdWorkspace pairs = flash::bwd_workspace(p, flash::DqLayout::kRowPairs);
+  if (pairs.dk_accum != w.dk_accum || pairs.dv_accum != w.dv_accum || pairs.stats != w.stats) {
+    fail("the regions after dq move with the dq layout", p, pairs.dk_accum - w.dk_accum, pairs.stats - w.stats);
+  }
+  const int64_t pairs_dq_end = (pairs.dq_accum - base) + p.dq_splits * pairs.dq_split_stride;
+  if (pairs_dq_end > floats) fail("row-pair dq past the workspace", p, pairs_dq_end, floats);
+  if (p.head_splits > 1 && pairs_dq_end > w.dk_accum - base) {
+    fail("row-pair dq overlaps dK", p, pairs_dq_end, w.dk_accum - base);
+  }
   const int64_t delta_end = (w.delta - base) + s.nheads_q * w.delta_head_stride;
   const int64_t dq_begin = w.dq_accum - base;
   const int64_t dq_end = dq_begin + p.dq_splits * w.dq_split_stride;
@@ -180,8 +192,15 @@ int main() {
     const int num_sms = sm_counts[random() % 3];
     // The Hopper entries (block_stats) take their own dq split count, the portable ones the shared rule.
     p.dq_splits = p.block_stats ? flash::sm90_bwd_dq_splits(p, num_sms) : flash::bwd_dq_splits(p, num_sms);
-    p.head_splits = flash::sm90_bwd_head_splits(p, num_sms);
-    check_splits(p, num_sms);
+    // The portable rule (bwd_head_splits): a divisor of the group, 1 when deterministic or switched off.
+    const int64_t portable_splits = flash::bwd_head_splits(p, num_sms);
+    const int64_t group = s.nheads_q / s.nheads_k;
+    if (portable_splits < 1 || group % portable_splits != 0) fail("portable splits", p, portable_splits, group);
+    if ((p.deterministic || !flash::kBwdSplitsHeads) && portable_splits != 1) {
+      fail("portable splits when deterministic or off", p, portable_splits, 1);
+    }
+    p.head_splits = p.block_stats ? flash::sm90_bwd_head_splits(p, num_sms) : portable_splits;
+    if (p.block_stats) check_splits(p, num_sms);
     check_dq_splits(p, num_sms);
     check_layout(p, lengths);
     ++cases;

@@ -73,6 +73,35 @@ inline int64_t bwd_dq_splits(const BwdParams& params, int num_sms) {
   return splits < 1 ? 1 : splits;
 }
 
+// How many CTAs per key block share a KV head's query heads in the portable backward (BwdParams::head_splits; the
+// Hopper backward has its own rule, dispatch/sm90_policy.h). A CTA sums dK and dV of its key block over every query
+// head of its group, so MQA / GQA grids are small, and causal masks give the first key blocks the most work: H200,
+// bf16, hd 128, 4 x 4k, 32 query heads, causal (twenty-first session sweep, TFLOP/s, FA2 in brackets): 32/1 159
+// (260), 32/4 242 (260), 32/8 270 (256), 32/32 278 (266); 32/1 non-causal 328 (292). Split until the grid has
+// kBwdHeadSplitCtasPerSm CTAs per SM where masked (the longest blocks first, the rest fill in behind them) or one
+// per SM otherwise; the splits add into fp32 accumulators (2 x total_k x nheads_k x the padded head dim, bounded by
+// the small grid) and a conversion follows. Deterministic calls keep one CTA per group (the additions' order would
+// vary). Written and compiled, not yet run: off until an A/B (kBwdSplitsHeads).
+constexpr bool kBwdSplitsHeads = false;
+constexpr int64_t kBwdHeadSplitCtasPerSm = 4;
+constexpr int64_t kBwdHeadSplitKeysPerCta = 128;  // the portable plain tiles' key block up to hd 128 (bwd_common.h)
+inline int64_t bwd_head_splits(const BwdParams& params, int num_sms) {
+  const AttentionShape& s = params.fwd.shape;
+  if (!kBwdSplitsHeads || params.deterministic || s.nheads_k < 1 || s.nheads_q % s.nheads_k != 0) return 1;
+  const int64_t group = s.nheads_q / s.nheads_k;
+  const MaskParams& m = params.fwd.mask;
+  const bool masked = m.window_left != kUnboundedWindow || m.window_right != kUnboundedWindow;
+  const int64_t target = (masked ? kBwdHeadSplitCtasPerSm : 1) * num_sms;
+  const int64_t ctas = (s.seqlen_k + kBwdHeadSplitKeysPerCta - 1) / kBwdHeadSplitKeysPerCta * s.nheads_k * s.batch;
+  int64_t splits = 1;
+  while (splits < group && ctas * splits < target) {
+    do {
+      ++splits;
+    } while (group % splits != 0);
+  }
+  return splits;
+}
+
 struct BwdWorkspace {
   float* delta;     // [nheads_q][delta_row_stride]
   // [dq_splits][nheads_q][dq_head_rows][dq_row_stride], columns interleaved (dq_slot), rows as DqLayout says
@@ -108,7 +137,10 @@ FLASH_HOST_DEVICE BwdWorkspace bwd_workspace(const BwdParams& params, DqLayout l
   float* base = static_cast<float*>(params.workspace);
   w.delta = base;
   w.dq_accum = base == nullptr ? nullptr : base + s.nheads_q * w.delta_head_stride;
-  float* dkv = w.dq_accum == nullptr ? nullptr : w.dq_accum + params.dq_splits * w.dq_split_stride;
+  // The regions after the dq accumulators start where the longer (kRowPairs) layout's end, so the kernels and the
+  // conversion passes find them at the same place whichever dq layout each was given.
+  const int64_t pair_split_stride = s.nheads_q * ((params.total_q + 1) / 2 * 2) * w.dq_row_stride;
+  float* dkv = w.dq_accum == nullptr ? nullptr : w.dq_accum + params.dq_splits * pair_split_stride;
   w.dk_accum = w.dkv_floats > 0 ? dkv : nullptr;
   w.dv_accum = w.dkv_floats > 0 && dkv != nullptr ? dkv + w.dkv_floats : nullptr;
   // Block bwd_stats_block0(row0, b) + ceil(length / kBwdStatsRows) - 1 of a sequence is below

@@ -157,8 +157,9 @@ struct BwdParams {
   void* workspace = nullptr;
   int64_t total_q = 0;  // rows of q over all sequences: batch * seqlen_q dense, total_q varlen
   int64_t dq_splits = 1;  // fp32 dq accumulators, summed in a fixed order (> 1 only when deterministic)
-  // The Hopper backward only (dispatch/sm90_policy.h sm90_bwd_head_splits; 1 elsewhere): a KV head's query heads
-  // are split over this many CTAs per key block, which add dK and dV into fp32 accumulators of the workspace.
+  // CUDA only (dispatch/sm90_policy.h sm90_bwd_head_splits for the Hopper backward, bwd_workspace.h bwd_head_splits
+  // for the portable one; 1 on CPU): a KV head's query heads are split over this many CTAs per key block, which add
+  // dK and dV into fp32 accumulators of the workspace.
   int64_t head_splits = 1;
   // The Hopper backward only (false elsewhere): the workspace also holds every query block's LSE (log2 units) and D
   // side by side, padded per sequence to whole blocks (bwd_workspace.h), for the kernel's bulk copies.
