@@ -99,6 +99,14 @@ struct KvPages {
 // best of 3 interleaved rounds (twenty-first session): 1 x 8k 37.9 -> 23.6, 16 x 8k 238.5 -> 211.8, 64 x 4k 426 -> 402
 // (contiguous 20.4 / 138.7 / 255).
 constexpr bool kPagedIndexByLanes = true;
+// With the lanes' lookups: each thread's source address found once per page and stepped by whole rows within it
+// (load_small_pages_by_lanes), instead of a shuffle and a 64-bit multiply-add per chunk. Page 16 still ran 1.5-1.6x
+// the contiguous time at batch >= 16 (twenty-first session; 1,344 instructions per tile at hd 128 against the dense
+// kernel's 664, one warp per CTA, four per SM: issue-bound). SASS (hd 128 decode, sm_90a, hottest loop): 1,344 ->
+// 1,227 static instructions, the lookups' shuffles and multiply-adds now behind uniform branches taken twice per tile
+// at page 16 (IMAD 501 -> 322); ptxas spill 0 -> 28 / 44 bytes (255 registers both). Written and compiled, not yet
+// run: off until an A/B.
+constexpr bool kPagedRowsStepped = false;
 
 template <typename T>
 struct FwdTiles {
@@ -302,17 +310,40 @@ __device__ __forceinline__ void load_small_pages_by_lanes(T* smem, const T* base
     lane_page = min(max(pages.table[(row0 >> shift) + lane], 0), pages.num_pages - 1);
   }
   const int row_mask = pages.page_size - 1;
+  if constexpr (kPagedRowsStepped && kThreads == kWarpSize && kThreads % kChunksPerRow == 0) {
+    // Iteration i covers rows [i * kRowsPerIter, (i + 1) * kRowsPerIter), a thread the same row offset and column in
+    // each. A thread's row enters a new page exactly where ((i * kRowsPerIter) & row_mask) < kRowsPerIter (pages and
+    // kRowsPerIter are powers of two; row0 is a whole number of pages), the same i for the whole warp: only there is
+    // its page shuffled in and its address recomputed; elsewhere the address steps kRowsPerIter rows.
+    constexpr int kRowsPerIter = kThreads / kChunksPerRow;
+    const int thread_row = tid / kChunksPerRow;
+    const int col = (tid % kChunksPerRow) * kChunkElems;
+    const T* src = base;
 #pragma unroll
-  for (int i = 0; i < kIters; ++i) {
-    const int c = tid + i * kThreads;
-    const int row = min(c / kChunksPerRow, kRows - 1);
-    const int page = __shfl_sync(0xffffffffu, lane_page, row >> shift);
-    if (kChunks % kThreads == 0 || c < kChunks) {
-      const int col = (c % kChunksPerRow) * kChunkElems;
+    for (int i = 0; i < kIters; ++i) {
+      const int row = i * kRowsPerIter + thread_row;
+      if (((i * kRowsPerIter) & row_mask) < kRowsPerIter) {
+        const int page = __shfl_sync(0xffffffffu, lane_page, min(row, kRows - 1) >> shift);
+        src = base + page * page_stride + static_cast<int64_t>(row & row_mask) * row_stride + col;
+      } else {
+        src += kRowsPerIter * row_stride;
+      }
       const bool valid = row < rows_valid && col < head_dim;
-      const int64_t in_page = (row0 + row) & row_mask;
-      const T* src = valid ? base + page * page_stride + in_page * row_stride + col : base;
-      ptx::cp_async_16(smem + Layout::offset(row, col), src, valid);
+      ptx::cp_async_16(smem + Layout::offset(row, col), valid ? src : base, valid);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int c = tid + i * kThreads;
+      const int row = min(c / kChunksPerRow, kRows - 1);
+      const int page = __shfl_sync(0xffffffffu, lane_page, row >> shift);
+      if (kChunks % kThreads == 0 || c < kChunks) {
+        const int col = (c % kChunksPerRow) * kChunkElems;
+        const bool valid = row < rows_valid && col < head_dim;
+        const int64_t in_page = (row0 + row) & row_mask;
+        const T* src = valid ? base + page * page_stride + in_page * row_stride + col : base;
+        ptx::cp_async_16(smem + Layout::offset(row, col), src, valid);
+      }
     }
   }
 }
