@@ -1,10 +1,11 @@
 # The representative CUDA subset that tools/sanitize.sh runs under compute-sanitizer (memcheck, racecheck): every
-# head-dim bucket (backward also with the compact tiles of GPUs below Hopper), odd sequence lengths, GQA, causal and
-# not, varlen with empty sequences and rows past cu_seqlens[-1], a padded head dim, dropout, the wide forward tile
-# (and its persistent form), the forward's TMA K/V loads, the row-pair dq accumulator and the stmatrix backward
-# stores, malformed cu_seqlens, cache indices and block tables with the host checks off (the kernels' clamps); forward,
-# and backward where it is built. Small sizes keep the sanitizers' slowdown bearable; each case is also checked
-# against the fp64 reference, so the subset is an ordinary part of the CUDA suite as well (marker: sanitize).
+# head-dim bucket (backward also with the tiles of an A100 and the compact ones of sm86/sm89), odd sequence lengths,
+# GQA, causal and not, varlen with empty sequences and rows past cu_seqlens[-1], a padded head dim, dropout, the wide
+# forward tile (and its persistent form), the forward's TMA K/V loads, the row-pair dq accumulator and the stmatrix
+# backward stores, malformed cu_seqlens, cache indices and block tables with the host checks off (the kernels'
+# clamps); forward, and backward where it is built. Small sizes keep the sanitizers' slowdown bearable; each case is
+# also checked against the fp64 reference, so the subset is an ordinary part of the CUDA suite as well (marker:
+# sanitize).
 import functools
 
 import pytest
@@ -55,6 +56,17 @@ def test_compact_backward_tiles(head_dim, monkeypatch):
     """The compact backward tiles (what sm86/sm89 GPUs run), forced on any GPU by the launcher's limit."""
     monkeypatch.setenv("FLASH_ATTN_BWD_SMEM_LIMIT", "101376")
     _run_dense((2, 97, 131, 4, 2, head_dim), True, causal=True)
+
+
+@pytest.mark.parametrize("head_dim, causal", [(h, True) for h in HEAD_DIM_BUCKETS] + [(128, False), (256, False)])
+def test_a100_backward_tiles(head_dim, causal, monkeypatch):
+    """What an A100 (163 KB of shared memory per block) runs, forced on any GPU by the launcher's limit: the full
+    tiles where they fit, else the plain kernel's full tiles with one Q / dO stage (bwd_takes_one_stage_tiles), else
+    the compact ones; softcap at hd 128 takes the score-mods instantiation of the same set."""
+    monkeypatch.setenv("FLASH_ATTN_BWD_SMEM_LIMIT", "166912")
+    _run_dense((2, 97, 131, 4, 2, head_dim), True, causal=causal)
+    if head_dim == 128:
+        _run_dense((1, 75, 140, 4, 1, head_dim), True, causal=causal, softcap=6.0)
 
 
 @pytest.mark.parametrize("direction", list(DIRECTIONS))

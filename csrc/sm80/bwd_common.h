@@ -40,8 +40,15 @@ struct BwdTileConfig {
 };
 
 // Which set of tiles a kernel instantiation uses. kFull: sized for Hopper's 227 KB of shared memory per block
-// (A100 allows 163 KB, sm86/sm89 99 KB). kCompact: every bucket within kBwdCompactSmemBudget, for any sm80+.
-enum class BwdTiles { kFull, kCompact };
+// (A100 allows 163 KB, sm86/sm89 99 KB). kFullOneStage: the plain kernel's full tiles with one Q / dO stage, for GPUs
+// where the full tile does not fit but this does (bwd_takes_one_stage_tiles). kCompact: every bucket within
+// kBwdCompactSmemBudget, for any sm80+.
+enum class BwdTiles { kFull, kFullOneStage, kCompact };
+
+// Whether a tile set takes the full tiles' shapes and layouts (kFull, kFullOneStage).
+__host__ __device__ constexpr bool bwd_full_shapes(BwdTiles tiles) {
+  return tiles == BwdTiles::kFull || tiles == BwdTiles::kFullOneStage;
+}
 
 // sm86/sm89 allow 99 KB (101376 bytes) of dynamic shared memory per block; the compact tiles keep 1 KB of it
 // spare.
@@ -82,7 +89,7 @@ __host__ __device__ constexpr BwdTileConfig bwd_full_tile_config(int head_dim, b
 // iteration; with bwd_hides_query_lane_offsets it won (below). The feature kernels and the compact tiles were not
 // measured (the feature kernels spill more with it, hd 256: 202 bytes against 54), so they stay padded.
 __host__ __device__ constexpr bool bwd_swizzles_queries(int head_dim, bool features, BwdTiles tiles) {
-  return !features && tiles == BwdTiles::kFull;
+  return !features && bwd_full_shapes(tiles);
 }
 
 // Whether a swizzling kernel hides its Q/dO lane offsets from ptxas (kernel_common.h OpaqueLaneOffset) and addresses
@@ -195,8 +202,28 @@ __host__ __device__ constexpr BwdTileConfig bwd_compact_tile_config(int head_dim
   return cfg;
 }
 
+__host__ __device__ constexpr BwdTileConfig bwd_one_stage_tile_config(int head_dim, bool features) {
+  BwdTileConfig cfg = bwd_full_tile_config(head_dim, features);
+  cfg.q_buffers = 1;
+  return cfg;
+}
+
 __host__ __device__ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool features, BwdTiles tiles) {
-  return tiles == BwdTiles::kFull ? bwd_full_tile_config(head_dim, features) : bwd_compact_tile_config(head_dim);
+  return tiles == BwdTiles::kFull           ? bwd_full_tile_config(head_dim, features)
+         : tiles == BwdTiles::kFullOneStage ? bwd_one_stage_tile_config(head_dim, features)
+                                            : bwd_compact_tile_config(head_dim);
+}
+
+// Whether a GPU whose shared memory holds the plain kernel's full tile with one Q / dO stage but not with two runs
+// that (kFullOneStage) rather than the compact tiles. On an A100 (163 KB per block) the plain full tile needs 173 KB
+// at hd 128 (one stage: 138 KB), 172 / 196 / 221 KB at hd 192 / 224 / 256 (120 / 137 / 150 KB); with the compact
+// tiles the portable backward ran 0.64x (hd 128, 186 against 315 TFLOP/s at full tiles) and 0.75-0.8x at hd 192-256
+// (H200 under FLASH_ATTN_BWD_SMEM_LIMIT=166912, twenty-first session). Plain and softcap / ALiBi calls only (the
+// feature kernel keeps its tiles). Written and compiled, not yet run: off until an A/B under that limit.
+constexpr bool kBwdOneStageTiles = false;
+__host__ __device__ constexpr bool bwd_takes_one_stage_tiles(int head_dim) {
+  (void)head_dim;
+  return kBwdOneStageTiles;
 }
 
 // Whether softcap / ALiBi calls (no bias, dropout or dbias) run in an instantiation of the plain kernel (its tiles,

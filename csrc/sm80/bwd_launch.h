@@ -179,6 +179,12 @@ void launch_main_tiles(const BwdParams& params, const BwdMainChoice& choice, cud
                                               : key_blocks * (choice.split_heads ? bwd_head_splits_of(params) : 1);
   const dim3 grid(static_cast<unsigned>(ctas_x), static_cast<unsigned>(shape.nheads_k),
                   static_cast<unsigned>(shape.batch));
+  if constexpr (kTiles == bwd::BwdTiles::kFullOneStage) {
+    // run_bwd takes the one-stage set only for calls of the plain kernel's instantiations.
+    if (!choice.plain) {
+      throw std::invalid_argument("flash_attn internal error: the one-stage backward tiles have no feature kernel");
+    }
+  }
   if (choice.split_heads) {
     // Instantiated only while the policy can split (bwd_workspace.h kBwdSplitsHeads).
     if constexpr (kBwdSplitsHeads) {
@@ -191,7 +197,7 @@ void launch_main_tiles(const BwdParams& params, const BwdMainChoice& choice, cud
     }
   } else if (choice.plain) {
     launch_main<T, kHeadDim, kMask, false, kTiles>(grid, params, choice.map, choice.smem_bytes, stream);
-  } else {
+  } else if constexpr (kTiles != bwd::BwdTiles::kFullOneStage) {
     launch_main<T, kHeadDim, kMask, true, kTiles>(grid, params, TensorMapArg{}, choice.smem_bytes, stream);
   }
 }
@@ -225,8 +231,21 @@ void run_bwd(const BwdParams& params, void* stream) {
   const int64_t row_blocks = (shape.seqlen_q + bwd::kRowwiseRows - 1) / bwd::kRowwiseRows;
 
   const bool full = smem_limit >= full_smem;
-  const BwdMainChoice choice = full ? choose_main<T, kHeadDim, kMask, BwdTiles::kFull>(params, smem_limit)
-                                    : choose_main<T, kHeadDim, kMask, BwdTiles::kCompact>(params, smem_limit);
+  // Where the full tiles do not fit, the plain kernel's full tiles with one Q / dO stage (bwd_takes_one_stage_tiles),
+  // for calls of its instantiations, before the compact ones.
+  constexpr bool kOneStage = bwd::bwd_takes_one_stage_tiles(kHeadDim);
+  constexpr int kPlainOneStageSmem =
+      kOneStage ? bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kFullOneStage>::template bytes<T>() : 0;
+  const bool one_stage =
+      kOneStage && !full && !bwd_needs_feature_kernel(params, kHeadDim) && smem_limit >= kPlainOneStageSmem;
+  BwdMainChoice choice{};
+  if (full) {
+    choice = choose_main<T, kHeadDim, kMask, BwdTiles::kFull>(params, smem_limit);
+  } else if (one_stage) {
+    if constexpr (kOneStage) choice = choose_main<T, kHeadDim, kMask, BwdTiles::kFullOneStage>(params, smem_limit);
+  } else {
+    choice = choose_main<T, kHeadDim, kMask, BwdTiles::kCompact>(params, smem_limit);
+  }
   if (row_blocks > 0) {
     bwd::bwd_preprocess_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch),
                                     bwd::kRowwiseThreads, 0, cuda_stream>>>(params, choice.layout);
@@ -234,6 +253,8 @@ void run_bwd(const BwdParams& params, void* stream) {
   if (choice.split_heads) bwd::zero_dkv_accumulators(params, cuda_stream);
   if (full) {
     launch_main_tiles<T, kHeadDim, kMask, BwdTiles::kFull>(params, choice, cuda_stream);
+  } else if (one_stage) {
+    if constexpr (kOneStage) launch_main_tiles<T, kHeadDim, kMask, BwdTiles::kFullOneStage>(params, choice, cuda_stream);
   } else {
     launch_main_tiles<T, kHeadDim, kMask, BwdTiles::kCompact>(params, choice, cuda_stream);
   }
