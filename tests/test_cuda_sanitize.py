@@ -53,9 +53,12 @@ def test_head_dim_buckets_causal_gqa(head_dim, direction):
 
 @pytest.mark.parametrize("head_dim", HEAD_DIM_BUCKETS)
 def test_compact_backward_tiles(head_dim, monkeypatch):
-    """The compact backward tiles (what sm86/sm89 GPUs run), forced on any GPU by the launcher's limit."""
+    """The compact backward tiles (what sm86/sm89 GPUs run), forced on any GPU by the launcher's limit; softcap calls
+    take the score-mods instantiation of the same tiles (bwd_plain_runs_score_mods)."""
     monkeypatch.setenv("FLASH_ATTN_BWD_SMEM_LIMIT", "101376")
     _run_dense((2, 97, 131, 4, 2, head_dim), True, causal=True)
+    if head_dim in (64, 128, 256):
+        _run_dense((1, 75, 140, 4, 1, head_dim), True, causal=False, softcap=6.0)
 
 
 @pytest.mark.parametrize("head_dim, causal", [(h, True) for h in HEAD_DIM_BUCKETS] + [(128, False), (256, False)])
