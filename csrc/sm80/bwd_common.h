@@ -244,6 +244,13 @@ __host__ __device__ constexpr bool bwd_plain_runs_score_mods(int head_dim) {
   return kBwdPlainRunsScoreMods;
 }
 
+// Whether the score-mods instantiation takes an interior-block path of its own (bwd_kernel.h): lse and D loaded by
+// pairs, no index or visibility work unless ALiBi needs the distance, instead of the general element loop (two
+// shared loads and the masking arithmetic per score). Softcap / ALiBi still cost ~26 % of the plain backward (hd 128
+// 4k, twenty-first session sweep: 233 / 235 against 320 TFLOP/s); the forward's cost is 11-16 %. Written and compiled,
+// not yet run: off until an A/B.
+constexpr bool kBwdScoreModsInteriorPath = false;
+
 // Where one batch entry's rows start and how long its sequences are (varlen: from cu_seqlens, clamped by varlen_rows).
 struct SeqInfo {
   int64_t q_row0;

@@ -483,6 +483,38 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles>::k
             }
           }
         }
+      } else if (kScoreMods && kBwdScoreModsInteriorPath && full) {
+        // Interior block of the score-mods instantiation (softcap, ALiBi; no bias, dropout or dbias here): lse and D
+        // by pairs as in the plain path, z = softcap tanh(S scale / softcap) or S scale, less the ALiBi distance.
+        const float alibi_slope_log2 =
+            has_alibi ? p.mask.alibi_slopes[b * p.mask.alibi_batch_stride + h] * static_cast<float>(kLog2e) : 0.f;
+        const float softcap_log2 = softcap * static_cast<float>(kLog2e);
+#pragma unroll
+        for (int nt = 0; nt < kSNT; ++nt) {
+          const int query_local = s_query0 + nt * kMmaN + 2 * t;
+          const float2 lse2 = *reinterpret_cast<const float2*>(cur_lse + query_local);
+          const float2 delta2 = *reinterpret_cast<const float2*>(cur_delta + query_local);
+#pragma unroll
+          for (int mt = 0; mt < kSMT; ++mt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float lse_e = (e % 2 == 0 ? lse2.x : lse2.y) * static_cast<float>(kLog2e);
+              const float delta_e = e % 2 == 0 ? delta2.x : delta2.y;
+              const float s = acc_s[mt][nt].reg[e];
+              const float th = has_softcap ? fast_tanh(s * scale_over_cap) : 0.f;
+              float z_log2 = has_softcap ? th * softcap_log2 : s * scale_log2;
+              if (has_alibi) {
+                const int key = n0 + s_key0 + mt * kMmaM + g + 8 * (e / 2);
+                const int query = m0 + query_local + (e % 2);
+                z_log2 -= alibi_slope_log2 * static_cast<float>(abs(query + offset - key));
+              }
+              const float prob = exp2f(z_log2 - lse_e);
+              const float dz = prob * (acc_dp[mt][nt].reg[e] - delta_e);
+              acc_s[mt][nt].reg[e] = prob;
+              acc_dp[mt][nt].reg[e] = has_softcap ? dz * (1.f - th * th) : dz;
+            }
+          }
+        }
       } else {
         const float alibi_slope = has_alibi ? p.mask.alibi_slopes[b * p.mask.alibi_batch_stride + h] : 0.f;
         const int64_t batch_head = static_cast<int64_t>(b) * shape.nheads_q + h;
