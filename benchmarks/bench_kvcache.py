@@ -4,7 +4,8 @@
 # flash_attn_func on the same keys (the attention-only floor) and torch SDPA's backends in the same run. Each call is
 # timed eager (a small batch's decode is bound by the host's launch work there) and, with --graph, replayed from a
 # CUDA graph as serving engines run decode (the device time alone). Prints microseconds and TB/s of K+V read; checks
-# every cache call against flash_attn_func; writes a JSON of the rows.
+# every cache call against flash_attn_func; writes a JSON of the rows. --num-splits adds the cache call with each given
+# num_splits (kvcache_s<n>), to time the split-KV policy against fixed split counts in one run.
 import argparse
 import json
 import warnings
@@ -48,7 +49,7 @@ def paged(cache: torch.Tensor, table: torch.Tensor, page_size: int) -> torch.Ten
     return pages
 
 
-def cases(fa, q, k, v, generator):
+def cases(fa, q, k, v, generator, num_splits=()):
     """name -> a zero-argument call; every call attends q over the same kv_len keys k / v."""
     batch, kv_len = k.shape[0], k.shape[1]
     lengths = torch.full((batch,), kv_len, dtype=torch.int32, device=q.device)
@@ -64,6 +65,8 @@ def cases(fa, q, k, v, generator):
             q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin, cache_seqlens=before,
             rotary_interleaved=False),
     }
+    for n in num_splits:  # over k / v themselves: the append cases above rewrite the caches' last row (rotated)
+        calls[f"kvcache_s{n}"] = lambda n=n: fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=lengths, num_splits=n)
     for page_size in PAGE_SIZES:
         table = block_table(batch, kv_len, page_size, generator, q.device)
         k_pages, v_pages = paged(k, table, page_size), paged(v, table, page_size)
@@ -110,8 +113,11 @@ def run(argv=None) -> list:
     parser.add_argument("--rep-ms", type=float, default=ba.DEFAULT_DO_BENCH_REP_MS)
     parser.add_argument("--reps", type=int, default=None)
     parser.add_argument("--graph", action="store_true", help="also time every call replayed from a CUDA graph")
+    parser.add_argument("--num-splits", default="",
+                        help="comma list of num_splits values: also time the cache call with each (kvcache_s<n>)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    num_splits = [int(n) for n in args.num_splits.split(",") if n.strip()]
     warnings.filterwarnings("ignore", category=UserWarning)  # SDPA backends explain each refusal
     args.reps = args.reps or ba.DEFAULT_REPS[args.device]
     fa, fa_error = ba.import_flash_attn()
@@ -129,7 +135,7 @@ def run(argv=None) -> list:
             q = torch.randn(batch, 1, p.nheads, p.headdim, device=p.device, dtype=dtype)
             k = torch.randn(batch, kv_len, p.nheads_k, p.headdim, device=p.device, dtype=dtype)
             v = torch.randn_like(k)
-            ours = cases(fa, q, k, v, generator)
+            ours = cases(fa, q, k, v, generator, num_splits)
             expected = ours["func"]()
             line = [f"b{batch:<3} kv{kv_len:<7}"]
             for name, call in {**ours, **peer_calls(p, q, k, v)}.items():
