@@ -254,7 +254,9 @@ void run_bwd(const BwdParams& params, void* stream) {
   if (full) {
     launch_main_tiles<T, kHeadDim, kMask, BwdTiles::kFull>(params, choice, cuda_stream);
   } else if (one_stage) {
-    if constexpr (kOneStage) launch_main_tiles<T, kHeadDim, kMask, BwdTiles::kFullOneStage>(params, choice, cuda_stream);
+    if constexpr (kOneStage) {
+      launch_main_tiles<T, kHeadDim, kMask, BwdTiles::kFullOneStage>(params, choice, cuda_stream);
+    }
   } else {
     launch_main_tiles<T, kHeadDim, kMask, BwdTiles::kCompact>(params, choice, cuda_stream);
   }

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "flash_attn/common/host_device.h"
+#include "flash_attn/common/mask.h"
 #include "flash_attn/params.h"
 
 namespace flash {
@@ -89,8 +90,7 @@ inline int64_t bwd_head_splits(const BwdParams& params, int num_sms) {
   const AttentionShape& s = params.fwd.shape;
   if (!kBwdSplitsHeads || params.deterministic || s.nheads_k < 1 || s.nheads_q % s.nheads_k != 0) return 1;
   const int64_t group = s.nheads_q / s.nheads_k;
-  const MaskParams& m = params.fwd.mask;
-  const bool masked = m.window_left != kUnboundedWindow || m.window_right != kUnboundedWindow;
+  const bool masked = mask_kind(params.fwd.mask) != MaskKind::kNone;
   const int64_t target = (masked ? kBwdHeadSplitCtasPerSm : 1) * num_sms;
   const int64_t ctas = (s.seqlen_k + kBwdHeadSplitKeysPerCta - 1) / kBwdHeadSplitKeysPerCta * s.nheads_k * s.batch;
   int64_t splits = 1;
