@@ -43,7 +43,7 @@ struct BwdTileConfig {
 // (A100 allows 163 KB, sm86/sm89 99 KB). kFullOneStage: the plain kernel's full tiles with one Q / dO stage, for GPUs
 // where the full tile does not fit but this does (bwd_takes_one_stage_tiles). kCompact: every bucket within
 // kBwdCompactSmemBudget, for any sm80+.
-enum class BwdTiles { kFull, kFullOneStage, kCompact };
+enum class BwdTiles { kFull, kCompact, kFullOneStage };
 
 // Whether a tile set takes the full tiles' shapes and layouts (kFull, kFullOneStage).
 __host__ __device__ constexpr bool bwd_full_shapes(BwdTiles tiles) {
@@ -219,8 +219,10 @@ __host__ __device__ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool f
 // at hd 128 (one stage: 138 KB), 172 / 196 / 221 KB at hd 192 / 224 / 256 (120 / 137 / 150 KB); with the compact
 // tiles the portable backward ran 0.64x (hd 128, 186 against 315 TFLOP/s at full tiles) and 0.75-0.8x at hd 192-256
 // (H200 under FLASH_ATTN_BWD_SMEM_LIMIT=166912, twenty-first session). Plain and softcap / ALiBi calls only (the
-// feature kernel keeps its tiles). Written and compiled, not yet run: off until an A/B under that limit.
-constexpr bool kBwdOneStageTiles = false;
+// feature kernel keeps its tiles). Under that limit, 4k, TFLOP/s compact -> one stage (FA2 at its own H200 tiles):
+// hd 128 185 -> 302 (290), causal 175 -> 268 (255); hd 256 208 -> 249 (246), causal 193 -> 233 (217); hd 64 (full
+// tiles fit) unchanged (twenty-second session A/B).
+constexpr bool kBwdOneStageTiles = true;
 __host__ __device__ constexpr bool bwd_takes_one_stage_tiles(int head_dim) {
   (void)head_dim;
   return kBwdOneStageTiles;
@@ -243,13 +245,6 @@ __host__ __device__ constexpr bool bwd_plain_runs_score_mods(int head_dim) {
   (void)head_dim;
   return kBwdPlainRunsScoreMods;
 }
-
-// Whether the score-mods instantiation takes an interior-block path of its own (bwd_kernel.h): lse and D loaded by
-// pairs, no index or visibility work unless ALiBi needs the distance, instead of the general element loop (two
-// shared loads and the masking arithmetic per score). Softcap / ALiBi still cost ~26 % of the plain backward (hd 128
-// 4k, twenty-first session sweep: 233 / 235 against 320 TFLOP/s); the forward's cost is 11-16 %. Written and compiled,
-// not yet run: off until an A/B.
-constexpr bool kBwdScoreModsInteriorPath = false;
 
 // Where one batch entry's rows start and how long its sequences are (varlen: from cu_seqlens, clamped by varlen_rows).
 struct SeqInfo {

@@ -464,16 +464,9 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles>::k
         if (left_bounded) full = full && m0 + kBlockM - 1 + offset - window_left <= n0;
         if (right_bounded) full = full && m0 + offset + window_right + 1 >= n0 + kBlockN;
       }
-      constexpr bool kModsInterior = kScoreMods && kBwdScoreModsInteriorPath;
-      if (full && (plain_scores || kModsInterior) && !dropout && !write_dbias) {
-        // Interior block, lse and D by pairs. No score modifiers: P = exp2(S * scale * log2e - lse * log2e), dS = P (dP
-        // - D). The score-mods instantiation's softcap / ALiBi (kBwdScoreModsInteriorPath): z = softcap tanh(S scale /
-        // softcap) or S scale, less the ALiBi distance, and dS scaled by tanh's derivative.
-        const float alibi_slope_log2 = kModsInterior && has_alibi
-                                           ? p.mask.alibi_slopes[b * p.mask.alibi_batch_stride + h] *
-                                                 static_cast<float>(kLog2e)
-                                           : 0.f;
-        const float softcap_log2 = softcap * static_cast<float>(kLog2e);
+      if (full && plain_scores && !dropout && !write_dbias) {
+        // Interior block without score modifiers, lse and D by pairs: P = exp2(S * scale * log2e - lse * log2e),
+        // dS = P (dP - D).
 #pragma unroll
         for (int nt = 0; nt < kSNT; ++nt) {
           const int query_local = s_query0 + nt * kMmaN + 2 * t;
@@ -485,24 +478,9 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles>::k
             for (int e = 0; e < 4; ++e) {
               const float lse_e = (e % 2 == 0 ? lse2.x : lse2.y) * static_cast<float>(kLog2e);
               const float delta_e = e % 2 == 0 ? delta2.x : delta2.y;
-              const float s = acc_s[mt][nt].reg[e];
-              float th = 0.f;
-              float prob;
-              if (!kModsInterior || plain_scores) {  // kernels without the path enter only with plain scores
-                prob = exp2f(fmaf(s, scale_log2, -lse_e));
-              } else {
-                th = has_softcap ? fast_tanh(s * scale_over_cap) : 0.f;
-                float z_log2 = has_softcap ? th * softcap_log2 : s * scale_log2;
-                if (has_alibi) {
-                  const int key = n0 + s_key0 + mt * kMmaM + g + 8 * (e / 2);
-                  const int query = m0 + query_local + (e % 2);
-                  z_log2 -= alibi_slope_log2 * static_cast<float>(abs(query + offset - key));
-                }
-                prob = exp2f(z_log2 - lse_e);
-              }
-              const float dz = prob * (acc_dp[mt][nt].reg[e] - delta_e);
+              const float prob = exp2f(fmaf(acc_s[mt][nt].reg[e], scale_log2, -lse_e));
               acc_s[mt][nt].reg[e] = prob;
-              acc_dp[mt][nt].reg[e] = kModsInterior && has_softcap ? dz * (1.f - th * th) : dz;
+              acc_dp[mt][nt].reg[e] = prob * (acc_dp[mt][nt].reg[e] - delta_e);
             }
           }
         }

@@ -104,9 +104,10 @@ constexpr bool kPagedIndexByLanes = true;
 // the contiguous time at batch >= 16 (twenty-first session; 1,344 instructions per tile at hd 128 against the dense
 // kernel's 664, one warp per CTA, four per SM: issue-bound). SASS (hd 128 decode, sm_90a, hottest loop): 1,344 ->
 // 1,227 static instructions, the lookups' shuffles and multiply-adds now behind uniform branches taken twice per tile
-// at page 16 (IMAD 501 -> 322); ptxas spill 0 -> 28 / 44 bytes (255 registers both). Written and compiled, not yet
-// run: off until an A/B.
-constexpr bool kPagedRowsStepped = false;
+// at page 16 (IMAD 501 -> 322); ptxas spill 0 -> 28 / 44 bytes (255 registers both). Page 16, us from a CUDA graph,
+// best of 2 interleaved rounds (twenty-second session A/B): 1 x 8k 23.7 -> 22.0, 16 x 8k 210.4 -> 143.3, 64 x 4k
+// 400.7 -> 264.1 (contiguous 20.5 / 136.7 / 250.2); page 256 and contiguous unchanged.
+constexpr bool kPagedRowsStepped = true;
 
 template <typename T>
 struct FwdTiles {

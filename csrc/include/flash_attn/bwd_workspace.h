@@ -76,14 +76,15 @@ inline int64_t bwd_dq_splits(const BwdParams& params, int num_sms) {
 
 // How many CTAs per key block share a KV head's query heads in the portable backward (BwdParams::head_splits; the
 // Hopper backward has its own rule, dispatch/sm90_policy.h). A CTA sums dK and dV of its key block over every query
-// head of its group, so MQA / GQA grids are small, and causal masks give the first key blocks the most work: H200,
-// bf16, hd 128, 4 x 4k, 32 query heads, causal (twenty-first session sweep, TFLOP/s, FA2 in brackets): 32/1 159
-// (260), 32/4 242 (260), 32/8 270 (256), 32/32 278 (266); 32/1 non-causal 328 (292). Split until the grid has
-// kBwdHeadSplitCtasPerSm CTAs per SM where masked (the longest blocks first, the rest fill in behind them) or one
-// per SM otherwise; the splits add into fp32 accumulators (2 x total_k x nheads_k x the padded head dim, bounded by
-// the small grid) and a conversion follows. Deterministic calls keep one CTA per group (the additions' order would
-// vary). Written and compiled, not yet run: off until an A/B (kBwdSplitsHeads).
-constexpr bool kBwdSplitsHeads = false;
+// head of its group, so MQA / GQA grids are small, and causal masks give the first key blocks the most work. Masked
+// calls split until the grid has kBwdHeadSplitCtasPerSm CTAs per SM (the longest blocks first, the rest fill in behind
+// them); unmasked ones only while the split grid still fits in one wave, since a second wave costs more than the idle
+// SMs of a nearly full one. The splits add into fp32 accumulators (2 x total_k x nheads_k x the padded head dim,
+// bounded by the small grid) and a conversion follows. Deterministic calls keep one CTA per group (the additions'
+// order would vary). H200, bf16, hd 128, 4 x 4k, 32 query heads, TFLOP/s without / with the split, FA2 in brackets
+// (twenty-second session A/B): causal 32/1 158 / 296 (261), 32/4 243 / 268 (258), 32/8 271 / 268 (256, no split);
+// 32/1 non-causal split in two 328 / 314 (292), hence the one-wave rule (128 CTAs on 132 SMs: no split).
+constexpr bool kBwdSplitsHeads = true;
 constexpr int64_t kBwdHeadSplitCtasPerSm = 4;
 constexpr int64_t kBwdHeadSplitKeysPerCta = 128;  // the portable plain tiles' key block up to hd 128 (bwd_common.h)
 inline int64_t bwd_head_splits(const BwdParams& params, int num_sms) {
@@ -91,13 +92,14 @@ inline int64_t bwd_head_splits(const BwdParams& params, int num_sms) {
   if (!kBwdSplitsHeads || params.deterministic || s.nheads_k < 1 || s.nheads_q % s.nheads_k != 0) return 1;
   const int64_t group = s.nheads_q / s.nheads_k;
   const bool masked = mask_kind(params.fwd.mask) != MaskKind::kNone;
-  const int64_t target = (masked ? kBwdHeadSplitCtasPerSm : 1) * num_sms;
   const int64_t ctas = (s.seqlen_k + kBwdHeadSplitKeysPerCta - 1) / kBwdHeadSplitKeysPerCta * s.nheads_k * s.batch;
   int64_t splits = 1;
-  while (splits < group && ctas * splits < target) {
-    do {
-      ++splits;
-    } while (group % splits != 0);
+  while (splits < group) {
+    int64_t next = splits + 1;
+    while (group % next != 0) ++next;
+    const bool enough = masked ? ctas * splits >= kBwdHeadSplitCtasPerSm * num_sms : ctas * next > num_sms;
+    if (enough) break;
+    splits = next;
   }
   return splits;
 }
