@@ -30,6 +30,20 @@ bool needs_general_kernel(const FwdParams& p) {
          !(p.softmax_scale > 0.0);
 }
 
+// How many split CTAs per SM a split-KV call plans for: the resident CTAs of its tile, but at most
+// kContiguousDecodeSplitCtasPerSm for decode calls on a contiguous cache. Their cp.async rings keep enough bytes in
+// flight with two one-warp CTAs per SM, and fewer splits mean a shorter combine. H200, bf16, GQA 32/8, hd 128, us
+// from a CUDA graph, best of 2 interleaved rounds, 4 -> 2 CTAs per SM (twenty-second session A/B; cuDNN in the same
+// run): 1 x 8k 20.7 -> 20.1 (22.3), 1 x 128k 140.1 -> 137.8 (138.0), 8 x 32k 258.5 -> 254.1 (255.2), 16 x 8k 138.7 ->
+// 137.6 (135.1), 64 x 4k unchanged (no split). Paged caches keep every resident CTA: their per-page lookups need the
+// latency hiding, and with two per SM page 16 went 145 -> 250 us at 16 x 8k and page 256 142 -> 206.
+constexpr int kContiguousDecodeSplitCtasPerSm = 2;
+int split_ctas_per_sm(const FwdParams& p, int bucket, bool general, sm80::FwdTileKind kind, sm80::SmemLimits smem) {
+  const int resident = sm80::fwd_ctas_per_sm(bucket, general, kind, smem);
+  const bool decode = kind == sm80::FwdTileKind::kDecode || kind == sm80::FwdTileKind::kDecodeCompact;
+  return decode && p.block_table == nullptr ? std::min(resident, kContiguousDecodeSplitCtasPerSm) : resident;
+}
+
 }  // namespace
 
 bool pack_gqa_decode(FwdParams& p) {
@@ -61,7 +75,7 @@ int choose_fwd_num_splits(const FwdParams& p, int num_sms, sm80::SmemLimits smem
   const sm80::FwdTileConfig tile = sm80::fwd_tile_config(bucket, general, kind);
   const int64_t ctas = p.shape.batch * p.shape.nheads_q * ((p.shape.seqlen_q + tile.block_m - 1) / tile.block_m);
   const int64_t key_tiles = (p.shape.seqlen_k + tile.block_n - 1) / tile.block_n;
-  const int64_t slots = static_cast<int64_t>(num_sms) * sm80::fwd_ctas_per_sm(bucket, general, kind, smem);
+  const int64_t slots = static_cast<int64_t>(num_sms) * split_ctas_per_sm(p, bucket, general, kind, smem);
   if (ctas <= 0 || ctas * 2 > slots) return 1;
   // Planned on the longest length (seqused_k is never read on the host): a shorter sequence's splits past its
   // last key tile see no key, write lse -inf, and the combine kernel weights them 0.

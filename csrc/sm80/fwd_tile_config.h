@@ -49,7 +49,7 @@ constexpr int kMaxKeySplits = 128;
 // dim 128) the 8-warp wide tile. kCompact: the one-stage tiles (the wide hd > 128 tile needs 135 KB of shared memory
 // per block at head dim 256, 198 KB as a ring, and the hd <= 128 rings 92-104 KB: H100/H200 have 227 KB per block and
 // 228 KB per SM, A100 163/164 KB, sm86/sm89 99/100 KB), taken where the standard tile does not fit or would lose a CTA
-// per SM, and above head dim 128 for causal/local calls with key ranges below kWideMinKeys (a CTA of the wide tile runs
+// per SM, and at head dim 256 for causal/local calls with key ranges below kWideMinKeys (a CTA of the wide tile runs
 // ~30 us at 512 keys and, alone on its SM, exposes its ~2 us Q/K/V prologue and epilogue, which two CTAs per SM
 // overlap). With padded tiles the wide tile tied the 64-row one at 2k non-causal and lost 5 % causal. Swizzled
 // (fwd_swizzles_kv), measured on the H200 (bf16, three interleaved rounds, best TFLOP/s, wide / 64-row, FA2 in the same
@@ -63,6 +63,12 @@ constexpr int kMaxKeySplits = 128;
 enum class FwdTileKind { kStandard, kDecode, kCompact, kDecodeCompact };
 constexpr int kDecodeMinCtasPerSm = 4;
 constexpr long long kWideMinKeys = 16384;
+// The head dims whose causal / local calls below kWideMinKeys keys take the compact 64-row tile: 256 only. At 160-224
+// the wide tile won at every length, H200, bf16, portable forward, causal, 1k / 4k / 8k TFLOP/s, compact -> wide,
+// best of 2 interleaved rounds (twenty-second session A/B; FA2 in brackets): hd 160 213 / 243 / 249 -> 221 / 272 /
+// 283 (194 / 231 / 239), hd 192 210 / 244 / 252 -> 238 / 295 / 308 (251 / 305 / 316), hd 224 186 / 228 / 237 -> 219
+// / 266 / 280 (216 / 240 / 247).
+constexpr int kShortCausalCompactAboveHeadDim = 224;
 
 // K/V stages of the standard tiles at head dims <= 64 and 97-128. Two put V of the first tile in flight with Q
 // and K and K/V two tiles ahead; measured on the H200 (bf16, docs/perf_log.md "forward v4") they were slower at
@@ -297,7 +303,7 @@ FLASH_HOST_DEVICE constexpr FwdTileKind fwd_tile_kind(int head_dim, bool general
   const bool standard_fits = fwd_smem_bytes(head_dim, general, standard) <= limits.per_block_optin &&
                              fwd_ctas_per_sm(head_dim, general, standard, limits) ==
                                  fwd_ctas_per_sm_by_registers(head_dim, general, standard);
-  const bool short_wide = head_dim > 128 && masked && seqlen_k < kWideMinKeys;
+  const bool short_wide = head_dim > kShortCausalCompactAboveHeadDim && masked && seqlen_k < kWideMinKeys;
   const bool decode_fits = fwd_ctas_per_sm(head_dim, general, FwdTileKind::kDecode, limits) >= kDecodeMinCtasPerSm;
   return fwd_uses_decode_tile(seqlen_q, general) ? (decode_fits ? FwdTileKind::kDecode : FwdTileKind::kDecodeCompact)
          : standard_fits && !short_wide          ? standard
