@@ -189,6 +189,7 @@ int main() {
     }
     p.block_stats = random() % 2 == 0;
     p.deterministic = random() % 4 == 0;
+    if (random() % 2 == 0) p.fwd.mask.window_right = 0;  // causal
     const int num_sms = sm_counts[random() % 3];
     // The Hopper entries (block_stats) take their own dq split count, the portable ones the shared rule.
     p.dq_splits = p.block_stats ? flash::sm90_bwd_dq_splits(p, num_sms) : flash::bwd_dq_splits(p, num_sms);
@@ -198,6 +199,13 @@ int main() {
     if (portable_splits < 1 || group % portable_splits != 0) fail("portable splits", p, portable_splits, group);
     if ((p.deterministic || !flash::kBwdSplitsHeads) && portable_splits != 1) {
       fail("portable splits when deterministic or off", p, portable_splits, 1);
+    }
+    // Unmasked calls split only while the split grid fits in one wave of num_sms CTAs.
+    const int64_t key_ctas = (s.seqlen_k + flash::kBwdHeadSplitKeysPerCta - 1) / flash::kBwdHeadSplitKeysPerCta *
+                             s.nheads_k * s.batch;
+    if (flash::mask_kind(p.fwd.mask) == flash::MaskKind::kNone && portable_splits > 1 &&
+        key_ctas * portable_splits > num_sms) {
+      fail("unmasked portable splits past one wave", p, key_ctas * portable_splits, num_sms);
     }
     p.head_splits = p.block_stats ? flash::sm90_bwd_head_splits(p, num_sms) : portable_splits;
     if (p.block_stats) check_splits(p, num_sms);
@@ -221,6 +229,29 @@ int main() {
     s.nheads_q = s.nheads_k = 32;
     const int64_t own_keys = flash::sm90_bwd_dq_splits(p, 132);
     if (own_keys != 8) fail("hd 64 16k dq accumulators", p, own_keys, 8);
+  }
+  // The portable head splits at the shapes they were measured on (docs/perf_log.md, twenty-second session): hd 128,
+  // 4 x 4k, 32 query heads, 132 SMs. MQA causal: 128 key-block CTAs split 8 ways (until 4 CTAs per SM); MQA
+  // non-causal: 128 CTAs already fill the one wave (two ways ran 328 -> 314 TFLOP/s); GQA 32/8 causal: 1,024 CTAs.
+  if (flash::kBwdSplitsHeads) {
+    flash::BwdParams p;
+    flash::AttentionShape& s = p.fwd.shape;
+    s.batch = 4;
+    s.nheads_q = 32;
+    s.nheads_k = 1;
+    s.head_dim = 128;
+    s.seqlen_q = s.seqlen_k = 4096;
+    s.total_q = s.total_k = 4 * 4096;
+    p.fwd.mask.window_right = 0;
+    const int64_t mqa_causal = flash::bwd_head_splits(p, 132);
+    if (mqa_causal != 8) fail("MQA causal head splits", p, mqa_causal, 8);
+    p.fwd.mask.window_right = flash::kUnboundedWindow;
+    const int64_t mqa = flash::bwd_head_splits(p, 132);
+    if (mqa != 1) fail("MQA non-causal head splits", p, mqa, 1);
+    s.nheads_k = 8;
+    p.fwd.mask.window_right = 0;
+    const int64_t gqa = flash::bwd_head_splits(p, 132);
+    if (gqa != 1) fail("GQA 32/8 causal head splits", p, gqa, 1);
   }
   std::printf("%d cases, %d failures\n", cases, failures);
   return failures == 0 ? 0 : 1;
