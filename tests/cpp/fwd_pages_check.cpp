@@ -1,8 +1,8 @@
 // Host check of which paged-cache calls the CUDA forward reads in place (dispatch/fwd_plan.cpp fwd_reads_pages), run
 // by tests/test_fwd_pages_policy.py: decode-shaped lean calls with pages of whole 32-key blocks do; pages smaller than
 // a block, pages of other sizes, prefill-shaped calls (more than 16 rows per KV head after GQA packing), softcap,
-// returned probabilities, varlen and calls without a block table do not (the API gathers their pages). Prints one
-// line per failure and a summary; exits 1 on any failure.
+// returned probabilities, varlen and calls without a block table do not (the API gathers their pages). Also the split
+// counts of decode calls (choose_fwd_num_splits). Prints one line per failure and a summary; exits 1 on any failure.
 #include <cstdint>
 #include <cstdio>
 #include <initializer_list>
@@ -45,9 +45,33 @@ void expect(const char* what, const flash::FwdParams& p, bool want) {
   }
 }
 
+// The split count choose_fwd_num_splits plans for a GQA 32/8 decode call (packed as the CUDA plan packs it) on the
+// H200's 132 SMs: contiguous caches at two CTAs per SM, paged ones at every resident CTA (four decode CTAs).
+void expect_splits(const char* what, int64_t batch, int64_t seqlen_k, bool paged, int want) {
+  ++cases;
+  constexpr int kH200Sms = 132;
+  flash::FwdParams p = decode_call(32, 8, 1, 16);
+  p.shape.batch = batch;
+  p.shape.seqlen_k = seqlen_k;
+  if (!paged) p.block_table = nullptr;
+  flash::pack_gqa_decode(p);
+  const int got = flash::choose_fwd_num_splits(p, kH200Sms, kH200);
+  if (got != want) {
+    ++failures;
+    std::printf("FAIL %s: batch %ld, keys %ld, paged %d: %d splits, want %d\n", what, long(batch), long(seqlen_k),
+                int(paged), got, want);
+  }
+}
+
 }  // namespace
 
 int main() {
+  // 1 x 8k: 256 key tiles of 32 over 8 packed CTAs; 33 wanted at two per SM (32 after evening out), 66 at four (64).
+  expect_splits("1 x 8k contiguous", 1, 8192, false, 32);
+  expect_splits("1 x 8k paged", 1, 8192, true, 64);
+  expect_splits("16 x 8k contiguous", 16, 8192, false, 2);
+  expect_splits("16 x 8k paged", 16, 8192, true, 4);
+  expect_splits("64 x 4k: 512 CTAs, no split", 64, 4096, false, 1);
   for (int page_size : {32, 64, 96, 256, 4096}) {
     expect("GQA decode, whole-block pages", decode_call(32, 8, 1, page_size), true);
     expect("MHA decode, whole-block pages", decode_call(8, 8, 1, page_size), true);
