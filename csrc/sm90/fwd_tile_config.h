@@ -53,9 +53,11 @@ constexpr bool fwd_persistent_pays(int head_dim, bool masked, int64_t seqlen_k) 
   return seqlen_k <= (masked ? fwd_masked_persistent_max_keys(head_dim) : kFwdPersistentMaxKeys);
 }
 
-// How many column groups of a key block share one group of FMA-pipe exponentials (fwd_kernel.h softmax_step): 0
-// (all on the MUFU unit) until timed. HOPPER_NOTES.md section 7 measured 15.8 exp/clk/SM on MUFU alone and 20.6 with
-// one polynomial for three MUFU ops, so 4 should lift the exp-bound hd 64 forward; predicted +10-20 % there.
+// How many column groups of a key block share one group of FMA-pipe exponentials (fwd_kernel.h softmax_step): 0,
+// all on the MUFU unit. HOPPER_NOTES.md section 7 measured 15.8 exp/clk/SM on MUFU alone and 20.6 with one polynomial
+// for three MUFU ops, so 4 was predicted to lift the exp-bound hd 64 forward 10-20 %; measured on the H200 (bf16,
+// twentieth session, 4 against 0, cuDNN in brackets): 16k 431 / 464 (484), 2k 417 / 433 (466), 512 318 / 346 (390),
+// causal 16k 426 / 448 (468): 4-9 % slower, as tools/sm90_fwd_check.cu had found in the sixteenth session.
 constexpr int fwd_poly_exp_every(int head_dim) {
   (void)head_dim;
   return 0;
