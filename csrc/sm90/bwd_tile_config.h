@@ -38,8 +38,9 @@ constexpr bool bwd_dq_column_halves(int head_dim) { return head_dim >= 128; }
 // 312 TFLOP/s, a step takes an estimated
 // ~8,000 cycles for ~2,600 of GEMM work). ptxas at hd 128, bytes of spill: lean kernel 16 serial, 36 with it (in the
 // prologue and epilogue, none in the step loop); with dP^T ahead as well 716, so S^T alone. The general kernels (76
-// serial, 164 with S^T ahead) stay serial. Off until timed against the serial order (tools/ab_bench.sh, this function
-// flipped).
+// serial, 164 with S^T ahead) stay serial. Measured on the H200 against the serial order (bf16, best of 2 rounds,
+// seventeenth session, docs/perf_log.md): hd 128 4k / 16k 410 / 432 against 445 / 493 TFLOP/s, causal 350 / 427
+// against 400 / 480; hd 64 within 1 % non-causal, causal 251 / 296 against 297 / 353. Off.
 constexpr bool bwd_prefetches_scores(int head_dim, bool general) {
   (void)head_dim;
   (void)general;
@@ -73,7 +74,8 @@ constexpr bool bwd_reduces_dq_in_bulk(int head_dim) {
 // its own accumulator's rows of the map, waiting at every key block's start for its previous block's reductions to
 // complete (bulk reductions from one thread carry no order between them; with the wait, each element's adds arrive
 // in key-block order). They reduce from registers now: 0.45-0.80x of the default backward (nineteenth session), whose
-// bulk reductions measured +13-19 % over registers. Written, compiled, not yet run: off until tested and timed.
+// bulk reductions measured +13-19 % over registers. Measured on the H200 (bf16, hd 128, best of 2 rounds, twentieth
+// session, docs/perf_log.md): 16k 351 -> 330, 2k 298 -> 291, causal 311 -> 297 / 268 -> 254 TFLOP/s, 3-6 % slower. Off.
 constexpr bool kBwdDeterministicDqInBulk = false;
 constexpr bool bwd_deterministic_dq_in_bulk(int head_dim) {
   (void)head_dim;
