@@ -35,6 +35,10 @@ struct CtaWindow {
   int left;
   int right;
   int offset;
+  // Key col is visible to row r iff r + lo_shift <= col <= r + hi_shift (with col < seqlen_k): the window's bounds
+  // folded into two shifts, an unbounded side's past every key (kFwdLocalMaskByShifts).
+  int lo_shift;
+  int hi_shift;
 };
 
 template <MaskKind kMask>
@@ -48,6 +52,9 @@ __device__ __forceinline__ CtaWindow cta_window(const MaskParams& mask, int seql
   w.left = w.has_left ? clamp(mask.window_left) : 0;
   w.right = kMask == MaskKind::kCausal ? 0 : (w.has_right ? clamp(mask.window_right) : 0);
   w.offset = mask.bottom_right ? seqlen_k - seqlen_q : 0;
+  // Unbounded: row - (seqlen_q + seqlen_k) < 0 <= col and row + seqlen_q + seqlen_k >= seqlen_k > col for every row.
+  w.lo_shift = w.has_left ? w.offset - w.left : -clamp(limit);
+  w.hi_shift = w.has_right ? w.offset + w.right : clamp(limit);
   return w;
 }
 
@@ -108,6 +115,12 @@ constexpr bool kPagedIndexByLanes = true;
 // best of 2 interleaved rounds (twenty-second session A/B): 1 x 8k 23.7 -> 22.0, 16 x 8k 210.4 -> 143.3, 64 x 4k
 // 400.7 -> 264.1 (contiguous 20.5 / 136.7 / 250.2); page 256 and contiguous unchanged.
 constexpr bool kPagedRowsStepped = true;
+// Whether local (sliding-window) kernels test visibility against the two shifts of CtaWindow (two compares per score,
+// two ints live through the key loop) instead of the window's flags, bounds and offset. The lean hd 128 local kernel
+// spills 144 / 200 bytes (ptxas, sm_90a) where the causal one spills none, and a window cost the portable forward
+// 27-32 % against the same call without it (twenty-first / twenty-second sessions' sweeps; bar 15 %). Written and
+// compiled, not yet run: off until an A/B.
+constexpr bool kFwdLocalMaskByShifts = false;
 
 template <typename T>
 struct FwdTiles {
@@ -1015,9 +1028,12 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
     // decode kernels, e.g. sm90 sliding-window hd160: 36 more bytes of spill loads and 2 more main-loop
     // instructions; or sm90 no-mask hd32: main loop 289 -> 304 instructions.
     const CtaWindow& win = cta.win;
-    const bool needs_mask = n0 + kBlockN > cta.seqlen_k ||
-                            (win.has_right && n0 + kBlockN - 1 > cta.m0 + win.offset + win.right) ||
-                            (win.has_left && n0 < cta.m0 + kBlockM - 1 + win.offset - win.left);
+    constexpr bool kShifts = kMask == MaskKind::kLocal && kFwdLocalMaskByShifts;
+    const bool needs_mask =
+        kShifts ? n0 + kBlockN > cta.seqlen_k || n0 + kBlockN - 1 > cta.m0 + win.hi_shift ||
+                      n0 < cta.m0 + kBlockM - 1 + win.lo_shift
+                : n0 + kBlockN > cta.seqlen_k || (win.has_right && n0 + kBlockN - 1 > cta.m0 + win.offset + win.right) ||
+                      (win.has_left && n0 < cta.m0 + kBlockM - 1 + win.offset - win.left);
     if (needs_mask) {
 #pragma unroll
       for (int s = 0; s < kStrips; ++s) {
@@ -1027,8 +1043,10 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
           for (int e = 0; e < 4; ++e) {
             const int row = rows[s][e / 2];
             const int col = n0 + nt * kMmaN + 2 * cta.t + (e % 2);
-            const bool visible = col < cta.seqlen_k && (!win.has_left || col >= row + win.offset - win.left) &&
-                                 (!win.has_right || col <= row + win.offset + win.right);
+            const bool visible =
+                kShifts ? col < cta.seqlen_k && col >= row + win.lo_shift && col <= row + win.hi_shift
+                        : col < cta.seqlen_k && (!win.has_left || col >= row + win.offset - win.left) &&
+                              (!win.has_right || col <= row + win.offset + win.right);
             if (!visible) sc[s][nt].reg[e] = -INFINITY;
           }
         }
