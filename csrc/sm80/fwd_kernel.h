@@ -118,9 +118,12 @@ constexpr bool kPagedRowsStepped = true;
 // Whether local (sliding-window) kernels test visibility against the two shifts of CtaWindow (two compares per score,
 // two ints live through the key loop) instead of the window's flags, bounds and offset. The lean hd 128 local kernel
 // spills 144 / 200 bytes (ptxas, sm_90a) where the causal one spills none, and a window cost the portable forward
-// 27-32 % against the same call without it (twenty-first / twenty-second sessions' sweeps; bar 15 %). Written and
-// compiled, not yet run: off until an A/B.
-constexpr bool kFwdLocalMaskByShifts = false;
+// 27-32 % against the same call without it (twenty-first / twenty-second sessions' sweeps; bar 15 %). With the shifts
+// the hottest loop at hd 128 is 1,202 instructions (BRA 3) against 2,069 (BRA 522). Measured (H200, bf16, window
+// left = seqlen / 4, two interleaved rounds, best TFLOP/s, flags -> shifts; twenty-third session): hd 64 2k / 8k
+// 218 / 331 -> 294 / 355, causal 132 / 273 -> 227 / 329; hd 128 223 / 289 -> 264 / 311, causal 164 / 258 -> 214 /
+// 293; hd 256 278 / 310 -> 286 / 328, causal 230 / 300 -> 244 / 312; hd 96 causal 151 / 261 -> 206 / 290.
+constexpr bool kFwdLocalMaskByShifts = true;
 
 template <typename T>
 struct FwdTiles {
