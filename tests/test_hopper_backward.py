@@ -154,8 +154,9 @@ def test_softcap_and_alibi(forced, feature, causal, head_dim):
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic(forced, head_dim, causal):
-    """deterministic=True: each CTA owns its dq accumulators (at hd 64 one per consumer) and walks its key blocks in
-    order; dq, dk, dv are bitwise equal over repeated runs, and correct."""
+    """deterministic=True: up to hd 128 the key blocks add into one dq accumulator in a fixed order per query block
+    (csrc/sm90/bwd_ordered_dq.h), above it each CTA owns its dq accumulator and walks its key blocks in order; dq, dk,
+    dv are bitwise equal over repeated runs, and correct."""
     _require(torch.bfloat16, head_dim, "causal" if causal else "none")
     q, k, v = _leaves((2, 700, 4, head_dim), (2, 900, 2, head_dim), (2, 900, 2, head_dim))
     dout = randn(2, 700, 4, head_dim, dtype=torch.bfloat16, device="cuda")
@@ -167,6 +168,56 @@ def test_deterministic(forced, head_dim, causal):
         assert all(torch.equal(a, b) for a, b in zip(runs[0], later))
     out = flash_attn_func(q, k, v, causal=causal, deterministic=True)
     _check_grads(out, (q, k, v), dout, lambda *x, **kw: attention_ref(*x, causal=causal, **kw))
+
+
+def _repeatable_and_correct(run, inputs, dout, ref_fn):
+    runs = [torch.autograd.grad(run(), inputs, dout) for _ in range(3)]
+    for later in runs[1:]:
+        for name, a, b in zip("qkv", runs[0], later):
+            assert torch.equal(a, b), f"d{name} differs between deterministic runs"
+    _check_grads(run(), inputs, dout, ref_fn)
+
+
+# The ordered dQ's orders (csrc/sm90/bwd_cta.h; arrival order up to 16 key blocks of 128, descending above):
+# arrival order with rotated walks (unmasked) and under a window, more key blocks than query blocks (ties at a
+# step), more query blocks than key blocks (causal), the descending order under a window, and more key blocks per
+# head than the GPU has SMs. test_deterministic_varlen: causal varlen with empty and ragged sequences.
+ORDER_CASES = {
+    "window": dict(shape=(2, 700, 900), window=(100, 50)),
+    "keys_past_queries": dict(shape=(2, 130, 2000)),
+    "queries_past_keys": dict(shape=(1, 1500, 300), causal=True),
+    "descending_window": dict(shape=(1, 600, 3000), window=(700, 300)),
+    "more_key_blocks_than_sms": dict(shape=(1, 200, 128 * 140 + 5)),
+}
+
+
+@pytest.mark.parametrize("case", list(ORDER_CASES))
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_deterministic_orders(forced, case, head_dim):
+    spec = ORDER_CASES[case]
+    causal = spec.get("causal", False)
+    window = spec.get("window", (-1, -1))
+    _require(torch.bfloat16, head_dim, "local" if window != (-1, -1) else "causal" if causal else "none")
+    batch, seqlen_q, seqlen_k = spec["shape"]
+    q, k, v = _leaves((batch, seqlen_q, 4, head_dim), (batch, seqlen_k, 2, head_dim), (batch, seqlen_k, 2, head_dim))
+    dout = randn(batch, seqlen_q, 4, head_dim, dtype=torch.bfloat16, device="cuda")
+    kwargs = dict(causal=causal, window_size=window)
+    _repeatable_and_correct(lambda: flash_attn_func(q, k, v, deterministic=True, **kwargs), (q, k, v), dout,
+                            lambda *x, **kw: attention_ref(*x, **kwargs, **kw))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_deterministic_varlen(forced, head_dim):
+    _require(torch.bfloat16, head_dim, "causal")
+    seqlens_q, seqlens_k = [300, 0, 517, 64], [260, 40, 700, 1]
+    q, k, v, cu_q, cu_k = varlen_tensors(seqlens_q, seqlens_k, 4, 2, head_dim, torch.bfloat16, "cuda",
+                                         requires_grad=True)
+    dout = randn(*q.shape, dtype=torch.bfloat16, device="cuda")
+    _repeatable_and_correct(
+        lambda: flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), causal=True,
+                                       deterministic=True),
+        (q, k, v), dout,
+        lambda *x, **kw: attention_varlen_ref(*x, cu_q.cpu(), cu_k.cpu(), causal=True, **kw)[:2])
 
 
 # Backward calls the Hopper backward does not serve yet: feature (as its force error names it) -> flash_attn_func

@@ -21,13 +21,13 @@ PYTEST=(python3 -m pytest -q -p no:cacheprovider -m sanitize tests/test_cuda_san
 # SANITIZE_PORTABLE=0 runs the Hopper pass alone.
 [ "${SANITIZE_PORTABLE:-1}" = 1 ] && for tool in memcheck racecheck; do
   echo "== compute-sanitizer --tool $tool (portable kernels)"
-  FLASH_ATTN_HOPPER=0 "$SANITIZER" --tool "$tool" --error-exitcode 1 --print-limit 20 "${PYTEST[@]}"
+  FLASH_ATTN_SANITIZE_TOOL="$tool" FLASH_ATTN_HOPPER=0 "$SANITIZER" --tool "$tool" --error-exitcode 1 --print-limit 20 "${PYTEST[@]}"
 done
 hopper_code=$(python3 -c "import torch, flash_attn_C as C; print(int(C.loaded_code(0)[0] >= 90))" 2>/dev/null || echo 0)
 if [ "$hopper_code" = 1 ]; then
   for tool in memcheck racecheck synccheck; do
     echo "== compute-sanitizer --tool $tool (Hopper kernels where they serve the call)"
-    FLASH_ATTN_HOPPER=1 "$SANITIZER" --tool "$tool" --error-exitcode 1 --print-limit 20 "${PYTEST[@]}"
+    FLASH_ATTN_SANITIZE_TOOL="$tool" FLASH_ATTN_HOPPER=1 "$SANITIZER" --tool "$tool" --error-exitcode 1 --print-limit 20 "${PYTEST[@]}"
   done
 fi
 echo "== sanitizers clean"

@@ -136,6 +136,7 @@ int64_t sm90_bwd_dq_splits(const BwdParams& p, int num_sms) {
   const AttentionShape& s = p.fwd.shape;
   if (!p.deterministic) return 1;
   const int bucket = sm90_head_dim_bucket(s.head_dim);
+  if (sm90::bwd_orders_dq(bucket)) return 1;  // one accumulator, added into in key-block order
   const int64_t block_n = sm90::bwd_tile_config(bucket).block_n;
   const int64_t key_blocks = std::max<int64_t>((s.seqlen_k + block_n - 1) / block_n, 1);
   const int64_t ctas = std::max<int64_t>(s.batch * s.nheads_k, 1);

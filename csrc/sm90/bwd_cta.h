@@ -31,6 +31,15 @@ struct BwdKernelArgs {
   float scale_log2;  // softmax_scale * log2(e)
   int heads_per_kv;
   int num_n_blocks;  // key blocks of the longest sequence; CTA x takes blocks x, x + gridDim.x, ...
+  // Deterministic calls with ordered dQ (bwd_tile_config.h bwd_orders_dq): CTA x takes key block num_n_blocks - 1 - x
+  // alone and adds a query block's dQ into accumulator 0 after the key blocks before it in that query block's order
+  // (bwd_ordered_dq.h): every higher key block that sees it, or, with dq_arrival_order, every key block that reaches
+  // it at an earlier step (ties: the higher first), unmasked calls then starting each key block's walk at its own
+  // query block (BwdBlock::rotation). Arrival order makes a CTA wait for CTAs launched after it, so it needs the whole
+  // key-block range of a (batch, KV head) resident at once: at most one CTA per SM of them (the launcher's check).
+  bool dq_ordered;
+  bool dq_arrival_order;
+  bool dq_rotates;  // arrival order in a call without a mask
   // BwdParams::head_splits: CTA x takes query heads (x % head_splits) * heads_per_split ... of its KV head's group
   // for key block x / head_splits and adds dK, dV into the workspace's fp32 accumulators (head_splits > 1 only in
   // calls that are not deterministic: one CTA per key block and split).
@@ -45,6 +54,7 @@ struct BwdBlock {
   int m_min;
   int m_count;
   int steps;
+  int rotation;  // each head's walk starts at query block m_min + rotation and wraps (0 unless rotated)
 };
 
 // A CTA's (batch entry, KV head), its sequence, and which key blocks and query heads it walks.
@@ -59,14 +69,16 @@ struct BwdCta {
   BwdWorkspace workspace;
   int64_t global_q_row0;     // the sequence's first row in the workspace's per-head rows
   const float* stat_blocks;  // its statistics blocks, head 0 (bwd_workspace.h): block m holds query block m
-  // Deterministic calls: CTA x adds dQ into its own accumulators alone (x, or 2x and 2x + 1 by consumer:
-  // bwd_dq_accumulators_per_cta; the dq conversion sums them in a fixed order) and walks its key blocks in order;
-  // otherwise gridDim.x covers every key block and all add into accumulator 0.
+  // Deterministic calls without ordered dQ: CTA x adds dQ into its own accumulators alone (x, or 2x and 2x + 1 by
+  // consumer: bwd_dq_accumulators_per_cta; the dq conversion sums them in a fixed order) and walks its key blocks in
+  // order; otherwise gridDim.x covers every key block and all add into accumulator 0.
   int64_t dq_split;
   int first_block;
   int block_stride;
   int head0;  // this split's first query head
   int heads_per_split;
+  int seq_blocks;  // key blocks of this sequence
+  bool rotates;    // ordered dQ in arrival order without a mask: each key block starts at its own query block
 
   __device__ __forceinline__ explicit BwdCta(const BwdKernelArgs& args) {
     const BwdParams& bp = args.params;
@@ -80,12 +92,18 @@ struct BwdCta {
     workspace = bwd_workspace(bp, DqLayout::kRows);
     global_q_row0 = varlen ? sequence.q_row0 : static_cast<int64_t>(batch) * p.shape.seqlen_q;
     stat_blocks = workspace.stats + bwd_stats_block0(global_q_row0, batch) * 2 * kBlockM;
-    dq_split = bp.deterministic ? blockIdx.x : 0;
+    dq_split = bp.deterministic && !args.dq_ordered ? blockIdx.x : 0;
     const int head_split = static_cast<int>(blockIdx.x) % args.head_splits;
     first_block = static_cast<int>(blockIdx.x) / args.head_splits;
     block_stride = static_cast<int>(gridDim.x) / args.head_splits;
+    if (args.dq_ordered) {  // highest key block first: the blocks a CTA waits for were launched before it
+      first_block = args.num_n_blocks - 1 - static_cast<int>(blockIdx.x);
+      block_stride = args.num_n_blocks;
+    }
     head0 = kv_head * args.heads_per_kv + head_split * args.heads_per_split;
     heads_per_split = args.heads_per_split;
+    seq_blocks = static_cast<int>((sequence.seqlen_k + kBlockN - 1) / kBlockN);
+    rotates = args.dq_rotates;
   }
 
   // The query head of step i of a key block: this split's heads of the group, m_count query blocks each.
@@ -94,7 +112,7 @@ struct BwdCta {
   __device__ __forceinline__ BwdBlock plan(const MaskParams& mask, int n_block) const {
     const int64_t seqlen_q = sequence.seqlen_q;
     const int64_t seqlen_k = sequence.seqlen_k;
-    BwdBlock block{static_cast<int64_t>(n_block) * kBlockN, false, 0, 0, 0};
+    BwdBlock block{static_cast<int64_t>(n_block) * kBlockN, false, 0, 0, 0, 0};
     block.has_keys = block.key0 < seqlen_k;
     if (!block.has_keys) return block;
     const int64_t key1 = block.key0 + kBlockN < seqlen_k ? block.key0 + kBlockN : seqlen_k;
@@ -103,7 +121,21 @@ struct BwdCta {
     const int m_max = rows.end > rows.begin ? static_cast<int>((rows.end + kBlockM - 1) / kBlockM) : block.m_min;
     block.m_count = m_max - block.m_min;
     block.steps = heads_per_split * block.m_count;  // (query head of the split, query block) pairs
+    // Without a mask every key block sees every query block: key block n (the (seq_blocks - 1 - n)-th to add) starts
+    // that far along, spread over the query blocks, so the key blocks reach a query block a few steps apart in the
+    // order they add into it (bwd_ordered_dq.h).
+    if (rotates && block.m_count > 0) {
+      const int64_t position = seq_blocks - 1 - n_block;
+      block.rotation = static_cast<int>(position * block.m_count / seq_blocks % block.m_count);
+    }
     return block;
+  }
+
+  // The query block of step i of a block (its query head: step_head).
+  __device__ __forceinline__ static int step_block(const BwdBlock& block, int i) {
+    int local = i % block.m_count + block.rotation;
+    if (local >= block.m_count) local -= block.m_count;
+    return block.m_min + local;
   }
 };
 
@@ -164,7 +196,7 @@ __device__ __forceinline__ void produce_bwd_tiles(const BwdKernelArgs& args, con
     for (int i = 0; i < block.steps; ++i, ++ring) {
       const Slot slot(ring);
       const int head = cta.step_head(i, block.m_count);
-      const int m_block = block.m_min + i % block.m_count;
+      const int m_block = BwdCta<kBlockM, kBlockN>::step_block(block, i);
       const int q_row = static_cast<int>(cta.sequence.q_row0 + static_cast<int64_t>(m_block) * kBlockM);
       uint64_t* q_full = &ring_tiles.q_full[slot.stage];
       ptx::mbarrier_wait_parity(&ring_tiles.q_empty[slot.stage], slot.parity ^ 1);

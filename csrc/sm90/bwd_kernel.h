@@ -30,6 +30,7 @@
 #include "flash_attn/tensor_map_sm90.h"
 #include "sm90/block_ranges.h"
 #include "sm90/bwd_cta.h"
+#include "sm90/bwd_ordered_dq.h"
 #include "sm90/bwd_tile_config.h"
 #include "sm90/kernel_common.h"
 
@@ -69,7 +70,8 @@ struct BwdSmemLayout {
 // (own-keys dQ) its dS^T rows, one over both consumers for column-half dQ.
 constexpr int kBwdOwnDsBarrier = 3;     // + consumer
 constexpr int kBwdSharedDsBarrier = 5;  // both consumers
-constexpr int kBwdDqStageBarrier = 8;   // + consumer: its dQ staging tile written, the boxes may be issued
+constexpr int kBwdDqStageBarrier = 8;   // + consumer: its dQ staging tile written, the boxes may be issued (8-15:
+                                        // ordered dQ's handoff instead, bwd_ordered_dq.h)
 
 // kGeneral: softcap and / or ALiBi, recomputed as the forward's general kernels apply them (z = softcap tanh(s scale /
 // softcap) - slope |distance|); dS then carries softcap's derivative 1 - tanh^2 (the final softmax_scale factors of dQ
@@ -126,8 +128,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   const int warpgroup = threadIdx.x / ptx::kWarpgroupThreads;
   if (warpgroup == 0) {
     ptx::release_registers<kProducerRegisters>();
-    if (threadIdx.x != 0) return;
-    produce_bwd_tiles(args, cta, ring_tiles);
+    if (threadIdx.x == 0) {
+      produce_bwd_tiles(args, cta, ring_tiles);
+    } else if (args.dq_ordered) {
+      const int writer = static_cast<int>(threadIdx.x) / kWarpSize - kBwdDqFirstWriterWarp;
+      if (writer >= 0 && writer < kBwdDqWriters) write_ordered_dq<Layout, kHeadDim>(args, cta, smem, writer);
+    }
     return;
   }
 
@@ -153,6 +159,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
       std::min<int64_t>(kDqColumns, workspace.dq_row_stride - dq_segment * kSegmentElems) / kDqSlotGroup);
   float* dq_stage = reinterpret_cast<float*>(smem + Layout::kDqStage) + consumer * Layout::kDqStageFloats;
   const bool bulk_dq = args.dq_map.enabled;
+  // Deterministic calls with ordered dQ: the writer warp (bwd_ordered_dq.h) issues the staged tiles' reductions.
+  const bool own_reductions = bulk_dq && !args.dq_ordered;
   const uint64_t k_dq_desc =
       ptx::smem_descriptor(k_tile + dq_segment * kBlockN * kSegmentBytes + dq_key0 * kSegmentBytes,
                            kBlockN * kSegmentBytes, ptx::kSwizzleAtomBytes);
@@ -164,7 +172,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   // The dq accumulator this consumer adds into: 0, or in deterministic calls the CTA's own (its consumer's own with
   // own-keys dQ, where both would add into the same elements: bwd_dq_accumulators_per_cta).
   const int64_t dq_accumulator =
-      bp.deterministic ? cta.dq_split * bwd_dq_accumulators_per_cta(kHeadDim) + (kColumnHalves ? 0 : consumer) : 0;
+      bp.deterministic && !args.dq_ordered ? cta.dq_split * bwd_dq_accumulators_per_cta(kHeadDim) + (kColumnHalves ? 0 : consumer) : 0;
   int ring = 0;       // Q / dO ring iterations, counted across key blocks (as the producer counts them)
   int loaded_kv = 0;  // key blocks whose K / V this consumer waited for
 
@@ -173,9 +181,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
     if (!block.has_keys) continue;
     // Deterministic bulk dQ (bwd_deterministic_dq_in_bulk): the previous key block's reductions complete before this
     // one's reach the same rows, so each element's adds arrive in key-block order.
-    if (bulk_dq && bp.deterministic && thread == 0) ptx::bulk_wait_group<0>();
+    if (own_reductions && bp.deterministic && thread == 0) ptx::bulk_wait_group<0>();
     const int64_t key0 = block.key0;
-    const int m_min = block.m_min, m_count = block.m_count, steps = block.steps;
+    const int m_count = block.m_count, steps = block.steps;
     // This thread's two key rows (of the 64 its consumer owns) in every m64 accumulator, relative to the sequence.
     int64_t keys[2];
     for (int r = 0; r < 2; ++r) {
@@ -210,7 +218,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
       for (int i = 0; i < steps; ++i, ++ring) {
         const Slot slot(ring);
         const int head = cta.step_head(i, m_count);
-        const int64_t q0 = static_cast<int64_t>(m_min + i % m_count) * kBlockM;
+        const int64_t q0 = static_cast<int64_t>(cta.step_block(block, i)) * kBlockM;
         const float alibi_slope_log2 =
             kGeneral && p.mask.alibi_slopes != nullptr
                 ? p.mask.alibi_slopes[batch * p.mask.alibi_batch_stride + head] * static_cast<float>(kLog2e)
@@ -341,7 +349,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
         ptx::fence_proxy_async_shared();
         // The previous step's dQ boxes have been read out of this consumer's staging tile before any of its threads
         // passes the barrier (and, after the dQ GEMM, writes the tile again); long done by now, a step later.
-        if (bulk_dq && thread == 0) ptx::bulk_wait_group_read<0>();
+        if (own_reductions && thread == 0) ptx::bulk_wait_group_read<0>();
         if constexpr (kColumnHalves) {
           ptx::named_barrier_sync(kBwdSharedDsBarrier, kBwdConsumerWarpgroups * ptx::kWarpgroupThreads);
         } else {
@@ -377,6 +385,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
           // Staged as boxes of 16 columns x block_m dense rows (a warp's 8 rows x 64 bytes per store: conflict-free),
           // then added by the TMA unit. Rows past the sequence hold zeros (P = 0 there), so a box reaching into the
           // next sequence's or head's rows adds nothing; rows and columns past the map's end are skipped.
+          if (args.dq_ordered) {
+            ptx::named_barrier_sync(dq_handoff_barrier(kBwdDqEmptyBarrier, i, consumer), kBwdDqHandoffThreads);
+          }
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             const int row = warp * kRowsPerWarp + lane / kQuadLanes + kSecondRow * r;
@@ -388,8 +399,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
             }
           }
           ptx::fence_proxy_async_shared();
-          ptx::named_barrier_sync(kBwdDqStageBarrier + consumer, ptx::kWarpgroupThreads);
-          if (thread == 0) {
+          if (args.dq_ordered) {
+            ptx::named_barrier_arrive(dq_handoff_barrier(kBwdDqFullBarrier, i, consumer), kBwdDqHandoffThreads);
+          } else {
+            ptx::named_barrier_sync(kBwdDqStageBarrier + consumer, ptx::kWarpgroupThreads);
+          }
+          if (own_reductions && thread == 0) {
             const int row = static_cast<int>((dq_accumulator * p.shape.nheads_q + head) * workspace.dq_head_rows +
                                              global_q_row0 + q0);
 #pragma unroll
@@ -425,7 +440,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
     // dK and dV of the keys this block owns (zeros where no query sees them).
     store_bwd_dkv<T, kHeadDim>(args, cta, keys, dk, dv, 0, quad_col);
   }
-  if (bulk_dq && thread == 0) ptx::bulk_wait_group<0>();  // the last boxes are added before the CTA ends
+  if (own_reductions && thread == 0) ptx::bulk_wait_group<0>();  // the last boxes are added before the CTA ends
 #else
   (void)args;
   __trap();

@@ -92,24 +92,52 @@ void run_bwd(const BwdParams& params, void* stream) {
   // Every accumulator's rows: [dq_splits][nheads_q][dq_head_rows] (bwd_workspace.h), one per deterministic split.
   const int64_t dq_rows = params.dq_splits * shape.nheads_q * workspace.dq_head_rows;
   constexpr int64_t kMaxDqRows = int64_t{1} << 31;
-  const bool bulk = params.deterministic ? bwd_deterministic_dq_in_bulk(kHeadDim) : bwd_reduces_dq_in_bulk(kHeadDim);
+  // Deterministic calls of the narrow kernel add into one accumulator in key-block order (bwd_orders_dq), which needs
+  // the map: its bulk reductions are what the writer warp orders.
+  const bool ordered = params.deterministic && bwd_orders_dq(kHeadDim);
+  const bool bulk = ordered || (params.deterministic ? bwd_deterministic_dq_in_bulk(kHeadDim)
+                                                     : bwd_reduces_dq_in_bulk(kHeadDim));
   if (bulk && dq_rows > 0 && dq_rows < kMaxDqRows) {
     encode_fp32_map_2d(args.dq_map, workspace.dq_accum, static_cast<uint64_t>(workspace.dq_row_stride),
                        static_cast<uint64_t>(dq_rows), static_cast<uint64_t>(workspace.dq_row_stride) * sizeof(float),
                        kDqSlotGroup, kTile.block_m);
   }
+  args.dq_ordered = ordered;
+  if (ordered) {
+    // Arrival order (bwd_cta.h) for short sequences, whose key blocks fit on the GPU at one CTA per SM.
+    int device = 0;
+    cudaGetDevice(&device);
+    const int64_t key_blocks = (shape.seqlen_k + kTile.block_n - 1) / kTile.block_n;
+    args.dq_arrival_order = kBwdOrderedDqArrivalOrder && key_blocks <= kBwdOrderedDqArrivalMaxKeyBlocks &&
+                            key_blocks <= device_attributes(device).num_sms;
+    args.dq_rotates = args.dq_arrival_order && kMask == MaskKind::kNone;
+  }
+  if (ordered && dq_rows > 0) {
+    if (!args.dq_map.enabled || workspace.dq_semaphores == nullptr || params.dq_splits != 1) {
+      throw std::runtime_error(
+          "flash_attn: deterministic=True on the Hopper backward needs the dq accumulator as one TMA tensor map of "
+          "fewer than 2^31 rows (nheads_q x total_q = " + std::to_string(dq_rows) + " here) and a workspace with "
+          "its counters; run this call with deterministic=False, or on the portable kernels (FLASH_ATTN_HOPPER=0)");
+    }
+    const size_t counter_bytes = static_cast<size_t>(shape.nheads_q * workspace.semaphore_head_stride) * sizeof(int);
+    const cudaError_t zeroed = cudaMemsetAsync(workspace.dq_semaphores, 0, counter_bytes, s);
+    if (zeroed != cudaSuccess) {
+      throw std::runtime_error(std::string("flash_attn: zeroing the backward's dq counters failed: ") +
+                               cudaGetErrorString(zeroed));
+    }
+  }
   const int64_t key_blocks = (shape.seqlen_k + kTile.block_n - 1) / kTile.block_n;
   args.num_n_blocks = static_cast<int>(key_blocks);
   if (key_blocks > 0) {
-    // Deterministic: one CTA per bwd_dq_accumulators_per_cta accumulators, walking key blocks x, x + grid, ...
-    // (bwd_kernel.h); else one per key block.
+    // Deterministic without ordered dQ: one CTA per bwd_dq_accumulators_per_cta accumulators, walking key blocks x,
+    // x + grid, ... (bwd_kernel.h); else one per key block (ordered: highest first, bwd_cta.h).
     constexpr int64_t kAccumulatorsPerCta = bwd_dq_accumulators_per_cta(kHeadDim);
-    if (params.deterministic && params.dq_splits % kAccumulatorsPerCta != 0) {
+    if (params.deterministic && !ordered && params.dq_splits % kAccumulatorsPerCta != 0) {
       throw std::invalid_argument(
           "flash_attn internal error: a deterministic Hopper backward needs dq_splits a multiple of the accumulators "
           "per CTA (dispatch/sm90_policy.h sm90_bwd_dq_splits); got " + std::to_string(params.dq_splits));
     }
-    const int64_t ctas_x = params.deterministic
+    const int64_t ctas_x = params.deterministic && !ordered
                                ? std::min<int64_t>(params.dq_splits / kAccumulatorsPerCta, key_blocks)
                                : key_blocks * args.head_splits;
     if (split_heads) rowwise::zero_dkv_accumulators(params, s);

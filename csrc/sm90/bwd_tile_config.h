@@ -82,4 +82,32 @@ constexpr bool bwd_deterministic_dq_in_bulk(int head_dim) {
   return kBwdDeterministicDqInBulk;
 }
 
+// Whether deterministic calls of the narrow kernel add dQ into the one accumulator that other calls use, in a fixed
+// order, instead of into per-CTA accumulators. The per-CTA accumulators ran at 0.71x of the default backward (hd 128
+// 16k 351 against 490 TFLOP/s): 8 of them per head, 8 MB each at 16k, so the 128 CTAs in flight reduce into ~1 GB
+// and every reduction goes to DRAM, where the default grid's CTAs share one head's 8 MB in L2. Ordered: one CTA per
+// key block, launched highest key block first; a warp of the producer warpgroup issues each step's bulk reductions
+// once the step's counter (bwd_workspace.h dq_semaphores) says every higher key block that sees the query block has
+// added, then advances it. Under a causal or window mask a higher key block reaches a query block at an earlier step,
+// so the order follows the arrivals; without a mask every CTA reaches a query block at the same step and each waits
+// for its predecessor's add once per block (kBwdOrderedDqArrivalOrder below). Predicted: 0.71 -> ~0.9x of the
+// default at hd 128. Measured (H200, bf16, best of 2 rounds, twenty-third session; per-CTA accumulators -> ordered,
+// default non-deterministic in brackets; the order kBwdOrderedDqArrivalOrder picks): hd 128 2k 301 -> 405 (396), 16k
+// 349 -> 485 (489), causal 263 -> 332 (324), 315 -> 451 (454); hd 64 2k 162 -> 208 (325), 16k 175 -> 226 (379),
+// causal 144 -> 168 (246), 170 -> 219 (359): hd 64's step is short enough that the writers (bwd_ordered_dq.h) bound
+// it.
+constexpr bool kBwdDeterministicDqOrdered = true;
+// Whether the order is the key blocks' arrival order (bwd_cta.h BwdKernelArgs::dq_arrival_order), with unmasked
+// calls' walks rotated, for sequences of at most kBwdOrderedDqArrivalMaxKeyBlocks key blocks (and never more than the
+// GPU's SMs, where waiting for a CTA launched later could deadlock). In descending order every unmasked key block
+// reaches query block 0 at step 0 and each waits for the one above it: a chain as long as the sequence's key blocks,
+// paid once per CTA. H200, bf16, deterministic, TFLOP/s, arrival / descending (default non-deterministic; twenty-third
+// session, best of 2 rounds): hd 128 2k 405 / 357 (396), causal 332 / 329 (324); 16k 425 / 485 (489), causal 458 /
+// 451 (454); hd 64 2k 208 / 190 (325), causal 168 / 170 (246); 16k 218 / 226 (379), causal 220 / 219 (359). At 2k (16
+// key blocks) the chain is a large part of each CTA's life; at 16k the rotated walks lose 12 % (each CTA reads its
+// own query blocks instead of sharing the head's current one in L2: not measured further).
+constexpr bool kBwdOrderedDqArrivalOrder = true;
+constexpr int kBwdOrderedDqArrivalMaxKeyBlocks = 16;
+constexpr bool bwd_orders_dq(int head_dim) { return kBwdDeterministicDqOrdered && head_dim <= kBwdMaxNarrowHeadDim; }
+
 }  // namespace flash::sm90

@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
     // one's reach the same rows, so each element's adds arrive in key-block order.
     if (bulk_dq && bp.deterministic && thread == 0) ptx::bulk_wait_group<0>();
     const int64_t key0 = block.key0;
-    const int m_min = block.m_min, m_count = block.m_count, steps = block.steps;
+    const int m_count = block.m_count, steps = block.steps;
     // This thread's two key rows of the m64 accumulators (the same 64 keys in both consumers).
     int64_t keys[2];
     for (int r = 0; r < 2; ++r) keys[r] = key0 + warp * kRowsPerWarp + lane / kQuadLanes + kSecondRow * r;
@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
       for (int i = 0; i < steps; ++i, ++ring) {
         const Slot slot(ring);
         const int head = cta.step_head(i, m_count);
-        const int64_t q0 = static_cast<int64_t>(m_min + i % m_count) * kBlockM;
+        const int64_t q0 = static_cast<int64_t>(cta.step_block(block, i)) * kBlockM;
         const uint8_t* q_slot = q_tiles + slot.stage * Layout::kRowsBytes;
         const uint8_t* do_slot = do_tiles + slot.stage * Layout::kRowsBytes;
         float s[kQueries / 2];

@@ -65,6 +65,11 @@ void check_dq_splits(const flash::BwdParams& p, int num_sms) {
     return;
   }
   const int bucket = flash::sm90_head_dim_bucket(s.head_dim);
+  // The narrow kernel's ordered dQ: one accumulator, added into in key-block order.
+  if (flash::sm90::bwd_orders_dq(bucket)) {
+    if (accumulators != 1) fail("dq splits with ordered dQ", p, accumulators, 1);
+    return;
+  }
   // The own-keys kernel (hd 64 bucket) gives each of its two consumers an accumulator; the others one per CTA.
   const int64_t per_cta = bucket <= 64 ? 2 : 1;
   if (accumulators % per_cta != 0) fail("dq accumulators not whole CTAs'", p, accumulators, per_cta);
@@ -129,6 +134,18 @@ void check_layout(flash::BwdParams p, const std::vector<int64_t>& lengths) {
     if (stats_end > floats) fail("statistics past the workspace", p, stats_end, floats);
     if (stats_begin % 4 != 0 || w.stats_head_stride % 4 != 0) fail("bulk copies misaligned", p, stats_begin, 0);
     check_stat_blocks(p, w, lengths);
+    // The ordered dQ's counters (deterministic calls): one per statistics block, after the statistics.
+    const int64_t counters_begin = reinterpret_cast<float*>(w.dq_semaphores) - base;
+    const int64_t counters = s.nheads_q * w.semaphore_head_stride;
+    if (p.deterministic) {
+      if (w.dq_semaphores == nullptr || w.semaphore_head_stride * 2 * flash::kBwdStatsRows != w.stats_head_stride) {
+        fail("a counter per statistics block", p, w.semaphore_head_stride, w.stats_head_stride);
+      }
+      if (counters_begin < stats_end) fail("counters overlap the statistics", p, counters_begin, stats_end);
+      if (counters_begin + counters > floats) fail("counters past the workspace", p, counters_begin + counters, floats);
+    } else if (w.dq_semaphores != nullptr || counters != 0) {
+      fail("counters without deterministic", p, counters, 0);
+    }
   } else if (w.stats != nullptr || w.stats_head_stride != 0) {
     fail("statistics blocks without block_stats", p, 0, 0);
   }
@@ -224,11 +241,13 @@ int main() {
     s.seqlen_q = s.seqlen_k = s.total_q = s.total_k = 16384;
     p.deterministic = true;
     const int64_t splits = flash::sm90_bwd_dq_splits(p, 132);
-    if (splits != 8) fail("hd 128 16k dq splits", p, splits, 8);
+    const int64_t expected = flash::sm90::bwd_orders_dq(128) ? 1 : 8;
+    if (splits != expected) fail("hd 128 16k dq splits", p, splits, expected);
     s.head_dim = 64;  // own-keys: 4 CTA splits (one wave of 32 key blocks at 32 heads) of 2 accumulators
     s.nheads_q = s.nheads_k = 32;
     const int64_t own_keys = flash::sm90_bwd_dq_splits(p, 132);
-    if (own_keys != 8) fail("hd 64 16k dq accumulators", p, own_keys, 8);
+    const int64_t expected_own = flash::sm90::bwd_orders_dq(64) ? 1 : 8;
+    if (own_keys != expected_own) fail("hd 64 16k dq accumulators", p, own_keys, expected_own);
   }
   // The portable head splits at the shapes they were measured on (docs/perf_log.md, twenty-second session): hd 128,
   // 4 x 4k, 32 query heads, 132 SMs. MQA causal: 128 key-block CTAs split 8 ways (until 4 CTAs per SM); MQA

@@ -122,6 +122,11 @@ struct BwdWorkspace {
   // With block_stats: [nheads_q][stats_head_stride] (blocks of 2 x kBwdStatsRows floats); null otherwise.
   float* stats;
   int64_t stats_head_stride;
+  // With block_stats and deterministic: one counter per statistics block, [nheads_q][semaphore_head_stride], zeroed
+  // before the main kernel: how many key blocks have added into that query block's dQ rows (the Hopper backward's
+  // ordered dQ, sm90/bwd_tile_config.h bwd_orders_dq); null otherwise.
+  int* dq_semaphores;
+  int64_t semaphore_head_stride;
 };
 
 // The layout for params (total_q, dq_splits, head dim, heads) and the main kernel's dq layout; pointers into
@@ -150,14 +155,20 @@ FLASH_HOST_DEVICE BwdWorkspace bwd_workspace(const BwdParams& params, DqLayout l
   const int64_t stats_blocks = (params.total_q + kBwdStatsRows - 1) / kBwdStatsRows + s.batch + 1;
   w.stats_head_stride = params.block_stats ? stats_blocks * 2 * kBwdStatsRows : 0;
   w.stats = params.block_stats && dkv != nullptr ? dkv + 2 * w.dkv_floats : nullptr;
+  w.semaphore_head_stride = params.block_stats && params.deterministic ? stats_blocks : 0;
+  w.dq_semaphores = w.semaphore_head_stride > 0 && w.stats != nullptr
+                        ? reinterpret_cast<int*>(w.stats + s.nheads_q * w.stats_head_stride)
+                        : nullptr;
   return w;
 }
 
 // Enough for either dq layout (kRowPairs has the longer heads).
 inline int64_t bwd_workspace_bytes(const BwdParams& params) {
   const BwdWorkspace w = bwd_workspace(params, DqLayout::kRowPairs);
-  const int64_t floats = params.fwd.shape.nheads_q * (w.delta_head_stride + w.stats_head_stride) +
-                         params.dq_splits * w.dq_split_stride + 2 * w.dkv_floats;
+  static_assert(sizeof(int) == sizeof(float), "a semaphore takes one float's place");
+  const int64_t floats =
+      params.fwd.shape.nheads_q * (w.delta_head_stride + w.stats_head_stride + w.semaphore_head_stride) +
+      params.dq_splits * w.dq_split_stride + 2 * w.dkv_floats;
   return floats * static_cast<int64_t>(sizeof(float));
 }
 
