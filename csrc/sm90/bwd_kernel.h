@@ -385,7 +385,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
           // Staged as boxes of 16 columns x block_m dense rows (a warp's 8 rows x 64 bytes per store: conflict-free),
           // then added by the TMA unit. Rows past the sequence hold zeros (P = 0 there), so a box reaching into the
           // next sequence's or head's rows adds nothing; rows and columns past the map's end are skipped.
-          if (args.dq_ordered) {
+          if (args.dq_ordered && (kBwdDqFirstStepHandoff || i > 0)) {
             ptx::named_barrier_sync(dq_handoff_barrier(kBwdDqEmptyBarrier, i, consumer), kBwdDqHandoffThreads);
           }
 #pragma unroll

@@ -19,20 +19,37 @@
 namespace flash::sm90 {
 
 // Two writers, so that one waits for its reductions to complete (the counter may advance only then) while the other
-// takes the next step (not measured against one writer).
+// takes the next step (not measured against one writer). The producer warpgroup's last warp could be a third: hd 64's
+// deterministic backward, whose steps are half as long, ran at 0.60-0.68x of the default with two (twenty-third
+// session; written for an A/B, not run).
 constexpr int kBwdDqWriters = 2;
 constexpr int kBwdDqFirstWriterWarp = 1;  // of the producer warpgroup (warp 0's first thread loads the tiles)
+static_assert(kBwdDqFirstWriterWarp + kBwdDqWriters <= ptx::kWarpgroupThreads / kWarpSize,
+              "the writers are warps of the producer warpgroup");
 // Named barriers between the consumers and the writer of step i (ids beside bwd_kernel.h's; 8 and 9 are its staging
-// barrier, which ordered calls do not use): + 2 (i % kBwdDqWriters) + consumer. A consumer's staging tile is free to
-// write (a writer arrives, the consumer syncs) and written (the consumer arrives, the writer syncs).
+// barrier, which ordered calls do not use): + 2 (i % kBwdDqWriters) + consumer, and for a third writer the ids the
+// narrow kernel leaves unused. A consumer's staging tile is free to write (a writer arrives, the consumer syncs) and
+// written (the consumer arrives, the writer syncs).
 constexpr int kBwdDqFullBarrier = 8;
 constexpr int kBwdDqEmptyBarrier = 12;
+constexpr int kBwdDqThirdFullBarrier = 1;   // 1 and 2: the wide kernel's and the forward's ids, not this kernel's
+constexpr int kBwdDqThirdEmptyBarrier = 6;  // 6 and 7
 constexpr int kBwdDqHandoffThreads = ptx::kWarpgroupThreads + kWarpSize;
+// Whether step 0's staging tiles go through the empty handoff too (writer 0 arrives at once, the consumers wait).
+// Without it each empty barrier has one writer for the whole CTA (step i + 1's frees come from step i's writer), which
+// may be what racecheck needs to follow the handoff at hd 64 (bwd_kernel.h, twenty-third session: with writer 0 at
+// step 0 and writer 1 later on the same barrier, ~8k hazards remained with synced handoffs). Written, not run.
+constexpr bool kBwdDqFirstStepHandoff = true;
 // Polls of a counter before a writer gives up with a trap (a missing add would otherwise hang the GPU): ~20 s.
 constexpr int64_t kBwdDqMaxPolls = int64_t{1} << 25;
 
 __device__ __forceinline__ int dq_handoff_barrier(int base, int step, int consumer) {
-  return base + kBwdConsumerWarpgroups * (step % kBwdDqWriters) + consumer;
+  static_assert(kBwdDqWriters <= 3, "barrier ids for at most three writers");
+  const int writer = step % kBwdDqWriters;
+  if constexpr (kBwdDqWriters == 3) {
+    if (writer == 2) return (base == kBwdDqFullBarrier ? kBwdDqThirdFullBarrier : kBwdDqThirdEmptyBarrier) + consumer;
+  }
+  return base + kBwdConsumerWarpgroups * writer + consumer;
 }
 
 
@@ -83,7 +100,7 @@ __device__ __forceinline__ void write_ordered_dq(const BwdKernelArgs& args, cons
   for (int n_block = cta.first_block; n_block < args.num_n_blocks; n_block += cta.block_stride) {
     const BwdBlock block = cta.plan(args.params.fwd.mask, n_block);
     // Step 0's tiles are free at once; a writer frees step i + 1's once its reductions have read step i's.
-    if (writer == 0 && block.steps > 0) {
+    if (kBwdDqFirstStepHandoff && writer == 0 && block.steps > 0) {
       for (int c = 0; c < kBwdConsumerWarpgroups; ++c) {
         ptx::named_barrier_arrive(dq_handoff_barrier(kBwdDqEmptyBarrier, 0, c), kBwdDqHandoffThreads);
       }
