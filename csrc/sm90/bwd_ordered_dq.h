@@ -84,6 +84,23 @@ __device__ __forceinline__ int dq_predecessors(const BwdKernelArgs& args, const 
   return count;
 }
 
+// Lane 0 of a writer: waits until `counter` shows `predecessors` adds (their reductions complete), then orders its own
+// bulk reductions after that acquire.
+__device__ __forceinline__ void await_dq_turn(const int* counter, int predecessors) {
+  int64_t polls = 0;
+  while (ptx::ld_acquire_gpu(counter) < predecessors) {
+    if (++polls > kBwdDqMaxPolls) __trap();
+  }
+  ptx::fence_proxy_async_global();
+}
+
+// Lane 0 of a writer: once its bulk reductions are complete, advances the counter for the next key block.
+__device__ __forceinline__ void pass_dq_turn(int* counter) {
+  ptx::bulk_wait_group<0>();
+  ptx::fence_proxy_async_global();
+  ptx::red_release_gpu_add(counter, 1);
+}
+
 // Runs on every lane of writer `writer` (0 .. kBwdDqWriters - 1), which takes the steps i with i % kBwdDqWriters ==
 // writer. Layout: the kernel's BwdSmemLayout (the consumers' staging tiles, box g of 16 columns x kBlockM rows at g *
 // kBlockM * kDqSlotGroup floats).
@@ -131,11 +148,7 @@ __device__ __forceinline__ void write_ordered_dq(const BwdKernelArgs& args, cons
       }
       int* const counter = counters + head * workspace.semaphore_head_stride + m_block;
       if (lane == 0) {
-        int64_t polls = 0;
-        while (ptx::ld_acquire_gpu(counter) < predecessors) {
-          if (++polls > kBwdDqMaxPolls) __trap();
-        }
-        ptx::fence_proxy_async_global();
+        await_dq_turn(counter, predecessors);
         const int row = static_cast<int>(head * workspace.dq_head_rows + cta.global_q_row0 +
                                          static_cast<int64_t>(m_block) * kBlockM);
         for (int t = 0; t < kTilesOut; ++t) {
@@ -156,10 +169,69 @@ __device__ __forceinline__ void write_ordered_dq(const BwdKernelArgs& args, cons
           ptx::named_barrier_arrive(dq_handoff_barrier(kBwdDqEmptyBarrier, i + 1, c), kBwdDqHandoffThreads);
         }
       }
+      if (lane == 0) pass_dq_turn(counter);
+      __syncwarp();
+    }
+  }
+}
+
+// The wide kernel's writers (bwd_wide_kernel.h, kBwdDeterministicDqOrderedWide): its consumers stage dQ in their column
+// segments of the step's Q and dO slots, the first half of the boxes in Q's, the second in dO's, and every consumer
+// thread but the first releases the slot at once; a writer adds the boxes and, once the reductions have read them,
+// releases the slot for the two first threads (q_empty, do_empty), which is what lets the producer refill it. The
+// consumers' columns are disjoint, so both go out in one turn. Only full handoffs: the slot ring frees the tiles.
+constexpr int kBwdWideDqFullBarrier = 8;  // + 2 (i % kBwdDqWriters) + consumer: the wide kernel's 8 and 9 are its
+                                          // staging barrier, which ordered calls do not use
+static_assert(kBwdWideDqFullBarrier + kBwdConsumerWarpgroups * kBwdDqWriters <= 16, "named barrier ids end at 15");
+template <typename Layout, int kHeadDim, int kBlockM, int kBlockN, int kStages>
+__device__ __forceinline__ void write_ordered_dq_wide(const BwdKernelArgs& args, const BwdCta<kBlockM, kBlockN>& cta,
+                                                      const BwdRing<Layout, kStages>& ring_tiles, int writer) {
+  constexpr int kColumns = kHeadDim / kBwdConsumerWarpgroups;
+  constexpr int kColumnSegments = kColumns / kSegmentElems;
+  constexpr int kDqBoxes = kColumns / kDqSlotGroup;
+  constexpr int kBoxesPerSlot = kDqBoxes / 2;
+  constexpr int kBoxBytes = kDqSlotGroup * kBlockM * static_cast<int>(sizeof(float));
+  const int lane = threadIdx.x % kWarpSize;
+  const BwdWorkspace& workspace = cta.workspace;
+  int* const counters = workspace.dq_semaphores + bwd_stats_block0(cta.global_q_row0, cta.batch);
+  int ring = 0;  // Q / dO ring iterations, counted across key blocks as the producer and the consumers count them
+  for (int n_block = cta.first_block; n_block < args.num_n_blocks; n_block += cta.block_stride) {
+    const BwdBlock block = cta.plan(args.params.fwd.mask, n_block);
+    if (!block.has_keys) continue;
+    for (int i = 0; i < block.steps; ++i, ++ring) {
+      if (i % kBwdDqWriters != writer) continue;
+      const RingSlot<kStages> slot(ring);
+      const int head = cta.step_head(i, block.m_count);
+      const int m_block = BwdCta<kBlockM, kBlockN>::step_block(block, i);
+      const int predecessors = dq_predecessors(args, cta, n_block, head, m_block, i, lane);
+      for (int c = 0; c < kBwdConsumerWarpgroups; ++c) {
+        ptx::named_barrier_sync(kBwdWideDqFullBarrier + kBwdConsumerWarpgroups * writer + c, kBwdDqHandoffThreads);
+      }
+      int* const counter = counters + head * workspace.semaphore_head_stride + m_block;
       if (lane == 0) {
-        ptx::bulk_wait_group<0>();
-        ptx::fence_proxy_async_global();
-        ptx::red_release_gpu_add(counter, 1);
+        await_dq_turn(counter, predecessors);
+        const int row = static_cast<int>(head * workspace.dq_head_rows + cta.global_q_row0 +
+                                         static_cast<int64_t>(m_block) * kBlockM);
+        for (int c = 0; c < kBwdConsumerWarpgroups; ++c) {
+          const int column0 = c * kColumns;
+          const int64_t columns = workspace.dq_row_stride - column0;
+          const int groups = columns <= 0 ? 0 : static_cast<int>((columns < kColumns ? columns : kColumns) / kDqSlotGroup);
+          const int64_t segments = static_cast<int64_t>(slot.stage) * Layout::kRowsBytes +
+                                   static_cast<int64_t>(c) * kColumnSegments * kBlockM * kSegmentBytes;
+          for (int g = 0; g < groups; ++g) {
+            const uint8_t* half = (g < kBoxesPerSlot ? ring_tiles.q_tiles : ring_tiles.do_tiles) + segments;
+            ptx::bulk_reduce_add_2d(&args.dq_map.map,
+                                    reinterpret_cast<const float*>(half + (g % kBoxesPerSlot) * kBoxBytes),
+                                    column0 + g * kDqSlotGroup, row);
+          }
+        }
+        ptx::bulk_commit_group();
+        ptx::bulk_wait_group_read<0>();
+        for (int c = 0; c < kBwdConsumerWarpgroups; ++c) {
+          ptx::mbarrier_arrive(&ring_tiles.q_empty[slot.stage]);
+          ptx::mbarrier_arrive(&ring_tiles.do_empty[slot.stage]);
+        }
+        pass_dq_turn(counter);
       }
       __syncwarp();
     }

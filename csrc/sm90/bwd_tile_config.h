@@ -97,6 +97,10 @@ constexpr bool bwd_deterministic_dq_in_bulk(int head_dim) {
 // causal 144 -> 168 (246), 170 -> 219 (359): hd 64's step is short enough that the writers (bwd_ordered_dq.h) bound
 // it.
 constexpr bool kBwdDeterministicDqOrdered = true;
+// The same for the wide kernel (hd 129 ... 256; bwd_ordered_dq.h write_ordered_dq_wide), whose deterministic calls ran at
+// 0.47-0.54x of the default with per-CTA accumulators (eighteenth session). Written and compiled (twenty-third
+// session), not run: off until its tests and an A/B.
+constexpr bool kBwdDeterministicDqOrderedWide = false;
 // Whether the order is the key blocks' arrival order (bwd_cta.h BwdKernelArgs::dq_arrival_order), with unmasked
 // calls' walks rotated, for sequences of at most kBwdOrderedDqArrivalMaxKeyBlocks key blocks (and never more than the
 // GPU's SMs, where waiting for a CTA launched later could deadlock). In descending order every unmasked key block
@@ -108,6 +112,8 @@ constexpr bool kBwdDeterministicDqOrdered = true;
 // own query blocks instead of sharing the head's current one in L2: not measured further).
 constexpr bool kBwdOrderedDqArrivalOrder = true;
 constexpr int kBwdOrderedDqArrivalMaxKeyBlocks = 16;
-constexpr bool bwd_orders_dq(int head_dim) { return kBwdDeterministicDqOrdered && head_dim <= kBwdMaxNarrowHeadDim; }
+constexpr bool bwd_orders_dq(int head_dim) {
+  return kBwdDeterministicDqOrdered && (head_dim <= kBwdMaxNarrowHeadDim || kBwdDeterministicDqOrderedWide);
+}
 
 }  // namespace flash::sm90

@@ -136,6 +136,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
   const BwdWorkspace& workspace = cta.workspace;
 
   const bool bulk_dq = args.dq_map.enabled;  // dQ by bulk reductions, staged in the Q and dO slots (below)
+  // Deterministic calls with ordered dQ (bwd_tile_config.h; compiled out while kBwdDeterministicDqOrderedWide is off).
+  const bool dq_ordered = kBwdDeterministicDqOrderedWide && args.dq_ordered;
   if (threadIdx.x == 0) {
     // q_empty: every consumer thread arrives, since each read the stage's statistics with plain loads: an arrival
     // releases the arriving thread's own reads (one arrival per consumer after a named barrier left racecheck
@@ -151,8 +153,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
   const int warpgroup = threadIdx.x / ptx::kWarpgroupThreads;
   if (warpgroup == 0) {
     ptx::release_registers<kProducerRegisters>();
-    if (threadIdx.x != 0) return;
-    produce_bwd_tiles(args, cta, ring_tiles);
+    if (threadIdx.x == 0) {
+      produce_bwd_tiles(args, cta, ring_tiles);
+    } else if (dq_ordered) {
+      const int writer = static_cast<int>(threadIdx.x) / kWarpSize - kBwdDqFirstWriterWarp;
+      if (writer >= 0 && writer < kBwdDqWriters) {
+        write_ordered_dq_wide<Layout, kHeadDim, kBlockM, kBlockN, kStages>(args, cta, ring_tiles, writer);
+      }
+    }
     return;
   }
 
@@ -374,19 +382,30 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
             }
           }
           ptx::fence_proxy_async_shared();
-          ptx::named_barrier_sync(kBwdDqStageBarrier + consumer, ptx::kWarpgroupThreads);
-          if (thread == 0) {
-            const int row = static_cast<int>((cta.dq_split * p.shape.nheads_q + head) * workspace.dq_head_rows +
-                                             cta.global_q_row0 + q0);
-#pragma unroll
-            for (int g = 0; g < kDqBoxes; ++g) {
-              if (g < dq_groups) ptx::bulk_reduce_add_2d(&args.dq_map.map, box(g), column0 + g * kDqSlotGroup, row);
+          if (dq_ordered) {
+            // A writer (bwd_ordered_dq.h write_ordered_dq_wide) adds the boxes in the query block's order and releases
+            // the slot for this consumer's first thread once they are read.
+            if (thread != 0) {
+              ptx::mbarrier_arrive(&q_empty[slot.stage]);
+              ptx::mbarrier_arrive(&do_empty[slot.stage]);
             }
-            ptx::bulk_commit_group();
-            pending_stage = slot.stage;
+            ptx::named_barrier_arrive(kBwdWideDqFullBarrier + kBwdConsumerWarpgroups * (i % kBwdDqWriters) + consumer,
+                                      kBwdDqHandoffThreads);
           } else {
-            ptx::mbarrier_arrive(&q_empty[slot.stage]);
-            ptx::mbarrier_arrive(&do_empty[slot.stage]);
+            ptx::named_barrier_sync(kBwdDqStageBarrier + consumer, ptx::kWarpgroupThreads);
+            if (thread == 0) {
+              const int row = static_cast<int>((cta.dq_split * p.shape.nheads_q + head) * workspace.dq_head_rows +
+                                               cta.global_q_row0 + q0);
+#pragma unroll
+              for (int g = 0; g < kDqBoxes; ++g) {
+                if (g < dq_groups) ptx::bulk_reduce_add_2d(&args.dq_map.map, box(g), column0 + g * kDqSlotGroup, row);
+              }
+              ptx::bulk_commit_group();
+              pending_stage = slot.stage;
+            } else {
+              ptx::mbarrier_arrive(&q_empty[slot.stage]);
+              ptx::mbarrier_arrive(&do_empty[slot.stage]);
+            }
           }
         } else {
           ptx::mbarrier_arrive(&q_empty[slot.stage]);
