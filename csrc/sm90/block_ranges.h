@@ -58,6 +58,60 @@ FLASH_HOST_DEVICE QueryRows rows_seeing_keys(const MaskParams& mask, int64_t key
   return rows;
 }
 
+// One key block's backward work: its keys, the query blocks that see them, and the (query head, query block) steps.
+struct BwdBlock {
+  int64_t key0;
+  bool has_keys;  // false: a varlen sequence shorter than this block
+  int m_min;
+  int m_count;
+  int steps;
+  int rotation;  // each head's walk starts at query block m_min + rotation and wraps (0 unless rotated)
+};
+
+// Key block n_block of a sequence of seq_blocks key blocks, walked for `heads` query heads (head-major steps). rotates:
+// without a mask every key block sees every query block, and key block n (the (seq_blocks - 1 - n)-th to add into a
+// query block in the ordered dQ's order, sm90/bwd_ordered_dq.h) starts that far along, spread over the query blocks,
+// so the key blocks reach a query block a few steps apart in the order they add into it.
+FLASH_HOST_DEVICE BwdBlock plan_key_block(const MaskParams& mask, int n_block, int block_m, int block_n,
+                                          int64_t seqlen_q, int64_t seqlen_k, int64_t offset, int heads, int seq_blocks,
+                                          bool rotates) {
+  BwdBlock block{static_cast<int64_t>(n_block) * block_n, false, 0, 0, 0, 0};
+  block.has_keys = block.key0 < seqlen_k;
+  if (!block.has_keys) return block;
+  const int64_t key1 = block.key0 + block_n < seqlen_k ? block.key0 + block_n : seqlen_k;
+  const QueryRows rows = rows_seeing_keys(mask, block.key0, key1, offset, seqlen_q);
+  block.m_min = static_cast<int>(rows.begin / block_m);
+  const int m_max = rows.end > rows.begin ? static_cast<int>((rows.end + block_m - 1) / block_m) : block.m_min;
+  block.m_count = m_max - block.m_min;
+  block.steps = heads * block.m_count;  // (query head, query block) pairs
+  if (rotates && block.m_count > 0) {
+    const int64_t position = seq_blocks - 1 - n_block;
+    block.rotation = static_cast<int>(position * block.m_count / seq_blocks % block.m_count);
+  }
+  return block;
+}
+
+// The query block of step i of a block (its query head: i / m_count of the walked heads).
+FLASH_HOST_DEVICE int step_query_block(const BwdBlock& block, int i) {
+  int local = i % block.m_count + block.rotation;
+  if (local >= block.m_count) local -= block.m_count;
+  return block.m_min + local;
+}
+
+// Whether key block n_other (planned as `other`) adds into query block m_block of walked head head_index before key
+// block n_block does at its step `step`, in the ordered dQ's order: arrival order, those that reach it at an earlier
+// step or at the same step with a higher index; otherwise every higher key block that sees it.
+FLASH_HOST_DEVICE bool dq_adds_before(const BwdBlock& other, int n_other, int n_block, int head_index, int m_block,
+                                      int step, bool arrival_order) {
+  const int local = m_block - other.m_min;
+  if (n_other == n_block || local < 0 || local >= other.m_count) return false;
+  if (!arrival_order) return n_other > n_block;
+  int walked = local - other.rotation;
+  if (walked < 0) walked += other.m_count;
+  const int other_step = head_index * other.m_count + walked;
+  return other_step < step || (other_step == step && n_other > n_block);
+}
+
 // Whether some (query, key) pair of query rows [q0, q0 + block_m) and keys [key0, key0 + block_n) is out of range or
 // masked: the backward's per-step test.
 FLASH_HOST_DEVICE bool block_pair_needs_mask(const MaskParams& mask, bool masked_kind, int64_t q0, int block_m,

@@ -47,16 +47,6 @@ struct BwdKernelArgs {
   int heads_per_split;
 };
 
-// One key block's work: its keys, the query blocks that see them, and the (query head, query block) steps.
-struct BwdBlock {
-  int64_t key0;
-  bool has_keys;  // false: a varlen sequence shorter than this block
-  int m_min;
-  int m_count;
-  int steps;
-  int rotation;  // each head's walk starts at query block m_min + rotation and wraps (0 unless rotated)
-};
-
 // A CTA's (batch entry, KV head), its sequence, and which key blocks and query heads it walks.
 template <int kBlockM, int kBlockN>
 struct BwdCta {
@@ -109,34 +99,14 @@ struct BwdCta {
   // The query head of step i of a key block: this split's heads of the group, m_count query blocks each.
   __device__ __forceinline__ int step_head(int i, int m_count) const { return head0 + i / m_count; }
 
+  // This split's walk of key block n_block (block_ranges.h plan_key_block).
   __device__ __forceinline__ BwdBlock plan(const MaskParams& mask, int n_block) const {
-    const int64_t seqlen_q = sequence.seqlen_q;
-    const int64_t seqlen_k = sequence.seqlen_k;
-    BwdBlock block{static_cast<int64_t>(n_block) * kBlockN, false, 0, 0, 0, 0};
-    block.has_keys = block.key0 < seqlen_k;
-    if (!block.has_keys) return block;
-    const int64_t key1 = block.key0 + kBlockN < seqlen_k ? block.key0 + kBlockN : seqlen_k;
-    const QueryRows rows = rows_seeing_keys(mask, block.key0, key1, offset, seqlen_q);
-    block.m_min = static_cast<int>(rows.begin / kBlockM);
-    const int m_max = rows.end > rows.begin ? static_cast<int>((rows.end + kBlockM - 1) / kBlockM) : block.m_min;
-    block.m_count = m_max - block.m_min;
-    block.steps = heads_per_split * block.m_count;  // (query head of the split, query block) pairs
-    // Without a mask every key block sees every query block: key block n (the (seq_blocks - 1 - n)-th to add) starts
-    // that far along, spread over the query blocks, so the key blocks reach a query block a few steps apart in the
-    // order they add into it (bwd_ordered_dq.h).
-    if (rotates && block.m_count > 0) {
-      const int64_t position = seq_blocks - 1 - n_block;
-      block.rotation = static_cast<int>(position * block.m_count / seq_blocks % block.m_count);
-    }
-    return block;
+    return plan_key_block(mask, n_block, kBlockM, kBlockN, sequence.seqlen_q, sequence.seqlen_k, offset,
+                          heads_per_split, seq_blocks, rotates);
   }
 
   // The query block of step i of a block (its query head: step_head).
-  __device__ __forceinline__ static int step_block(const BwdBlock& block, int i) {
-    int local = i % block.m_count + block.rotation;
-    if (local >= block.m_count) local -= block.m_count;
-    return block.m_min + local;
-  }
+  __device__ __forceinline__ static int step_block(const BwdBlock& block, int i) { return step_query_block(block, i); }
 };
 
 // The shared-memory ring of a Layout (BwdSmemLayout or BwdWideSmemLayout): K and V of the key block, kStages slots of

@@ -53,10 +53,11 @@ __device__ __forceinline__ int dq_handoff_barrier(int base, int step, int consum
 }
 
 
-// How many adds into query block m_block of `head` come before this key block's, which adds at its step `step`. The
-// key blocks of the sequence that see the query block are counted by the warp with the plan() their CTAs walk (lane l
-// tests blocks l, l + 32, ...), so the count cannot disagree with the steps they take. Arrival order: those that reach
-// it at an earlier step, or at the same step with a higher index; otherwise every higher key block.
+// How many adds into query block m_block of `head` come before this key block's, which adds at its step `step`
+// (block_ranges.h dq_adds_before). The key blocks of the sequence are tested by the warp with the plan() their CTAs
+// walk (lane l tests blocks l, l + 32, ...; in descending order only the higher ones), so the count cannot disagree
+// with the steps they take; tests/cpp/sm90_block_ranges_check.cpp checks that the counts of a query block's adders
+// are 0, 1, 2, ... on random shapes.
 template <int kBlockM, int kBlockN>
 __device__ __forceinline__ int dq_predecessors(const BwdKernelArgs& args, const BwdCta<kBlockM, kBlockN>& cta,
                                                int n_block, int head, int m_block, int step, int lane) {
@@ -64,21 +65,8 @@ __device__ __forceinline__ int dq_predecessors(const BwdKernelArgs& args, const 
   int count = 0;
   for (int base = args.dq_arrival_order ? 0 : n_block + 1; base < cta.seq_blocks; base += kWarpSize) {
     const int n = base + lane;
-    bool before = false;
-    if (n < cta.seq_blocks && n != n_block) {
-      const BwdBlock other = cta.plan(mask, n);
-      const int local = m_block - other.m_min;
-      if (local >= 0 && local < other.m_count) {
-        if (args.dq_arrival_order) {
-          int walked = local - other.rotation;
-          if (walked < 0) walked += other.m_count;
-          const int other_step = (head - cta.head0) * other.m_count + walked;
-          before = other_step < step || (other_step == step && n > n_block);
-        } else {
-          before = true;
-        }
-      }
-    }
+    const bool before = n < cta.seq_blocks && dq_adds_before(cta.plan(mask, n), n, n_block, head - cta.head0, m_block,
+                                                             step, args.dq_arrival_order);
     count += __popc(__ballot_sync(0xffffffffu, before));
   }
   return count;

@@ -1,10 +1,13 @@
 // Brute-force check of csrc/sm90/block_ranges.h on random shapes and masks (no GPU: the helpers are host/device), run
 // by tests/test_sm90_block_ranges.py. For every query tile, key block and (query block, key block) pair, compares what
 // the Hopper kernels would visit or leave unmasked with every (query, key) pair's visibility under common/mask.h's
-// rule. Prints one line per failure and a summary; exits 1 on any failure.
+// rule, and the ordered dQ's add order (every adder of a query block a distinct place). Prints one line per failure
+// and a summary; exits 1 on any failure.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <random>
+#include <vector>
 
 #include "flash_attn/bwd_workspace.h"
 #include "sm90/block_ranges.h"
@@ -87,6 +90,60 @@ void check_dq_slots() {
   }
 }
 
+// The Hopper backward's ordered dQ (sm90/bwd_ordered_dq.h): key block n waits until its query block's counter shows as
+// many adds as dq_adds_before counts, then adds. Every (walked head, query block) must be walked once by each key block
+// that sees it (plan_key_block, step_query_block), and its adders' counts must be exactly 0, 1, ..., adders - 1: a
+// repeated count would let two adds race (no fixed order) and a missing one would leave a CTA waiting for ever.
+// Arrival order only where the launcher allows it; rotated walks only without a mask (bwd_launch.h).
+void check_dq_order(const MaskParams& mask, int64_t sq, int64_t sk, int block_m, int block_n, int heads,
+                    bool arrival_order) {
+  const int64_t offset = flash::diagonal_offset(mask, sq, sk);
+  const int seq_blocks = static_cast<int>((sk + block_n - 1) / block_n);
+  const bool rotates = arrival_order && flash::mask_kind(mask) == flash::MaskKind::kNone;
+  const int m_blocks = static_cast<int>((sq + block_m - 1) / block_m);
+  std::vector<flash::sm90::BwdBlock> blocks;
+  for (int n = 0; n < seq_blocks; ++n) {
+    blocks.push_back(flash::sm90::plan_key_block(mask, n, block_m, block_n, sq, sk, offset, heads, seq_blocks, rotates));
+  }
+  // counts[(head, m)]: the counts its adders wait for; walks[(head, m)]: how many steps reached it, per key block.
+  std::vector<std::vector<int>> counts(static_cast<size_t>(heads) * (m_blocks + 1));
+  for (int n = 0; n < seq_blocks; ++n) {
+    const flash::sm90::BwdBlock& block = blocks[n];
+    std::vector<int> walked(static_cast<size_t>(heads) * (m_blocks + 1), 0);
+    for (int i = 0; i < block.steps; ++i) {
+      const int head = i / block.m_count;
+      const int m = flash::sm90::step_query_block(block, i);
+      if (m < block.m_min || m >= block.m_min + block.m_count || m >= m_blocks) {
+        fail("dq step outside its key block's query blocks", sq, sk, mask, n, m);
+        continue;
+      }
+      ++walked[static_cast<size_t>(head) * (m_blocks + 1) + m];
+      int before = 0;
+      for (int other = 0; other < seq_blocks; ++other) {
+        before += flash::sm90::dq_adds_before(blocks[other], other, n, head, m, i, arrival_order);
+      }
+      counts[static_cast<size_t>(head) * (m_blocks + 1) + m].push_back(before);
+    }
+    for (int head = 0; head < heads; ++head) {
+      for (int m = block.m_min; m < block.m_min + block.m_count && m < m_blocks; ++m) {
+        if (walked[static_cast<size_t>(head) * (m_blocks + 1) + m] != 1) {
+          fail("dq query block not walked exactly once", sq, sk, mask, n, m);
+        }
+      }
+    }
+  }
+  for (auto& adders : counts) {
+    std::sort(adders.begin(), adders.end());
+    for (size_t k = 0; k < adders.size(); ++k) {
+      if (adders[k] != static_cast<int>(k)) {
+        fail(arrival_order ? "dq arrival-order counts not 0 .. adders - 1" : "dq descending counts not 0 .. adders - 1",
+             sq, sk, mask, static_cast<int64_t>(k), adders[k]);
+        break;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -107,6 +164,8 @@ int main() {
         mask.window_right = random() % 3 == 0 ? flash::kUnboundedWindow : static_cast<int64_t>(random() % 400);
     }
     check(mask, sq, sk, 128, block_ns[random() % 6]);
+    // The backward's blocks: 64 query rows, 128 keys (narrow kernel) or 64 (wide), 1-3 heads of a group per walk.
+    check_dq_order(mask, sq, sk, 64, random() % 2 == 0 ? 128 : 64, 1 + random() % 3, random() % 2 == 0);
     ++cases;
   }
   std::printf("%d cases, %d failures\n", cases, failures);
