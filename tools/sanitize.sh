@@ -5,7 +5,8 @@
 # memcheck, racecheck and synccheck (named barriers, mbarriers); exits non-zero on the first tool that reports an
 # error. Needs a GPU and a build with CUDA kernels.
 # Usage: tools/sanitize.sh [extra pytest args]   (e.g. -k bwd). About 5 minutes on one H200 when every
-# head-dim bucket is built in both directions.
+# head-dim bucket is built in both directions. Each run names its tool in FLASH_ATTN_SANITIZE_TOOL, so a test can skip
+# a case one tool cannot follow (tests/test_cuda_sanitize.py says which and why).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
