@@ -5,8 +5,10 @@ need gradients, which seqused_k has none of, fold the lengths into an additive f
 (cache_seqlens, cache_batch_idx, block_table) are checked once per tensor version and clamped on the device, never
 read under capture, so the call can be captured in a CUDA graph. Paged caches (block_table) go to the op as pages
 and a block table (the CUDA decode kernels read the pages in place; other calls read a gathered copy), or, where
-gradients are needed, are gathered here. New rows are appended by one fused op (kvcache_append_: write, rotate k and
-q, count the keys) unless gradients are needed, where torch indexing keeps the autograd graph."""
+gradients are needed, are gathered here. New rows are appended by one fused op unless gradients are needed, where torch
+indexing keeps the autograd graph: kvcache_decode_ (the append and the attention; on CUDA decode calls the decode kernel
+rotates its queries and only its split that reads the new rows waits for the append) without cache_batch_idx and
+cache_leftpad, kvcache_append_ (write, rotate k and q, count the keys) before the attention otherwise."""
 
 from __future__ import annotations
 
@@ -25,6 +27,14 @@ def _append_fake(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_t
                  rotary_sin, interleaved, q, q_per_row):
     return k.new_empty((k.shape[0],), dtype=torch.int32), (k.new_empty((0,)) if q is None else torch.empty_like(
         q, memory_format=torch.contiguous_format))
+
+
+@torch.library.register_fake("flash_attn::kvcache_decode_")
+def _decode_fake(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin, interleaved,
+                 softmax_scale, window_left, window_right, softcap, alibi_slopes, num_splits):
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=lse_dtype))
 
 
 def _check_rotary(rotary_cos, rotary_sin, k, cache_rows):
@@ -219,6 +229,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if fused:
         seqlens = (cache_seqlens.to(q.device).contiguous() if isinstance(cache_seqlens, torch.Tensor)
                    else torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device))
+    if fused and cache_batch_idx is None and first_row is None:
+        # The append and the attention in one op: on CUDA decode calls the append kernel runs right before the
+        # decode kernel, which rotates its own queries and waits for the append only where it reads the new rows.
+        scale = softmax_scale if softmax_scale is not None else (q.shape[-1] ** -0.5 if q.shape[-1] > 0 else 1.0)
+        out, lse = torch.ops.flash_attn.kvcache_decode_(
+            q, k_cache, v_cache, k, v, seqlens, None if pages is None else pages.to(torch.int32),
+            rotary_cos if rotary else None, rotary_sin if rotary else None, rotary_interleaved, float(scale),
+            window[0], window[1], float(softcap), None if alibi_slopes is None else alibi_slopes.to(torch.float32),
+            num_splits)
+        return (out, lse) if return_softmax_lse else out
+    if fused:
         # The queries are rotated in the same launch (Dao's rule, _rotate_queries), into a new tensor.
         direct, q_rotated = torch.ops.flash_attn.kvcache_append_(
             k_cache, v_cache, k, v, seqlens, entries, pages, first_row, rotary_cos if rotary else None,

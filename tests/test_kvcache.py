@@ -188,7 +188,8 @@ def test_kvcache_num_splits_honoured(num_splits):
 @pytest.mark.parametrize("device", DEVICES)
 def test_kvcache_decode_passes_lengths_through(device, monkeypatch):
     """A decode step with int32 cache_seqlens on q's device and nothing appended hands cache_seqlens itself to the op
-    as seqused_k (no conversion launched); int64 lengths and appends go through the conversion; all agree."""
+    as seqused_k (no conversion launched); int64 lengths go through the conversion; appends run in one op
+    (kvcache_decode_), not through attention(), and agree with a plain call over the appended cache."""
     import flash_attn.kvcache as kvcache
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -211,8 +212,10 @@ def test_kvcache_decode_passes_lengths_through(device, monkeypatch):
     assert torch.equal(direct, converted)
     k_new, v_new = randn(3, 1, 2, 64, dtype=dtype, device=device), randn(3, 1, 2, 64, dtype=dtype, device=device)
     short = torch.tensor([0, 17, 39], dtype=torch.int32, device=device)
-    flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=short, causal=True)
-    assert seen[-1] is not short and seen[-1].tolist() == [1, 18, 40]
+    appended = flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=short, causal=True)
+    assert len(seen) == 2
+    after = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=short + 1, causal=True)
+    torch.testing.assert_close(appended.float(), after.float(), atol=1e-2, rtol=0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -448,6 +451,53 @@ def test_kvcache_fused_append_matches_indexing(layout, new_rows, rotary, device)
     torch.testing.assert_close(fused, indexed.detach(), atol=2e-2 if dtype == torch.bfloat16 else 1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("rotary", list(APPEND_ROTARY))
+@pytest.mark.parametrize("num_splits", [0, 1, 3])
+@pytest.mark.parametrize("page_size", [None, 16, 256])
+@pytest.mark.parametrize("heads", [(8, 2), (4, 4)])
+def test_kvcache_decode_append_in_kernel(heads, page_size, num_splits, rotary):
+    """One query per sequence with new rows appended, on CUDA: the append and the decode kernel in one op
+    (kvcache_decode_), the kernel rotating its own queries, the split holding the new rows the only one that waits for
+    the append. Lengths around the key-tile edges, contiguous and paged (whole blocks and rows of pages), GQA and MHA,
+    forced and chosen splits: the caches equal the gradient path's (torch indexing, the rotary op, a bias) and the
+    outputs and lse agree within the kernels' rounding."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    require_supported("cuda", torch.bfloat16, 128)
+    dtype, head_dim, rows = torch.bfloat16, 128, 2048
+    nheads, nheads_k = heads
+    lengths = torch.tensor([0, 1, 127, 128, 1001, rows - 2], dtype=torch.int32, device="cuda")
+    batch = lengths.numel()
+    q = randn(batch, 1, nheads, head_dim, dtype=dtype, device="cuda")
+    k_new, v_new = (randn(batch, 2, nheads_k, head_dim, dtype=dtype, device="cuda") for _ in range(2))
+    extra = {"num_splits": num_splits}
+    if APPEND_ROTARY[rotary] is not None:
+        rotary_dim, interleaved, _ = APPEND_ROTARY[rotary]
+        angles = torch.rand(rows, rotary_dim // 2, generator=torch.Generator().manual_seed(5)) * 6.3
+        extra.update(rotary_cos=angles.cos().to(dtype).cuda(), rotary_sin=angles.sin().to(dtype).cuda(),
+                     rotary_interleaved=interleaved)
+    if page_size is None:
+        k_cache, v_cache = (randn(batch, rows, nheads_k, head_dim, dtype=dtype, device="cuda") for _ in range(2))
+    else:
+        per_sequence = rows // page_size
+        order = torch.randperm(batch * per_sequence, generator=torch.Generator().manual_seed(7))
+        extra["block_table"] = order.view(batch, per_sequence).to(torch.int32).cuda()
+        k_cache, v_cache = (randn(batch * per_sequence, page_size, nheads_k, head_dim, dtype=dtype, device="cuda")
+                            for _ in range(2))
+    fused_k, fused_v = k_cache.clone(), v_cache.clone()
+    with torch.no_grad():
+        fused, fused_lse = flash_attn_with_kvcache(q, fused_k, fused_v, k_new, v_new, cache_seqlens=lengths,
+                                                   return_softmax_lse=True, **extra)
+    indexed_k, indexed_v = k_cache.clone(), v_cache.clone()
+    indexed, indexed_lse = flash_attn_with_kvcache(q.clone().requires_grad_(), indexed_k, indexed_v, k_new, v_new,
+                                                   cache_seqlens=lengths, return_softmax_lse=True, **extra)
+    assert torch.equal(fused_v, indexed_v)
+    torch.testing.assert_close(fused_k, indexed_k, atol=1e-2 if rotary != "none" else 0, rtol=0)
+    assert torch.isfinite(fused).all()
+    torch.testing.assert_close(fused, indexed.detach(), atol=2e-2, rtol=0)
+    torch.testing.assert_close(fused_lse, indexed_lse.detach(), atol=1e-3, rtol=0)
+
+
 def test_kvcache_append_op_clamps_indices():
     """Index values outside their ranges (which the Python entry point rejects, except under CUDA-graph capture)
     are clamped by the op: writes stay inside the caches and the key counts inside [0, cache rows]."""
@@ -465,6 +515,18 @@ def test_kvcache_append_op_clamps_indices():
                                                    None, table, None, None, None, False, None, False)
     assert used.tolist() == [5]
     assert pool[2, 3].eq(1).all() and pool[0, 0].eq(1).all() and pool[1].eq(0).all()
+
+
+def test_kvcache_decode_op_passes_opcheck():
+    """kvcache_decode_ (the append and the attention in one op) on CPU, where it appends and then attends."""
+    k_cache, v_cache = torch.randn(2, 10, 2, 16), torch.randn(2, 10, 2, 16)
+    k, v = torch.randn(2, 1, 2, 16), torch.randn(2, 1, 2, 16)
+    angles = torch.rand(12, 4)
+    q = torch.randn(2, 1, 4, 16)
+    for tables in ((None, None), (angles.cos(), angles.sin())):
+        args = (q, k_cache, v_cache, k, v, torch.tensor([1, 5], dtype=torch.int32), None, *tables, True, 0.25, -1, 0,
+                0.0, None, 0)
+        torch.library.opcheck(torch.ops.flash_attn.kvcache_decode_.default, args)
 
 
 def test_kvcache_append_op_passes_opcheck():

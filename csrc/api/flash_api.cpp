@@ -10,6 +10,7 @@
 
 #include "../cpu/attention_cpu.h"
 #include "../dispatch/device_attributes.h"
+#include "../dispatch/fwd_plan.h"
 #include "../dispatch/registry.h"
 #include "../dispatch/sm90_policy.h"
 #include "flash_attn/bwd_workspace.h"
@@ -18,6 +19,7 @@
 #include "fwd_cuda_plan.h"
 #include "input_checks.h"
 #include "kernel_inputs.h"
+#include "kvcache_append_api.h"
 
 #if defined(FLASH_WITH_CUDA)
 #include <c10/cuda/CUDAStream.h>
@@ -33,6 +35,7 @@ namespace {
 
 constexpr const char* kFwdOp = "flash_attn.fwd";
 constexpr const char* kBwdOp = "flash_attn.bwd";
+constexpr const char* kDecodeOp = "flash_attn.kvcache_decode_";
 
 int device_sm(const at::Device& device) { return device_attributes(device.index()).sm; }
 int device_code_arch(const at::Device& device) { return device_attributes(device.index()).code_arch; }
@@ -130,13 +133,24 @@ at::Tensor gather_pages(const at::Tensor& pool, const at::Tensor& block_table, i
   return pool.index_select(0, pages).reshape({block_table.size(0), rows, pool.size(2), pool.size(3)});
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(
+// flash_attn_with_kvcache's append, launched by the forward itself right before its decode kernel
+// (kvcache_decode_): the new rows (the append rotates neither q nor counts keys), and the queries' rotation, which
+// the decode kernel applies as it loads them.
+struct AppendInCall {
+  KvAppendParams append;
+  FwdParams::QueryRotary q_rotary;
+};
+
+// The fwd op; with `append`, k and v are the caches it appends to and seqused_k their lengths before the new rows
+// (the caller, kvcache_decode_, has checked that the call takes a portable decode tile reading k and v in place).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_impl(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q,
     const std::optional<at::Tensor>& cu_seqlens_k, c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
     double dropout_p, double softmax_scale, int64_t window_left, int64_t window_right, bool bottom_right,
     double softcap, const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& attn_bias,
     const std::optional<at::Tensor>& rng_state, bool return_probs, bool deterministic,
-    const std::optional<at::Tensor>& seqused_k, int64_t num_splits, const std::optional<at::Tensor>& block_table) {
+    const std::optional<at::Tensor>& seqused_k, int64_t num_splits, const std::optional<at::Tensor>& block_table,
+    const AppendInCall* append = nullptr) {
   FLASH_CHECK(num_splits >= 0, kFwdOp, ": num_splits must be >= 0 (0 lets flash_attn choose); got ", num_splits,
               ". Pass 0, or the number of key splits wanted.");
   const int64_t paged_rows =
@@ -156,7 +170,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(
     probe.page_size = static_cast<int>(k.size(1));
     probe.lse_head_stride = p.shape.seqlen_q;  // the dense lse (batch, nheads, seqlen_q) allocated below
     if (return_probs || !q.is_cuda() || !cuda_fwd_reads_pages(probe, q)) {
-      return fwd(q, gather_pages(k, *block_table, paged_rows), gather_pages(v, *block_table, paged_rows),
+      FLASH_CHECK(append == nullptr, kFwdOp, ": an append in the call needs pages read in place (a flash_attn bug)");
+      return fwd_impl(q, gather_pages(k, *block_table, paged_rows), gather_pages(v, *block_table, paged_rows),
                  cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, window_left,
                  window_right, bottom_right, softcap, alibi_slopes, attn_bias, rng_state, return_probs, deterministic,
                  seqused_k, num_splits, std::nullopt);
@@ -164,7 +179,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(
   }
   const auto lse_options = q.options().dtype(lse_dtype(q));
   if (call.no_work) {
-    // Every row (if any) sees no key: O = 0, LSE = +inf, as torch's empty-input semantics; no kernel runs.
+    // Every row (if any) sees no key: O = 0, LSE = +inf, as torch's empty-input semantics; no attention kernel runs.
+    if (append != nullptr) launch_kvcache_append(append->append, k);
     const std::vector<int64_t> lse_shape = call.varlen ? std::vector<int64_t>{p.shape.nheads_q, call.total_q}
                                                        : std::vector<int64_t>{p.shape.batch, p.shape.nheads_q,
                                                                               p.shape.seqlen_q};
@@ -205,12 +221,105 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(
     cpu::run_fwd(p);
   } else {
     std::vector<at::Tensor> scratch;
+    if (append != nullptr) p.shape.appended_keys = append->append.new_rows;  // before the split plan counts on it
     plan_cuda_fwd(p, q, scratch, num_splits);
+    if (append != nullptr) {
+      // Nothing may run between the append and the decode kernel: its CTAs that do not read the new rows skip the
+      // wait for the kernel before it (sm80/fwd_kernel.h fwd_tile).
+      p.q_rotary = append->q_rotary;
+      launch_kvcache_append(append->append, k);
+    }
     launch_cuda(p, nullptr, q.device());
     if (return_probs) launch_cuda_probs(p, q.device());
   }
   out = from_kernel_layout(out, in.head_dim);
   return {out, lse, probs};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q,
+    const std::optional<at::Tensor>& cu_seqlens_k, c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
+    double dropout_p, double softmax_scale, int64_t window_left, int64_t window_right, bool bottom_right,
+    double softcap, const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& attn_bias,
+    const std::optional<at::Tensor>& rng_state, bool return_probs, bool deterministic,
+    const std::optional<at::Tensor>& seqused_k, int64_t num_splits, const std::optional<at::Tensor>& block_table) {
+  return fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                  window_left, window_right, bottom_right, softcap, alibi_slopes, attn_bias, rng_state, return_probs,
+                  deterministic, seqused_k, num_splits, block_table);
+}
+
+// Whether a kvcache_decode_ call can take its append inside the attention call: one query per sequence on a CUDA
+// device, int32 lengths, caches the decode kernels read as they are (no padding copy, pages in place), a portable
+// decode tile (not the Hopper kernels, which do not take appended keys).
+bool decode_takes_append(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                         const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table,
+                         double softmax_scale, int64_t window_left, int64_t window_right, double softcap,
+                         const std::optional<at::Tensor>& alibi_slopes) {
+  if (!q.is_cuda() || q.dim() != 4 || q.size(1) != 1 || cache_seqlens.scalar_type() != at::kInt ||
+      input_action(k_cache) != InputAction::kUse || input_action(v_cache) != InputAction::kUse) {
+    return false;
+  }
+  const int64_t paged_rows =
+      block_table.has_value() ? check_paged_cache(kFwdOp, q, k_cache, v_cache, *block_table, false, true) : 0;
+  const CallArgs args{q, k_cache, v_cache, std::nullopt, std::nullopt, 0, 0, 0.0, softmax_scale, window_left,
+                      window_right, true, softcap, alibi_slopes, std::nullopt, std::nullopt, cache_seqlens,
+                      paged_rows};
+  CheckedCall call = check_call(kFwdOp, args);
+  if (call.no_work) return false;
+  FwdParams& p = call.params;
+  p.lse_head_stride = p.shape.seqlen_q;  // the dense lse (batch, nheads, seqlen_q) the forward allocates
+  if (paged_rows > 0) {
+    p.block_table = block_table->data_ptr<int32_t>();
+    p.page_size = static_cast<int>(k_cache.size(1));
+    if (!cuda_fwd_reads_pages(p, q)) return false;
+  }
+  if (!fwd_takes_decode_tile(p)) return false;
+  const KernelEntry* entry =
+      find_kernel(device_sm(q.device()), device_code_arch(q.device()), p, Direction::kForward, nullptr);
+  return entry != nullptr && entry->key.arch != kHopperArch;
+}
+
+// torch.ops.flash_attn.kvcache_decode_: flash_attn_with_kvcache's append (k, v written into the caches at
+// cache_seqlens, k and q rotated when the tables are given) and its attention in one op, for calls without
+// cache_batch_idx / cache_leftpad and without gradients. Where decode_takes_append holds, the append kernel runs
+// right before the decode kernel, whose CTAs that do not read the new rows run under it and rotate their own
+// queries; elsewhere the append (rotating q into a copy, counting the keys) and then the forward, as
+// kvcache_append_ and fwd run them.
+std::tuple<at::Tensor, at::Tensor> kvcache_decode_(
+    const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
+    const at::Tensor& v, const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table,
+    const std::optional<at::Tensor>& rotary_cos, const std::optional<at::Tensor>& rotary_sin, bool interleaved,
+    double softmax_scale, int64_t window_left, int64_t window_right, double softcap,
+    const std::optional<at::Tensor>& alibi_slopes, int64_t num_splits) {
+  const std::optional<at::Tensor> none;
+  // Dao's rule for the queries' positions (flash_attn/kvcache.py _rotate_queries): per row when causal or local.
+  const bool q_per_row = window_left != kUnboundedWindow || window_right != kUnboundedWindow;
+  if (!decode_takes_append(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, window_left,
+                           window_right, softcap, alibi_slopes)) {
+    const bool rotary = rotary_cos.has_value();
+    const auto [seqused, q_rotated] = kvcache_append_(k_cache, v_cache, k, v, cache_seqlens, none, block_table, none,
+                                                      rotary_cos, rotary_sin, interleaved,
+                                                      rotary ? std::optional<at::Tensor>(q) : none, q_per_row);
+    const auto [out, lse, probs] =
+        fwd(rotary ? q_rotated : q, k_cache, v_cache, none, none, 0, 0, 0.0, softmax_scale, window_left, window_right,
+            true, softcap, alibi_slopes, none, none, false, false, seqused, num_splits, block_table);
+    return {out, lse};
+  }
+  AppendInCall in_call;
+  in_call.append = kvcache_append_params(k_cache, v_cache, k, v, cache_seqlens, none, block_table, none, rotary_cos,
+                                         rotary_sin, interleaved);
+  const KvAppendParams& a = in_call.append;
+  if (a.cos != nullptr) {
+    FLASH_CHECK(q.scalar_type() == k.scalar_type() && q.size(3) == k.size(3), kDecodeOp,
+                ": q must have the dtype and head dim of k (", k.scalar_type(), ", ", k.size(3), "); got ",
+                q.scalar_type(), ", ", q.size(3));
+    in_call.q_rotary = FwdParams::QueryRotary{a.cos, a.sin, a.cos_row_stride, a.sin_row_stride, a.rotary_dim,
+                                              a.seqlen_ro, a.interleaved};
+  }
+  const auto [out, lse, probs] =
+      fwd_impl(q, k_cache, v_cache, none, none, 0, 0, 0.0, softmax_scale, window_left, window_right, true, softcap,
+               alibi_slopes, none, none, false, false, cache_seqlens, num_splits, block_table, &in_call);
+  return {out, lse};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
@@ -416,16 +525,23 @@ TORCH_LIBRARY(flash_attn, m) {
       "float softmax_scale, int window_left, int window_right, bool bottom_right, float softcap, "
       "Tensor? alibi_slopes, Tensor? attn_bias, Tensor? rng_state, bool deterministic, bool bias_requires_grad) "
       "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dbias)");
+  m.def(
+      "kvcache_decode_(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor cache_seqlens, "
+      "Tensor? block_table, Tensor? rotary_cos, Tensor? rotary_sin, bool interleaved, float softmax_scale, "
+      "int window_left, int window_right, float softcap, Tensor? alibi_slopes, int num_splits) "
+      "-> (Tensor out, Tensor softmax_lse)");
 }
 
 TORCH_LIBRARY_IMPL(flash_attn, CPU, m) {
   m.impl("fwd", &flash::api::fwd);
   m.impl("bwd", &flash::api::bwd);
+  m.impl("kvcache_decode_", &flash::api::kvcache_decode_);
 }
 
 TORCH_LIBRARY_IMPL(flash_attn, CUDA, m) {
   m.impl("fwd", &flash::api::fwd);
   m.impl("bwd", &flash::api::bwd);
+  m.impl("kvcache_decode_", &flash::api::kvcache_decode_);
 }
 
 #define FLASH_STRINGIZE_VALUE(x) #x

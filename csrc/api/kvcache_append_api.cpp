@@ -9,6 +9,7 @@
 #include <optional>
 #include <tuple>
 
+#include "kvcache_append_api.h"
 #include "../cpu/kvcache_append_cpu.h"
 #include "error_message.h"
 #include "input_checks.h"
@@ -56,13 +57,15 @@ void check_rows_tensor(const char* name, const at::Tensor& t, const at::Tensor& 
               " must have stride 1 in its last (head) dimension; got strides ", t.strides());
 }
 
-std::tuple<at::Tensor, at::Tensor> kvcache_append_(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
-                           const at::Tensor& v, const at::Tensor& cache_seqlens,
-                           const std::optional<at::Tensor>& cache_batch_idx,
-                           const std::optional<at::Tensor>& block_table,
-                           const std::optional<at::Tensor>& cache_leftpad, const std::optional<at::Tensor>& rotary_cos,
-                           const std::optional<at::Tensor>& rotary_sin, bool interleaved,
-                           const std::optional<at::Tensor>& q, bool q_per_row) {
+}  // namespace
+
+KvAppendParams kvcache_append_params(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
+                                     const at::Tensor& v, const at::Tensor& cache_seqlens,
+                                     const std::optional<at::Tensor>& cache_batch_idx,
+                                     const std::optional<at::Tensor>& block_table,
+                                     const std::optional<at::Tensor>& cache_leftpad,
+                                     const std::optional<at::Tensor>& rotary_cos,
+                                     const std::optional<at::Tensor>& rotary_sin, bool interleaved) {
   check_rows_tensor("k_cache", k_cache, k_cache);
   FLASH_CHECK(v_cache.sizes() == k_cache.sizes(), kAppendOp, ": v_cache must have k_cache's shape ", k_cache.sizes(),
               "; got ", v_cache.sizes());
@@ -139,6 +142,37 @@ std::tuple<at::Tensor, at::Tensor> kvcache_append_(const at::Tensor& k_cache, co
     p.seqlen_ro = cos.size(0);
     p.interleaved = interleaved;
   }
+  return p;
+}
+
+void launch_kvcache_append(const KvAppendParams& p, const at::Tensor& k_cache) {
+  if (p.batch == 0) return;
+  if (k_cache.is_cpu()) {
+    cpu::run_kvcache_append(p);
+    return;
+  }
+#if defined(FLASH_WITH_CUDA)
+  const c10::cuda::CUDAGuard guard(k_cache.device());
+  FLASH_CHECK(sm80::launch_kvcache_append(p, c10::cuda::getCurrentCUDAStream().stream()), kAppendOp,
+              ": CUDA caches must be float16, bfloat16 or float32; got ", k_cache.scalar_type());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+#else
+  FLASH_FAIL(kAppendOp, ": this build has no CUDA code; rebuild with the CUDA toolkit, or pass CPU tensors");
+#endif
+}
+
+std::tuple<at::Tensor, at::Tensor> kvcache_append_(const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                                   const at::Tensor& k, const at::Tensor& v,
+                                                   const at::Tensor& cache_seqlens,
+                                                   const std::optional<at::Tensor>& cache_batch_idx,
+                                                   const std::optional<at::Tensor>& block_table,
+                                                   const std::optional<at::Tensor>& cache_leftpad,
+                                                   const std::optional<at::Tensor>& rotary_cos,
+                                                   const std::optional<at::Tensor>& rotary_sin, bool interleaved,
+                                                   const std::optional<at::Tensor>& q, bool q_per_row) {
+  KvAppendParams p = kvcache_append_params(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
+                                           cache_leftpad, rotary_cos, rotary_sin, interleaved);
+  const int64_t batch = p.batch;
   at::Tensor q_out = at::empty({0}, k.options());
   if (q.has_value()) {
     FLASH_CHECK(rotary_cos.has_value(), kAppendOp, ": q is rotated here only with rotary_cos / rotary_sin; got q "
@@ -159,23 +193,10 @@ std::tuple<at::Tensor, at::Tensor> kvcache_append_(const at::Tensor& k_cache, co
   }
   at::Tensor seqused = at::empty({batch}, k.options().dtype(at::kInt));
   p.seqused = seqused.data_ptr<int32_t>();
-  if (batch == 0) return {seqused, q_out};
-  if (k_cache.is_cpu()) {
-    cpu::run_kvcache_append(p);
-    return {seqused, q_out};
-  }
-#if defined(FLASH_WITH_CUDA)
-  const c10::cuda::CUDAGuard guard(k_cache.device());
-  FLASH_CHECK(sm80::launch_kvcache_append(p, c10::cuda::getCurrentCUDAStream().stream()), kAppendOp,
-              ": CUDA caches must be float16, bfloat16 or float32; got ", k_cache.scalar_type());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-#else
-  FLASH_FAIL(kAppendOp, ": this build has no CUDA code; rebuild with the CUDA toolkit, or pass CPU tensors");
-#endif
+  launch_kvcache_append(p, k_cache);
   return {seqused, q_out};
 }
 
-}  // namespace
 }  // namespace flash::api
 
 TORCH_LIBRARY_FRAGMENT(flash_attn, m) {

@@ -45,7 +45,7 @@ void rotate_heads(const KvAppendParams& p, const T* src, int64_t src_head, T* ds
 
 template <typename T>
 void append_rows(const KvAppendParams& p) {
-  for (int64_t b = 0; b < p.batch; ++b) p.seqused[b] = append_seqused(p, b);
+  for (int64_t b = 0; p.seqused != nullptr && b < p.batch; ++b) p.seqused[b] = append_seqused(p, b);
   at::parallel_for(0, p.batch * p.new_rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
     for (int64_t index = begin; index < end; ++index) {
       const int64_t b = index / p.new_rows, i = index % p.new_rows;

@@ -85,7 +85,17 @@ int choose_fwd_num_splits(const FwdParams& p, int num_sms, sm80::SmemLimits smem
   const int64_t splits = std::min<int64_t>({wanted, key_tiles / kMinTilesPerSplit, sm80::kMaxKeySplits});
   if (splits < 2) return 1;
   const int64_t tiles_per_split = (key_tiles + splits - 1) / splits;
-  return static_cast<int>((key_tiles + tiles_per_split - 1) / tiles_per_split);
+  const int64_t evened = (key_tiles + tiles_per_split - 1) / tiles_per_split;
+  // Keys appended in the same call: their tiles take a split of their own (sm80/fwd_kernel.h plan_key_tiles), the
+  // only one that waits for the append, so one more keeps the other splits' tiles as they were, while the grid
+  // still fits one wave of the CTAs that can be resident.
+  const bool appends = p.shape.appended_keys > 0 && (kind == sm80::FwdTileKind::kDecode ||
+                                                     kind == sm80::FwdTileKind::kDecodeCompact);
+  const int64_t resident_slots = static_cast<int64_t>(num_sms) * sm80::fwd_ctas_per_sm(bucket, general, kind, smem);
+  if (appends && evened < sm80::kMaxKeySplits && ctas * (evened + 1) <= resident_slots) {
+    return static_cast<int>(evened + 1);
+  }
+  return static_cast<int>(evened);
 }
 
 int requested_fwd_num_splits(const FwdParams& p, int64_t requested) {
@@ -115,6 +125,11 @@ bool fwd_reads_pages(FwdParams p, sm80::SmemLimits smem) {
   // gathered, H200, bf16, GQA 32/8, hd 128, us from a CUDA graph: batch 16 x 8k 275 against 435, 1 x 8k 49 against 46
   // (twentieth session); with the lanes' lookups 212 and 23.6 (contiguous: 139, 20.4). Other sizes gather.
   return block_n % p.page_size == 0;
+}
+
+bool fwd_takes_decode_tile(FwdParams p) {
+  pack_gqa_decode(p);
+  return sm80::fwd_uses_decode_tile(p.shape.seqlen_q, needs_general_kernel(p));
 }
 
 }  // namespace flash

@@ -21,6 +21,7 @@
 #include "flash_attn/ptx/tma_load_sm90.h"
 #include "sm80/fwd_tile_config.h"
 #include "sm80/kernel_common.h"
+#include "sm80/rotate_rows.h"
 #include "flash_attn/tensor_map_sm90.h"
 
 namespace flash::sm80 {
@@ -193,8 +194,10 @@ __device__ __forceinline__ FwdCta locate_cta(const FwdParams& p, uint3 item, uns
 }
 
 // Completes the context of a CTA that has rows: its mask window, kv head, head dim, this thread's coordinates,
-// and the key tiles [n_first, n_last] it (and its split) visits.
-template <MaskKind kMask, int kBlockM, int kBlockN>
+// and the key tiles [n_first, n_last] it (and its split) visits. kDecode: a decode kernel, whose split calls with
+// appended keys (AttentionShape::appended_keys) give the tiles that hold the new rows to the last split alone and
+// the tiles before them to the others, so only that split waits for the append (fwd_tile).
+template <MaskKind kMask, int kBlockM, int kBlockN, bool kDecode = false>
 __device__ __forceinline__ void plan_key_tiles(const FwdParams& p, FwdCta& cta) {
   const AttentionShape& shape = p.shape;
   cta.win = cta_window<kMask>(p.mask, cta.seqlen_q, cta.seqlen_k);
@@ -217,7 +220,18 @@ __device__ __forceinline__ void plan_key_tiles(const FwdParams& p, FwdCta& cta) 
   int n_last = key_hi > key_lo ? (key_hi - 1) / kBlockN : n_first - 1;
   // Splits share this sequence's own tiles; a split starting past n_last (a short seqused_k, or a window that
   // leaves few tiles) visits none and writes the empty partial (out 0, lse -inf) that the combine weights 0.
-  if (p.num_splits > 1) {
+  if (kDecode && p.num_splits > 1 && p.shape.appended_keys > 0) {
+    const int first_new = (cta.seqlen_k - static_cast<int>(p.shape.appended_keys)) / kBlockN;
+    if (cta.split == p.num_splits - 1) {
+      n_first = max(n_first, first_new);
+    } else {  // the tiles before the new rows, evened out over the other splits
+      const int old_tiles = max(0, min(n_last, first_new - 1) - n_first + 1);
+      const int others = p.num_splits - 1;
+      const int lo = n_first + cta.split * old_tiles / others;
+      n_last = n_first + (cta.split + 1) * old_tiles / others - 1;
+      n_first = lo;
+    }
+  } else if (p.num_splits > 1) {
     const int per_split = (n_last - n_first + p.num_splits) / p.num_splits;
     const int lo = n_first + cta.split * per_split;
     n_last = min(n_last, lo + per_split - 1);
@@ -414,12 +428,15 @@ __device__ __forceinline__ void load_kv(T* ring, const T* base, int64_t row_stri
 // kFirstV: one stage, and V(n_last) follows as a group of its own (fwd_prefetches_first_v).
 template <typename KvLayout, int kHeadDim, int kBlockM, int kBlockN, int kThreads, int kStages, bool kFirstV,
           KvPaging kPaging = KvPaging::kNone, typename T>
-__device__ __forceinline__ void load_prologue(const FwdParams& p, const FwdCta& cta, const FwdTiles<T>& tiles) {
+__device__ __forceinline__ void load_prologue(const FwdParams& p, const FwdCta& cta, const FwdTiles<T>& tiles,
+                                              bool loads_q = true) {
   // Q's loads branch on whole tiles where K's and V's do (fwd_branches_whole_tiles).
   using QLayout = std::conditional_t<KvLayout::kWholeTileBranch, WholeTileLoads<PaddedRows<kHeadDim>>,
                                      PaddedRows<kHeadDim>>;
-  load_tile_async<kBlockM, kHeadDim, kThreads, QLayout>(tiles.s_q, tiles.q, p.q_strides.row, cta.seqlen_q - cta.m0,
-                                                        cta.head_dim, cta.tid);
+  if (loads_q) {
+    load_tile_async<kBlockM, kHeadDim, kThreads, QLayout>(tiles.s_q, tiles.q, p.q_strides.row, cta.seqlen_q - cta.m0,
+                                                          cta.head_dim, cta.tid);
+  }
   // Paged: the pages of every block the prologue issues (K and V of a block share one) are read before its first
   // copy, so their lookups wait once, not once per load (the copies' asm orders memory).
   int page[kStages];
@@ -445,6 +462,38 @@ __device__ __forceinline__ void load_prologue(const FwdParams& p, const FwdCta& 
                                                                     cta.n_last - ahead, cta, p.k_strides.batch,
                                                                     &tiles.pages, page[ahead]);
   }
+}
+
+// Q of a decode CTA rotated as it is loaded (FwdParams::q_rotary): the CTA's rows (query heads of one sequence,
+// which share one position, the sequence's keys before the append) go from global memory through registers into
+// the Q tile (rotate_rows, every load before any store); the padding rows and columns become 0 as the cp.async
+// path's zero fill makes them. Called after the prologue's K / V copies are issued, so its loads overlap theirs;
+// the first await_k's barrier orders its stores before the first S = Q K^T.
+template <int kHeadDim, int kBlockM, int kThreads, typename T>
+__device__ __forceinline__ void load_rotated_q(const FwdParams& p, const FwdCta& cta, const FwdTiles<T>& tiles) {
+  constexpr int kStride = kHeadDim + kSmemRowPad;
+  constexpr int kChunksPerRow = kHeadDim / kChunkElems;
+  const int rows = min(kBlockM, cta.seqlen_q - cta.m0);
+  for (int c = cta.tid; c < kBlockM * kChunksPerRow; c += kThreads) {
+    const int row = c / kChunksPerRow, col = c % kChunksPerRow * kChunkElems;
+    if (row >= rows || col >= cta.head_dim) {
+      *reinterpret_cast<uint4*>(tiles.s_q + row * kStride + col) = make_uint4(0, 0, 0, 0);
+    }
+  }
+  const FwdParams::QueryRotary& r = p.q_rotary;
+  const int64_t position = cta.seqlen_k - p.shape.appended_keys;
+  HeadRow<T> q;
+  q.src = tiles.q;
+  q.dst = tiles.s_q;
+  q.src_head = p.q_strides.row;
+  q.dst_head = kStride;
+  q.nheads = rows;
+  q.rotary_dim = static_cast<int>(r.rotary_dim);
+  if (position < r.seqlen_ro) {
+    q.cos = static_cast<const T*>(r.cos) + position * r.cos_row_stride;
+    q.sin = static_cast<const T*>(r.sin) + position * r.sin_row_stride;
+  }
+  rotate_rows<kThreads>(q, HeadRow<T>{}, cta.head_dim, r.interleaved, false);
 }
 
 // Reads the call's score, softmax and dropout constants (ALiBi slope of this head, dropout RNG state).
@@ -956,24 +1005,38 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
   unsigned char* const smem = kTma ? tma_aligned_smem(smem_raw) : smem_raw;
 
   // A decode kernel is itself a programmatic dependent on sm90 (fwd_launch.h): it may start while the kernel before
-  // it (e.g. flash_attn_with_kvcache's append) runs, so it waits for that grid's writes before touching any memory.
-  // A split decode grid fits in one wave (choose_fwd_num_splits), so every CTA is resident when the last one allows
-  // the combine kernel (its programmatic dependent, fwd_launch.h) to start: no combine CTA takes a slot that a split
-  // CTA still waits for. Without a dependent launch both do nothing.
-  if constexpr (kKind == FwdTileKind::kDecode || kKind == FwdTileKind::kDecodeCompact) {
-    ptx::wait_for_primary_grid();
+  // it (e.g. flash_attn_with_kvcache's append) runs, so it waits for that grid's writes before touching any memory;
+  // with appended keys (AttentionShape::appended_keys: that kernel is the append, and writes only the new rows) only
+  // a CTA whose tiles hold new rows waits, and only before its first load, so the others read the cache under the
+  // append. A split decode grid fits in one wave (choose_fwd_num_splits), so every CTA is resident when the last one
+  // allows the combine kernel (its programmatic dependent, fwd_launch.h) to start: no combine CTA takes a slot that
+  // a split CTA still waits for. Without a dependent launch both do nothing.
+  constexpr bool kDecode = kKind == FwdTileKind::kDecode || kKind == FwdTileKind::kDecodeCompact;
+  if constexpr (kDecode) {
+    if (p.shape.appended_keys == 0) ptx::wait_for_primary_grid();
     ptx::allow_dependent_launch();
   }
   FwdCta cta = locate_cta<kMask, kBlockM>(p, blockIdx, gridDim.x);
   if (cta.m0 >= cta.seqlen_q) return;
-  plan_key_tiles<kMask, kBlockM, kBlockN>(p, cta);
+  plan_key_tiles<kMask, kBlockM, kBlockN, kDecode>(p, cta);
   const FwdTiles<T> tiles = locate_tiles<kHeadDim, kBlockM, kBlockN, kStages, T, kPaging>(smem, p, cta);
+  const bool rotates_q = kDecode && p.q_rotary.cos != nullptr;
+  if constexpr (kDecode) {
+    const int old_keys = cta.seqlen_k - static_cast<int>(p.shape.appended_keys);
+    if (p.shape.appended_keys > 0 && cta.n_last >= cta.n_first && (cta.n_last + 1) * kBlockN > old_keys) {
+      ptx::wait_for_primary_grid();
+    }
+  }
   TmaKvBarriers bars;
   if constexpr (kTma) {
     bars.init(smem + fwd_smem_bytes(kHeadDim, kGeneral, kKind, sizeof(T)));  // the barriers follow the tiles
     load_prologue_tma<kHeadDim, kBlockM, kBlockN, kThreads>(p, cta, tiles, maps, bars);
   } else {
-    load_prologue<KvLayout, kHeadDim, kBlockM, kBlockN, kThreads, kStages, kFirstV, kPaging>(p, cta, tiles);
+    load_prologue<KvLayout, kHeadDim, kBlockM, kBlockN, kThreads, kStages, kFirstV, kPaging>(p, cta, tiles,
+                                                                                             !rotates_q);
+  }
+  if constexpr (kDecode) {
+    if (rotates_q) load_rotated_q<kHeadDim, kBlockM, kThreads>(p, cta, tiles);
   }
   static_assert(!kLeanMods || (!kGeneral && !kTma && kPaging == KvPaging::kNone &&
                                 (kKind == FwdTileKind::kStandard || kKind == FwdTileKind::kCompact)),

@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kAppendThreads) kvcache_append_kernel(const Kv
   }
   const int64_t b = blockIdx.x / rows_per_sequence;
   const int64_t i = blockIdx.x % rows_per_sequence;
-  if (i == 0 && threadIdx.x == 0) p.seqused[b] = append_seqused(p, b);
+  if (i == 0 && threadIdx.x == 0 && p.seqused != nullptr) p.seqused[b] = append_seqused(p, b);
   if (i >= p.new_rows) return;
   const int64_t row = append_length(p, b) + i;
   const int64_t position = append_position(p, b, i);

@@ -57,7 +57,8 @@ struct KvAppendParams {
   int64_t seqlen_q = 0;
   int64_t nheads_q = 0;
   bool q_per_row = false;
-  // (batch,) int32 out: the keys sequence b's attention sees, max(length + new_rows - leftpad, 0).
+  // (batch,) int32 out: the keys sequence b's attention sees, max(length + new_rows - leftpad, 0); null: not written
+  // (the decode kernels count them themselves, AttentionShape::appended_keys).
   int32_t* seqused = nullptr;
 };
 

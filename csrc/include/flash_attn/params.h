@@ -63,6 +63,11 @@ struct AttentionShape {
   // rows of k / v (a KV cache's filled length). Masks and ALiBi align to that length as varlen does to
   // cu_seqlens_k; kernels clamp it to [0, seqlen_k]. Read on the device, never by the host (graph capture).
   const int32_t* seqused_k = nullptr;
+  // With seqused_k only (flash_attn_with_kvcache's append in the same call, api/kvcache_decode_api.cpp): the kernel
+  // launched just before this one writes this many new rows after each sequence's seqused_k[b] keys, so sequence b
+  // sees min(seqused_k[b], seqlen_k - appended_keys) + appended_keys keys (common/mask.h used_keys). The decode
+  // kernels let only the CTAs that read those rows wait for that kernel (sm80/fwd_kernel.h). 0: none.
+  int64_t appended_keys = 0;
 };
 
 struct MaskParams {
@@ -129,6 +134,20 @@ struct FwdParams {
   int64_t block_table_stride = 0;
   int page_size = 0;
   int num_pages = 0;
+
+  // Queries rotated as the decode kernels load them (flash_attn_with_kvcache's rotary with an append in the same
+  // call, one query row per sequence): every row of sequence b at position used_keys_before_append (its cache length
+  // before the new rows), by the (seqlen_ro, rotary_dim / 2) cos / sin tables, GPT-J pairs when interleaved; a
+  // position past the tables leaves the row as it is. Null cos: the queries are used as given.
+  struct QueryRotary {
+    const void* cos = nullptr;
+    const void* sin = nullptr;
+    int64_t cos_row_stride = 0;
+    int64_t sin_row_stride = 0;
+    int64_t rotary_dim = 0;
+    int64_t seqlen_ro = 0;
+    bool interleaved = false;
+  } q_rotary;
 };
 
 // What the CUDA backward kernels may rely on (the API layer guarantees it, padding or copying otherwise):

@@ -15,12 +15,21 @@ struct KeyRange {
   int64_t end;    // one past the last visible key; empty when end <= begin
 };
 
-// Keys sequence b uses: seqlen_k (its own for varlen), cut to seqused_k[b] when the call gives seqused_k,
-// clamped to [0, seqlen_k] so a bad length cannot make a kernel read past the key rows.
+// Keys of sequence b before an append in the same call (AttentionShape::appended_keys): seqused_k[b] clamped to
+// [0, seqlen_k - appended_keys], as the append (common/kvcache_append.h append_length) clamps the row it writes at.
+FLASH_HOST_DEVICE int64_t keys_before_append(const AttentionShape& shape, int64_t b, int64_t seqlen_k) {
+  if (shape.seqused_k == nullptr) return seqlen_k;
+  const int64_t high = seqlen_k - shape.appended_keys;
+  const int64_t used = shape.seqused_k[b];
+  return used < 0 ? 0 : (used < high ? used : (high < 0 ? 0 : high));
+}
+
+// Keys sequence b uses: seqlen_k (its own for varlen), cut to seqused_k[b] (plus the appended keys) when the call
+// gives seqused_k, clamped to [0, seqlen_k] so a bad length cannot make a kernel read past the key rows.
 FLASH_HOST_DEVICE int64_t used_keys(const AttentionShape& shape, int64_t b, int64_t seqlen_k) {
   if (shape.seqused_k == nullptr) return seqlen_k;
-  const int64_t used = shape.seqused_k[b];
-  return used < 0 ? 0 : (used < seqlen_k ? used : seqlen_k);
+  const int64_t used = keys_before_append(shape, b, seqlen_k) + shape.appended_keys;
+  return used < seqlen_k ? used : seqlen_k;
 }
 
 // Diagonal offset of a sequence: query i lines up with key i + offset.
