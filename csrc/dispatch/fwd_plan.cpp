@@ -38,6 +38,11 @@ bool needs_general_kernel(const FwdParams& p) {
 // 137.6 (135.1), 64 x 4k unchanged (no split). Paged caches keep every resident CTA: their per-page lookups need the
 // latency hiding, and with two per SM page 16 went 145 -> 250 us at 16 x 8k and page 256 142 -> 206.
 constexpr int kContiguousDecodeSplitCtasPerSm = 2;
+
+// Appends to a call that would not split (a large batch): two splits, the second holding only the new rows' tiles,
+// so the append runs under the first's reads, at the cost of the partial outputs and the combine. Off: not measured
+// yet (kvcache decode 64 x 4k with an append, tools/ab_bench.sh AB_KVCACHE=1).
+constexpr bool kSplitsForAppend = false;
 int split_ctas_per_sm(const FwdParams& p, int bucket, bool general, sm80::FwdTileKind kind, sm80::SmemLimits smem) {
   const int resident = sm80::fwd_ctas_per_sm(bucket, general, kind, smem);
   const bool decode = kind == sm80::FwdTileKind::kDecode || kind == sm80::FwdTileKind::kDecodeCompact;
@@ -76,7 +81,15 @@ int choose_fwd_num_splits(const FwdParams& p, int num_sms, sm80::SmemLimits smem
   const int64_t ctas = p.shape.batch * p.shape.nheads_q * ((p.shape.seqlen_q + tile.block_m - 1) / tile.block_m);
   const int64_t key_tiles = (p.shape.seqlen_k + tile.block_n - 1) / tile.block_n;
   const int64_t slots = static_cast<int64_t>(num_sms) * split_ctas_per_sm(p, bucket, general, kind, smem);
-  if (ctas <= 0 || ctas * 2 > slots) return 1;
+  // Keys appended in the same call: their tiles take a split of their own (sm80/fwd_kernel.h plan_key_tiles), the
+  // only one that waits for the append, while the grid still fits one wave of the CTAs that can be resident.
+  const bool appends = p.shape.appended_keys > 0 && (kind == sm80::FwdTileKind::kDecode ||
+                                                     kind == sm80::FwdTileKind::kDecodeCompact);
+  const int64_t resident_slots = static_cast<int64_t>(num_sms) * sm80::fwd_ctas_per_sm(bucket, general, kind, smem);
+  if (ctas <= 0) return 1;
+  if (ctas * 2 > slots) {
+    return kSplitsForAppend && appends && key_tiles >= 2 && ctas * 2 <= resident_slots ? 2 : 1;
+  }
   // Planned on the longest length (seqused_k is never read on the host): a shorter sequence's splits past its
   // last key tile see no key, write lse -inf, and the combine kernel weights them 0.
   // As many splits as fit in one wave of resident CTAs (v3 rounded up, past one wave: 16 x 8k decode took 640
@@ -86,12 +99,7 @@ int choose_fwd_num_splits(const FwdParams& p, int num_sms, sm80::SmemLimits smem
   if (splits < 2) return 1;
   const int64_t tiles_per_split = (key_tiles + splits - 1) / splits;
   const int64_t evened = (key_tiles + tiles_per_split - 1) / tiles_per_split;
-  // Keys appended in the same call: their tiles take a split of their own (sm80/fwd_kernel.h plan_key_tiles), the
-  // only one that waits for the append, so one more keeps the other splits' tiles as they were, while the grid
-  // still fits one wave of the CTAs that can be resident.
-  const bool appends = p.shape.appended_keys > 0 && (kind == sm80::FwdTileKind::kDecode ||
-                                                     kind == sm80::FwdTileKind::kDecodeCompact);
-  const int64_t resident_slots = static_cast<int64_t>(num_sms) * sm80::fwd_ctas_per_sm(bucket, general, kind, smem);
+  // With appended keys one more split keeps the other splits' tiles as they were.
   if (appends && evened < sm80::kMaxKeySplits && ctas * (evened + 1) <= resident_slots) {
     return static_cast<int>(evened + 1);
   }
