@@ -6,9 +6,9 @@ need gradients, which seqused_k has none of, fold the lengths into an additive f
 read under capture, so the call can be captured in a CUDA graph. Paged caches (block_table) go to the op as pages
 and a block table (the CUDA decode kernels read the pages in place; other calls read a gathered copy), or, where
 gradients are needed, are gathered here. New rows are appended by one fused op unless gradients are needed, where torch
-indexing keeps the autograd graph: kvcache_decode_ (the append and the attention; on CUDA decode calls the decode kernel
-rotates its queries and only its split that reads the new rows waits for the append) without cache_batch_idx and
-cache_leftpad, kvcache_append_ (write, rotate k and q, count the keys) before the attention otherwise."""
+indexing keeps the autograd graph: kvcache_decode_ (the append and the attention in one op, where the decode kernels can
+write the new rows and rotate q themselves, dispatch/fwd_plan.cpp) without cache_batch_idx and cache_leftpad,
+kvcache_append_ (write, rotate k and q, count the keys) before the attention otherwise."""
 
 from __future__ import annotations
 
@@ -230,8 +230,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         seqlens = (cache_seqlens.to(q.device).contiguous() if isinstance(cache_seqlens, torch.Tensor)
                    else torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device))
     if fused and cache_batch_idx is None and first_row is None:
-        # The append and the attention in one op: on CUDA decode calls the append kernel runs right before the
-        # decode kernel, which rotates its own queries and waits for the append only where it reads the new rows.
+        # The append and the attention in one op (csrc/api/flash_api.cpp kvcache_decode_ says which kernels write the
+        # new rows).
         scale = softmax_scale if softmax_scale is not None else (q.shape[-1] ** -0.5 if q.shape[-1] > 0 else 1.0)
         out, lse = torch.ops.flash_attn.kvcache_decode_(
             q, k_cache, v_cache, k, v, seqlens, None if pages is None else pages.to(torch.int32),

@@ -456,11 +456,12 @@ def test_kvcache_fused_append_matches_indexing(layout, new_rows, rotary, device)
 @pytest.mark.parametrize("page_size", [None, 16, 256])
 @pytest.mark.parametrize("heads", [(8, 2), (4, 4)])
 def test_kvcache_decode_append_in_kernel(heads, page_size, num_splits, rotary):
-    """One query per sequence with new rows appended, on CUDA: the append and the decode kernel in one op
-    (kvcache_decode_), the kernel rotating its own queries, the split holding the new rows the only one that waits for
-    the append. Lengths around the key-tile edges, contiguous and paged (whole blocks and rows of pages), GQA and MHA,
-    forced and chosen splits: the caches equal the gradient path's (torch indexing, the rotary op, a bias) and the
-    outputs and lse agree within the kernels' rounding."""
+    """One query per sequence with new rows appended, on CUDA: the append and the attention in one op
+    (kvcache_decode_), the decode kernel writing the new rows and rotating its own queries where
+    dispatch/fwd_plan.cpp lets it (kDecodeWritesAppendedRows; the append op before the attention otherwise). Lengths
+    around the key-tile edges, contiguous and paged (whole blocks and rows of pages), GQA and MHA, forced and chosen
+    splits: the caches equal the gradient path's (torch indexing, the rotary op, a bias) and the outputs and lse
+    agree within the kernels' rounding."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     require_supported("cuda", torch.bfloat16, 128)

@@ -133,16 +133,16 @@ at::Tensor gather_pages(const at::Tensor& pool, const at::Tensor& block_table, i
   return pool.index_select(0, pages).reshape({block_table.size(0), rows, pool.size(2), pool.size(3)});
 }
 
-// flash_attn_with_kvcache's append, launched by the forward itself right before its decode kernel
-// (kvcache_decode_): the new rows (the append rotates neither q nor counts keys), and the queries' rotation, which
-// the decode kernel applies as it loads them.
+// flash_attn_with_kvcache's append inside the decode kernel (kvcache_decode_): the new rows, checked as the append op
+// checks them, and the rotary tables, which the kernel applies to its queries and to the new keys.
 struct AppendInCall {
   KvAppendParams append;
-  FwdParams::QueryRotary q_rotary;
+  FwdParams::Rotary rotary;
 };
 
-// The fwd op; with `append`, k and v are the caches it appends to and seqused_k their lengths before the new rows
-// (the caller, kvcache_decode_, has checked that the call takes a portable decode tile reading k and v in place).
+// The fwd op; with `append`, k and v are the caches the decode kernel appends to and seqused_k their lengths before
+// the new rows (the caller, kvcache_decode_, has checked that the call takes a portable decode tile with one CTA per
+// kv head, reading k and v in place).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_impl(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q,
     const std::optional<at::Tensor>& cu_seqlens_k, c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
@@ -221,14 +221,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_impl(
     cpu::run_fwd(p);
   } else {
     std::vector<at::Tensor> scratch;
-    if (append != nullptr) p.shape.appended_keys = append->append.new_rows;  // before the split plan counts on it
-    plan_cuda_fwd(p, q, scratch, num_splits);
     if (append != nullptr) {
-      // Nothing may run between the append and the decode kernel: its CTAs that do not read the new rows skip the
-      // wait for the kernel before it (sm80/fwd_kernel.h fwd_tile).
-      p.q_rotary = append->q_rotary;
-      launch_kvcache_append(append->append, k);
+      const KvAppendParams& a = append->append;
+      p.shape.appended_keys = a.new_rows;  // before the split plan, which gives the new rows a split of their own
+      p.kv_append = FwdParams::KvAppend{a.k, a.v, a.k_strides, a.v_strides};
+      p.rotary = append->rotary;
     }
+    plan_cuda_fwd(p, q, scratch, num_splits);
     launch_cuda(p, nullptr, q.device());
     if (return_probs) launch_cuda_probs(p, q.device());
   }
@@ -248,9 +247,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(
                   deterministic, seqused_k, num_splits, block_table);
 }
 
-// Whether a kvcache_decode_ call can take its append inside the attention call: one query per sequence on a CUDA
-// device, int32 lengths, caches the decode kernels read as they are (no padding copy, pages in place), a portable
-// decode tile (not the Hopper kernels, which do not take appended keys).
+// Whether a kvcache_decode_ call's decode kernel can write its new rows: one query per sequence on a CUDA device,
+// int32 lengths, caches the decode kernels read as they are (no padding copy, pages in place), a portable decode tile
+// with one CTA per kv head (not the Hopper kernels, which do not take appended keys).
 bool decode_takes_append(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                          const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table,
                          double softmax_scale, int64_t window_left, int64_t window_right, double softcap,
@@ -273,7 +272,7 @@ bool decode_takes_append(const at::Tensor& q, const at::Tensor& k_cache, const a
     p.page_size = static_cast<int>(k_cache.size(1));
     if (!cuda_fwd_reads_pages(p, q)) return false;
   }
-  if (!fwd_takes_decode_tile(p)) return false;
+  if (!fwd_decode_takes_append(p)) return false;
   const KernelEntry* entry =
       find_kernel(device_sm(q.device()), device_code_arch(q.device()), p, Direction::kForward, nullptr);
   return entry != nullptr && entry->key.arch != kHopperArch;
@@ -281,10 +280,10 @@ bool decode_takes_append(const at::Tensor& q, const at::Tensor& k_cache, const a
 
 // torch.ops.flash_attn.kvcache_decode_: flash_attn_with_kvcache's append (k, v written into the caches at
 // cache_seqlens, k and q rotated when the tables are given) and its attention in one op, for calls without
-// cache_batch_idx / cache_leftpad and without gradients. Where decode_takes_append holds, the append kernel runs
-// right before the decode kernel, whose CTAs that do not read the new rows run under it and rotate their own
-// queries; elsewhere the append (rotating q into a copy, counting the keys) and then the forward, as
-// kvcache_append_ and fwd run them.
+// cache_batch_idx / cache_leftpad and without gradients. Where decode_takes_append holds, one kernel: the decode CTA
+// that holds a sequence's last key tile writes its kv head's new rows, every CTA rotates its own queries (no append
+// kernel, whose latency chain cost 5-6 us before the attention could read the cache); elsewhere the append (rotating
+// q into a copy, counting the keys) and then the forward, as kvcache_append_ and fwd run them.
 std::tuple<at::Tensor, at::Tensor> kvcache_decode_(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
     const at::Tensor& v, const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table,
@@ -313,8 +312,8 @@ std::tuple<at::Tensor, at::Tensor> kvcache_decode_(
     FLASH_CHECK(q.scalar_type() == k.scalar_type() && q.size(3) == k.size(3), kDecodeOp,
                 ": q must have the dtype and head dim of k (", k.scalar_type(), ", ", k.size(3), "); got ",
                 q.scalar_type(), ", ", q.size(3));
-    in_call.q_rotary = FwdParams::QueryRotary{a.cos, a.sin, a.cos_row_stride, a.sin_row_stride, a.rotary_dim,
-                                              a.seqlen_ro, a.interleaved};
+    in_call.rotary = FwdParams::Rotary{a.cos, a.sin, a.cos_row_stride, a.sin_row_stride, a.rotary_dim, a.seqlen_ro,
+                                       a.interleaved};
   }
   const auto [out, lse, probs] =
       fwd_impl(q, k_cache, v_cache, none, none, 0, 0, 0.0, softmax_scale, window_left, window_right, true, softcap,

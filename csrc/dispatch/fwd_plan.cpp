@@ -39,8 +39,14 @@ bool needs_general_kernel(const FwdParams& p) {
 // latency hiding, and with two per SM page 16 went 145 -> 250 us at 16 x 8k and page 256 142 -> 206.
 constexpr int kContiguousDecodeSplitCtasPerSm = 2;
 
+// flash_attn_with_kvcache's appends written by the decode kernel itself (fwd_decode_takes_append). Off until
+// measured on the GPU: the kernel path is compiled, CPU-checked for its plan, and not yet run (twenty-fourth session;
+// the A/B: tools/make_overlay.py on this line, benchmarks/bench_kvcache.py --graph). The append kernel before the
+// attention costs 5-6 us over the same call without an append (1 x 8k: 25.8 against 20.1).
+constexpr bool kDecodeWritesAppendedRows = false;
+
 // Appends to a call that would not split (a large batch): two splits, the second holding only the new rows' tiles,
-// so the append runs under the first's reads, at the cost of the partial outputs and the combine. Off: not measured
+// so writing the new rows runs beside the first's reads, at the cost of the partial outputs and the combine. Off: not measured
 // yet (kvcache decode 64 x 4k with an append, tools/ab_bench.sh AB_KVCACHE=1).
 constexpr bool kSplitsForAppend = false;
 int split_ctas_per_sm(const FwdParams& p, int bucket, bool general, sm80::FwdTileKind kind, sm80::SmemLimits smem) {
@@ -81,8 +87,8 @@ int choose_fwd_num_splits(const FwdParams& p, int num_sms, sm80::SmemLimits smem
   const int64_t ctas = p.shape.batch * p.shape.nheads_q * ((p.shape.seqlen_q + tile.block_m - 1) / tile.block_m);
   const int64_t key_tiles = (p.shape.seqlen_k + tile.block_n - 1) / tile.block_n;
   const int64_t slots = static_cast<int64_t>(num_sms) * split_ctas_per_sm(p, bucket, general, kind, smem);
-  // Keys appended in the same call: their tiles take a split of their own (sm80/fwd_kernel.h plan_key_tiles), the
-  // only one that waits for the append, while the grid still fits one wave of the CTAs that can be resident.
+  // Keys appended in the same call: their tiles take a split of their own (sm80/fwd_kernel.h plan_key_tiles), whose
+  // CTAs also write the new rows, while the grid still fits one wave of the CTAs that can be resident.
   const bool appends = p.shape.appended_keys > 0 && (kind == sm80::FwdTileKind::kDecode ||
                                                      kind == sm80::FwdTileKind::kDecodeCompact);
   const int64_t resident_slots = static_cast<int64_t>(num_sms) * sm80::fwd_ctas_per_sm(bucket, general, kind, smem);
@@ -135,9 +141,11 @@ bool fwd_reads_pages(FwdParams p, sm80::SmemLimits smem) {
   return block_n % p.page_size == 0;
 }
 
-bool fwd_takes_decode_tile(FwdParams p) {
+bool fwd_decode_takes_append(FwdParams p) {
+  if (!kDecodeWritesAppendedRows) return false;
   pack_gqa_decode(p);
-  return sm80::fwd_uses_decode_tile(p.shape.seqlen_q, needs_general_kernel(p));
+  return sm80::fwd_uses_decode_tile(p.shape.seqlen_q, needs_general_kernel(p)) &&
+         p.shape.nheads_q == p.shape.nheads_k;
 }
 
 }  // namespace flash

@@ -31,9 +31,10 @@ int requested_fwd_num_splits(const FwdParams& p, int64_t requested);
 // so the API gathers the pages first. `p` as checked: decode packing is applied to a copy here, as the launch will.
 bool fwd_reads_pages(FwdParams p, sm80::SmemLimits smem);
 
-// Whether the portable launcher gives the call one of its decode tiles (sm80/fwd_launch.h run_fwd), the kernels that
-// take flash_attn_with_kvcache's append in the same call (AttentionShape::appended_keys, FwdParams::q_rotary). `p` as
-// checked, packed on a copy here as the launch will.
-bool fwd_takes_decode_tile(FwdParams p);
+// Whether the portable launcher gives the call one of its decode tiles (sm80/fwd_launch.h run_fwd) with one CTA per
+// sequence, kv head and split (GQA packed, or as many query heads as kv heads): the calls whose kernels write
+// flash_attn_with_kvcache's appended rows themselves (FwdParams::kv_append, rotary). `p` as checked, packed on a
+// copy here as the launch will.
+bool fwd_decode_takes_append(FwdParams p);
 
 }  // namespace flash

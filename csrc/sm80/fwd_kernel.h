@@ -195,8 +195,8 @@ __device__ __forceinline__ FwdCta locate_cta(const FwdParams& p, uint3 item, uns
 
 // Completes the context of a CTA that has rows: its mask window, kv head, head dim, this thread's coordinates,
 // and the key tiles [n_first, n_last] it (and its split) visits. kDecode: a decode kernel, whose split calls with
-// appended keys (AttentionShape::appended_keys) give the tiles that hold the new rows to the last split alone and
-// the tiles before them to the others, so only that split waits for the append (fwd_tile).
+// appended keys (AttentionShape::appended_keys) give the tiles that hold the new rows to the last split alone, which
+// writes them (fwd_tile), and the tiles before them to the others.
 template <MaskKind kMask, int kBlockM, int kBlockN, bool kDecode = false>
 __device__ __forceinline__ void plan_key_tiles(const FwdParams& p, FwdCta& cta) {
   const AttentionShape& shape = p.shape;
@@ -464,7 +464,44 @@ __device__ __forceinline__ void load_prologue(const FwdParams& p, const FwdCta& 
   }
 }
 
-// Q of a decode CTA rotated as it is loaded (FwdParams::q_rotary): the CTA's rows (query heads of one sequence,
+// Units in flight per thread when a decode CTA rotates rows (rotate_rows.h says why 2).
+constexpr int kDecodeRotateUnroll = 2;
+
+// flash_attn_with_kvcache's append by the decode CTA of a sequence and kv head that holds its last key tile
+// (FwdParams::kv_append): new row i goes to cache row keys_before_append + i, through the sequence's pages when
+// paged (the page number clamped), k rotated at that position (rotate_rows, every load before any store).
+template <int kThreads, KvPaging kPaging, typename T>
+__device__ __forceinline__ void write_appended_rows(const FwdParams& p, const FwdCta& cta, const FwdTiles<T>& tiles) {
+  const FwdParams::KvAppend& a = p.kv_append;
+  const FwdParams::Rotary& r = p.rotary;
+  const int64_t old_keys = cta.seqlen_k - p.shape.appended_keys;
+  for (int i = 0; i < static_cast<int>(p.shape.appended_keys); ++i) {
+    const int64_t row = old_keys + i;
+    int64_t k_offset = row * p.k_strides.row;
+    int64_t v_offset = row * p.v_strides.row;
+    if constexpr (kPaging != KvPaging::kNone) {
+      const int page = min(max(tiles.pages.table[row / tiles.pages.page_size], 0), tiles.pages.num_pages - 1);
+      const int64_t in_page = row % tiles.pages.page_size;
+      k_offset = page * p.k_strides.batch + in_page * p.k_strides.row;
+      v_offset = page * p.v_strides.batch + in_page * p.v_strides.row;
+    }
+    HeadRow<T> k, v;
+    k.src = static_cast<const T*>(a.k) + cta.b * a.k_strides.batch + i * a.k_strides.row + cta.hk * a.k_strides.head;
+    k.dst = const_cast<T*>(tiles.k) + k_offset;
+    k.nheads = 1;
+    if (r.cos != nullptr && row < r.seqlen_ro) {
+      k.rotary_dim = static_cast<int>(r.rotary_dim);
+      k.cos = static_cast<const T*>(r.cos) + row * r.cos_row_stride;
+      k.sin = static_cast<const T*>(r.sin) + row * r.sin_row_stride;
+    }
+    v.src = static_cast<const T*>(a.v) + cta.b * a.v_strides.batch + i * a.v_strides.row + cta.hk * a.v_strides.head;
+    v.dst = const_cast<T*>(tiles.v) + v_offset;
+    v.nheads = 1;
+    rotate_rows<kThreads, T, kDecodeRotateUnroll>(k, v, cta.head_dim, r.interleaved, false);
+  }
+}
+
+// Q of a decode CTA rotated as it is loaded (FwdParams::rotary): the CTA's rows (query heads of one sequence,
 // which share one position, the sequence's keys before the append) go from global memory through registers into
 // the Q tile (rotate_rows, every load before any store); the padding rows and columns become 0 as the cp.async
 // path's zero fill makes them. Called after the prologue's K / V copies are issued, so its loads overlap theirs;
@@ -480,7 +517,7 @@ __device__ __forceinline__ void load_rotated_q(const FwdParams& p, const FwdCta&
       *reinterpret_cast<uint4*>(tiles.s_q + row * kStride + col) = make_uint4(0, 0, 0, 0);
     }
   }
-  const FwdParams::QueryRotary& r = p.q_rotary;
+  const FwdParams::Rotary& r = p.rotary;
   const int64_t position = cta.seqlen_k - p.shape.appended_keys;
   HeadRow<T> q;
   q.src = tiles.q;
@@ -493,7 +530,7 @@ __device__ __forceinline__ void load_rotated_q(const FwdParams& p, const FwdCta&
     q.cos = static_cast<const T*>(r.cos) + position * r.cos_row_stride;
     q.sin = static_cast<const T*>(r.sin) + position * r.sin_row_stride;
   }
-  rotate_rows<kThreads>(q, HeadRow<T>{}, cta.head_dim, r.interleaved, false);
+  rotate_rows<kThreads, T, kDecodeRotateUnroll>(q, HeadRow<T>{}, cta.head_dim, r.interleaved, false);
 }
 
 // Reads the call's score, softmax and dropout constants (ALiBi slope of this head, dropout RNG state).
@@ -1005,26 +1042,26 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
   unsigned char* const smem = kTma ? tma_aligned_smem(smem_raw) : smem_raw;
 
   // A decode kernel is itself a programmatic dependent on sm90 (fwd_launch.h): it may start while the kernel before
-  // it (e.g. flash_attn_with_kvcache's append) runs, so it waits for that grid's writes before touching any memory;
-  // with appended keys (AttentionShape::appended_keys: that kernel is the append, and writes only the new rows) only
-  // a CTA whose tiles hold new rows waits, and only before its first load, so the others read the cache under the
-  // append. A split decode grid fits in one wave (choose_fwd_num_splits), so every CTA is resident when the last one
-  // allows the combine kernel (its programmatic dependent, fwd_launch.h) to start: no combine CTA takes a slot that
-  // a split CTA still waits for. Without a dependent launch both do nothing.
+  // it runs, so it waits for that grid's writes before touching any memory. A split decode grid fits in one wave
+  // (choose_fwd_num_splits), so every CTA is resident when the last one allows the combine kernel (its programmatic
+  // dependent, fwd_launch.h) to start: no combine CTA takes a slot that a split CTA still waits for. Without a
+  // dependent launch both do nothing.
   constexpr bool kDecode = kKind == FwdTileKind::kDecode || kKind == FwdTileKind::kDecodeCompact;
   if constexpr (kDecode) {
-    if (p.shape.appended_keys == 0) ptx::wait_for_primary_grid();
+    ptx::wait_for_primary_grid();
     ptx::allow_dependent_launch();
   }
   FwdCta cta = locate_cta<kMask, kBlockM>(p, blockIdx, gridDim.x);
   if (cta.m0 >= cta.seqlen_q) return;
   plan_key_tiles<kMask, kBlockM, kBlockN, kDecode>(p, cta);
   const FwdTiles<T> tiles = locate_tiles<kHeadDim, kBlockM, kBlockN, kStages, T, kPaging>(smem, p, cta);
-  const bool rotates_q = kDecode && p.q_rotary.cos != nullptr;
+  const bool rotates_q = kDecode && p.rotary.cos != nullptr;
   if constexpr (kDecode) {
-    const int old_keys = cta.seqlen_k - static_cast<int>(p.shape.appended_keys);
-    if (p.shape.appended_keys > 0 && cta.n_last >= cta.n_first && (cta.n_last + 1) * kBlockN > old_keys) {
-      ptx::wait_for_primary_grid();
+    // The split that holds the last key tile writes the appended rows, which its own loads then read (the barrier
+    // orders the stores before them; the other splits' tiles end before the new rows, plan_key_tiles).
+    if (p.kv_append.k != nullptr && cta.split == p.num_splits - 1 && cta.m0 == 0) {
+      write_appended_rows<kThreads, kPaging>(p, cta, tiles);
+      __syncthreads();
     }
   }
   TmaKvBarriers bars;

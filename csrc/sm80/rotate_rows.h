@@ -156,19 +156,19 @@ __device__ __forceinline__ void rotate_row_elements(const HeadRow<T>& row, int h
   });
 }
 
-// The vector path of rotate_rows: every thread loads up to kRotateUnroll units, then rotates and stores them.
-template <int kThreads, bool kInterleaved, typename T>
+// The vector path of rotate_rows: every thread loads up to kUnroll units, then rotates and stores them.
+template <int kThreads, bool kInterleaved, int kUnroll, typename T>
 __device__ __forceinline__ void rotate_row_vectors(const HeadRow<T>& a, const HeadRow<T>& b, int head_dim,
                                                    bool conjugate) {
   const RowUnits ua = row_units(a, head_dim, kInterleaved);
   const RowUnits ub = b.nheads > 0 ? row_units(b, head_dim, kInterleaved) : RowUnits{};
   const int total = ua.total + ub.total;
-  for (int base = static_cast<int>(threadIdx.x); base < total; base += kThreads * kRotateUnroll) {
-    UnitData d[kRotateUnroll];
-    int h[kRotateUnroll], col[kRotateUnroll];
-    bool rotary[kRotateUnroll];
+  for (int base = static_cast<int>(threadIdx.x); base < total; base += kThreads * kUnroll) {
+    UnitData d[kUnroll];
+    int h[kUnroll], col[kUnroll];
+    bool rotary[kUnroll];
 #pragma unroll
-    for (int k = 0; k < kRotateUnroll; ++k) {
+    for (int k = 0; k < kUnroll; ++k) {
       const int index = base + k * kThreads;
       if (index < ua.total) {
         load_unit<kInterleaved>(a, ua, index, h[k], col[k], rotary[k], d[k]);
@@ -177,7 +177,7 @@ __device__ __forceinline__ void rotate_row_vectors(const HeadRow<T>& a, const He
       }
     }
 #pragma unroll
-    for (int k = 0; k < kRotateUnroll; ++k) {
+    for (int k = 0; k < kUnroll; ++k) {
       const int index = base + k * kThreads;
       if (index < ua.total) {
         store_unit<kInterleaved>(a, conjugate, h[k], col[k], rotary[k], d[k]);
@@ -189,8 +189,10 @@ __device__ __forceinline__ void rotate_row_vectors(const HeadRow<T>& a, const He
 }
 
 // Rotates / copies rows a and b (b.nheads 0: none) across the CTA. In place (dst == src) is safe: a thread reads
-// every element it writes, and no other thread touches it.
-template <int kThreads, typename T>
+// every element it writes, and no other thread touches it. kUnroll: units in flight per thread (the decode kernels
+// take 2, which keeps their main loops' registers: at 4 the hd 128 paged-rows decode kernel spilled 120 bytes and
+// loaded 30 of them per key tile, at 2 it spills 36 / 44 bytes and loads 4, as without the rotation).
+template <int kThreads, typename T, int kUnroll = kRotateUnroll>
 __device__ __forceinline__ void rotate_rows(const HeadRow<T>& a, const HeadRow<T>& b, int head_dim, bool interleaved,
                                             bool conjugate) {
   const bool vectors = row_takes_vectors(a, head_dim, interleaved) &&
@@ -199,9 +201,9 @@ __device__ __forceinline__ void rotate_rows(const HeadRow<T>& a, const HeadRow<T
     rotate_row_elements<kThreads>(a, head_dim, interleaved, conjugate);
     if (b.nheads > 0) rotate_row_elements<kThreads>(b, head_dim, interleaved, conjugate);
   } else if (interleaved) {
-    rotate_row_vectors<kThreads, true>(a, b, head_dim, conjugate);
+    rotate_row_vectors<kThreads, true, kUnroll>(a, b, head_dim, conjugate);
   } else {
-    rotate_row_vectors<kThreads, false>(a, b, head_dim, conjugate);
+    rotate_row_vectors<kThreads, false, kUnroll>(a, b, head_dim, conjugate);
   }
 }
 

@@ -63,10 +63,9 @@ struct AttentionShape {
   // rows of k / v (a KV cache's filled length). Masks and ALiBi align to that length as varlen does to
   // cu_seqlens_k; kernels clamp it to [0, seqlen_k]. Read on the device, never by the host (graph capture).
   const int32_t* seqused_k = nullptr;
-  // With seqused_k only (flash_attn_with_kvcache's append in the same call, api/kvcache_decode_api.cpp): the kernel
-  // launched just before this one writes this many new rows after each sequence's seqused_k[b] keys, so sequence b
-  // sees min(seqused_k[b], seqlen_k - appended_keys) + appended_keys keys (common/mask.h used_keys). The decode
-  // kernels let only the CTAs that read those rows wait for that kernel (sm80/fwd_kernel.h). 0: none.
+  // With seqused_k only (flash_attn_with_kvcache's append in the same call, FwdParams::kv_append): this many new rows
+  // follow each sequence's seqused_k[b] keys, so sequence b sees min(seqused_k[b], seqlen_k - appended_keys) +
+  // appended_keys keys (common/mask.h used_keys). 0: none.
   int64_t appended_keys = 0;
 };
 
@@ -135,11 +134,22 @@ struct FwdParams {
   int page_size = 0;
   int num_pages = 0;
 
-  // Queries rotated as the decode kernels load them (flash_attn_with_kvcache's rotary with an append in the same
-  // call, one query row per sequence): every row of sequence b at position used_keys_before_append (its cache length
-  // before the new rows), by the (seqlen_ro, rotary_dim / 2) cos / sin tables, GPT-J pairs when interleaved; a
-  // position past the tables leaves the row as it is. Null cos: the queries are used as given.
-  struct QueryRotary {
+  // flash_attn_with_kvcache's append inside a decode call (api/flash_api.cpp kvcache_decode_; decode tiles with one
+  // CTA per sequence, kv head and split): the new rows k, v (batch, appended_keys, nheads_k, head_dim), which the
+  // CTA of each sequence and kv head that holds the last key tile writes into the caches k / v (rows
+  // keys_before_append + i, through the block table when paged; k rotated at that position by `rotary`) before it
+  // loads its tiles. Null k: nothing to write.
+  struct KvAppend {
+    const void* k = nullptr;
+    const void* v = nullptr;
+    TensorStrides k_strides, v_strides;
+  } kv_append;
+
+  // Rotary of a decode call with an append (flash_attn_with_kvcache's rotary_cos / rotary_sin): the decode kernels
+  // rotate their queries as they load them, every row of sequence b at position keys_before_append (its one query),
+  // and the appended keys at keys_before_append + i, by the (seqlen_ro, rotary_dim / 2) cos / sin tables, GPT-J pairs
+  // when interleaved; a position past the tables leaves the row as it is. Null cos: no rotation.
+  struct Rotary {
     const void* cos = nullptr;
     const void* sin = nullptr;
     int64_t cos_row_stride = 0;
@@ -147,7 +157,7 @@ struct FwdParams {
     int64_t rotary_dim = 0;
     int64_t seqlen_ro = 0;
     bool interleaved = false;
-  } q_rotary;
+  } rotary;
 };
 
 // What the CUDA backward kernels may rely on (the API layer guarantees it, padding or copying otherwise):
