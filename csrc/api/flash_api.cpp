@@ -228,6 +228,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_impl(
       p.rotary = append->rotary;
     }
     plan_cuda_fwd(p, q, scratch, num_splits);
+    if (append != nullptr && p.num_splits > 1 && !p.appended_split) {
+      // A split plan without a split of its own for the new rows (a num_splits asked for, or no slot for one more):
+      // which split reads them is not one CTA's to write, so the append kernel writes them first and every decode CTA
+      // waits for it (sm80/fwd_kernel.h); the kernel still counts the keys and rotates its queries.
+      p.kv_append = FwdParams::KvAppend{};
+      launch_kvcache_append(append->append, k);
+    }
     launch_cuda(p, nullptr, q.device());
     if (return_probs) launch_cuda_probs(p, q.device());
   }
@@ -272,7 +279,7 @@ bool decode_takes_append(const at::Tensor& q, const at::Tensor& k_cache, const a
     p.page_size = static_cast<int>(k_cache.size(1));
     if (!cuda_fwd_reads_pages(p, q)) return false;
   }
-  if (!fwd_decode_takes_append(p)) return false;
+  if (!cuda_fwd_takes_append(p, q)) return false;
   const KernelEntry* entry =
       find_kernel(device_sm(q.device()), device_code_arch(q.device()), p, Direction::kForward, nullptr);
   return entry != nullptr && entry->key.arch != kHopperArch;

@@ -25,9 +25,15 @@ void plan_cuda_fwd(FwdParams& p, const at::Tensor& q, std::vector<at::Tensor>& s
   // Under FLASH_ATTN_HOPPER=force the Hopper kernels (which do not split) take the call unsplit instead of failing
   // where the portable path would choose to split; a split the caller asks for (num_splits) still declines them.
   const bool hopper_forced = hopper_switch() == HopperSwitch::kForce && device.code_arch >= kHopperCodeArch;
+  const sm80::SmemLimits smem = sm80::fwd_smem_limits(device.smem);
   p.num_splits = requested_splits > 0 ? requested_fwd_num_splits(p, requested_splits)
                  : hopper_forced      ? 1
-                                      : choose_fwd_num_splits(p, device.num_sms, sm80::fwd_smem_limits(device.smem));
+                                      : choose_fwd_num_splits(p, device.num_sms, smem);
+  if (requested_splits == 0 && !hopper_forced && p.shape.appended_keys > 0 && p.num_splits > 1) {
+    FwdParams plain = p;  // the split the plan added for the appended rows, if it did
+    plain.shape.appended_keys = 0;
+    p.appended_split = p.num_splits > choose_fwd_num_splits(plain, device.num_sms, smem);
+  }
   if (p.num_splits > 1) {
     // One allocation for both (each at::empty is ~3 us of host time there): the partial outputs, then the lses.
     // rows * bucket floats are a multiple of 32, so split_lse keeps 16-byte alignment.
@@ -42,6 +48,17 @@ void plan_cuda_fwd(FwdParams& p, const at::Tensor& q, std::vector<at::Tensor>& s
   (void)q;
   (void)scratch;
   (void)requested_splits;
+#endif
+}
+
+bool cuda_fwd_takes_append(const FwdParams& p, const at::Tensor& q) {
+#if defined(FLASH_WITH_CUDA)
+  const DeviceAttributes device = device_attributes(q.device().index());
+  return fwd_decode_takes_append(p, sm80::fwd_smem_limits(device.smem));
+#else
+  (void)p;
+  (void)q;
+  return false;
 #endif
 }
 

@@ -18,4 +18,8 @@ void plan_cuda_fwd(FwdParams& p, const at::Tensor& q, std::vector<at::Tensor>& s
 // false without CUDA.
 bool cuda_fwd_reads_pages(const FwdParams& p, const at::Tensor& q);
 
+// Whether the decode kernels on q's device write a call's appended rows themselves (dispatch/fwd_plan.h
+// fwd_decode_takes_append); false without CUDA.
+bool cuda_fwd_takes_append(const FwdParams& p, const at::Tensor& q);
+
 }  // namespace flash::api

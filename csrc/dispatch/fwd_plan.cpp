@@ -39,16 +39,12 @@ bool needs_general_kernel(const FwdParams& p) {
 // latency hiding, and with two per SM page 16 went 145 -> 250 us at 16 x 8k and page 256 142 -> 206.
 constexpr int kContiguousDecodeSplitCtasPerSm = 2;
 
-// flash_attn_with_kvcache's appends written by the decode kernel itself (fwd_decode_takes_append). Off until
-// measured on the GPU: the kernel path is compiled, CPU-checked for its plan, and not yet run (twenty-fourth session;
-// the A/B: tools/make_overlay.py on this line, benchmarks/bench_kvcache.py --graph). The append kernel before the
-// attention costs 5-6 us over the same call without an append (1 x 8k: 25.8 against 20.1).
-constexpr bool kDecodeWritesAppendedRows = false;
+// flash_attn_with_kvcache's appends written by the decode kernel itself (fwd_decode_takes_append) instead of an
+// append kernel before it. H200, bf16, GQA 32/8, hd 128, us from a CUDA graph, the call with a one-token append (+
+// rotary) against the same call without (twenty-fourth session): 1 x 8k 20.6 (21.7) against 20.2, 1 x 128k 136.0
+// (137.1) against 135.9, 64 x 4k 251.4 (251.9) against 250.1; the append kernel cost 5-6 us (1 x 8k 25.8 against 20.1).
+constexpr bool kDecodeWritesAppendedRows = true;
 
-// Appends to a call that would not split (a large batch): two splits, the second holding only the new rows' tiles,
-// so writing the new rows runs beside the first's reads, at the cost of the partial outputs and the combine. Off: not measured
-// yet (kvcache decode 64 x 4k with an append, tools/ab_bench.sh AB_KVCACHE=1).
-constexpr bool kSplitsForAppend = false;
 int split_ctas_per_sm(const FwdParams& p, int bucket, bool general, sm80::FwdTileKind kind, sm80::SmemLimits smem) {
   const int resident = sm80::fwd_ctas_per_sm(bucket, general, kind, smem);
   const bool decode = kind == sm80::FwdTileKind::kDecode || kind == sm80::FwdTileKind::kDecodeCompact;
@@ -87,15 +83,7 @@ int choose_fwd_num_splits(const FwdParams& p, int num_sms, sm80::SmemLimits smem
   const int64_t ctas = p.shape.batch * p.shape.nheads_q * ((p.shape.seqlen_q + tile.block_m - 1) / tile.block_m);
   const int64_t key_tiles = (p.shape.seqlen_k + tile.block_n - 1) / tile.block_n;
   const int64_t slots = static_cast<int64_t>(num_sms) * split_ctas_per_sm(p, bucket, general, kind, smem);
-  // Keys appended in the same call: their tiles take a split of their own (sm80/fwd_kernel.h plan_key_tiles), whose
-  // CTAs also write the new rows, while the grid still fits one wave of the CTAs that can be resident.
-  const bool appends = p.shape.appended_keys > 0 && (kind == sm80::FwdTileKind::kDecode ||
-                                                     kind == sm80::FwdTileKind::kDecodeCompact);
-  const int64_t resident_slots = static_cast<int64_t>(num_sms) * sm80::fwd_ctas_per_sm(bucket, general, kind, smem);
-  if (ctas <= 0) return 1;
-  if (ctas * 2 > slots) {
-    return kSplitsForAppend && appends && key_tiles >= 2 && ctas * 2 <= resident_slots ? 2 : 1;
-  }
+  if (ctas <= 0 || ctas * 2 > slots) return 1;
   // Planned on the longest length (seqused_k is never read on the host): a shorter sequence's splits past its
   // last key tile see no key, write lse -inf, and the combine kernel weights them 0.
   // As many splits as fit in one wave of resident CTAs (v3 rounded up, past one wave: 16 x 8k decode took 640
@@ -105,10 +93,13 @@ int choose_fwd_num_splits(const FwdParams& p, int num_sms, sm80::SmemLimits smem
   if (splits < 2) return 1;
   const int64_t tiles_per_split = (key_tiles + splits - 1) / splits;
   const int64_t evened = (key_tiles + tiles_per_split - 1) / tiles_per_split;
-  // With appended keys one more split keeps the other splits' tiles as they were.
-  if (appends && evened < sm80::kMaxKeySplits && ctas * (evened + 1) <= resident_slots) {
-    return static_cast<int>(evened + 1);
-  }
+  // Keys appended in the same call (decode kernels writing them): their tiles take a split of their own
+  // (FwdParams::appended_split), whose CTAs also write the new rows, where one more split still fits the slots
+  // planned; past them the extra CTAs ran beside the others and slowed the call (8 x 32k: +15 us against +0.4 at
+  // 1 x 8k, twenty-fourth session), so there the append kernel writes them first (api/flash_api.cpp).
+  const bool appends = p.shape.appended_keys > 0 && (kind == sm80::FwdTileKind::kDecode ||
+                                                     kind == sm80::FwdTileKind::kDecodeCompact);
+  if (appends && evened < sm80::kMaxKeySplits && ctas * (evened + 1) <= slots) return static_cast<int>(evened + 1);
   return static_cast<int>(evened);
 }
 
@@ -141,11 +132,18 @@ bool fwd_reads_pages(FwdParams p, sm80::SmemLimits smem) {
   return block_n % p.page_size == 0;
 }
 
-bool fwd_decode_takes_append(FwdParams p) {
+bool fwd_decode_takes_append(FwdParams p, sm80::SmemLimits smem) {
   if (!kDecodeWritesAppendedRows) return false;
   pack_gqa_decode(p);
-  return sm80::fwd_uses_decode_tile(p.shape.seqlen_q, needs_general_kernel(p)) &&
-         p.shape.nheads_q == p.shape.nheads_k;
+  const bool general = needs_general_kernel(p);
+  if (!sm80::fwd_uses_decode_tile(p.shape.seqlen_q, general) || p.shape.nheads_q != p.shape.nheads_k) return false;
+  if (p.block_table == nullptr) return true;
+  // Pages of whole key blocks only: compiled into the kernel that reads pages smaller than a block row by row, the
+  // append's code cost that kernel's calls 10-46 % (page 16, 1 x 8k 23.0 -> 33.7 us, 8 x 32k 266 -> 280; twenty-fourth
+  // session), so those calls take the append op.
+  const sm80::FwdTileKind kind = sm80::fwd_tile_kind(head_dim_bucket(p), general, p.shape.seqlen_q, p.shape.seqlen_k,
+                                                     mask_kind(p.mask) != MaskKind::kNone, smem);
+  return p.page_size % sm80::fwd_tile_config(head_dim_bucket(p), general, kind).block_n == 0;
 }
 
 }  // namespace flash

@@ -34,7 +34,7 @@ bool fwd_reads_pages(FwdParams p, sm80::SmemLimits smem);
 // Whether the portable launcher gives the call one of its decode tiles (sm80/fwd_launch.h run_fwd) with one CTA per
 // sequence, kv head and split (GQA packed, or as many query heads as kv heads): the calls whose kernels write
 // flash_attn_with_kvcache's appended rows themselves (FwdParams::kv_append, rotary). `p` as checked, packed on a
-// copy here as the launch will.
-bool fwd_decode_takes_append(FwdParams p);
+// copy here as the launch will; paged calls only where a page holds whole key blocks.
+bool fwd_decode_takes_append(FwdParams p, sm80::SmemLimits smem);
 
 }  // namespace flash

@@ -194,8 +194,8 @@ __device__ __forceinline__ FwdCta locate_cta(const FwdParams& p, uint3 item, uns
 }
 
 // Completes the context of a CTA that has rows: its mask window, kv head, head dim, this thread's coordinates,
-// and the key tiles [n_first, n_last] it (and its split) visits. kDecode: a decode kernel, whose split calls with
-// appended keys (AttentionShape::appended_keys) give the tiles that hold the new rows to the last split alone, which
+// and the key tiles [n_first, n_last] it (and its split) visits. kDecode: a decode kernel, whose calls with an
+// appended split (FwdParams::appended_split) give the tiles that hold the new rows to the last split alone, which
 // writes them (fwd_tile), and the tiles before them to the others.
 template <MaskKind kMask, int kBlockM, int kBlockN, bool kDecode = false>
 __device__ __forceinline__ void plan_key_tiles(const FwdParams& p, FwdCta& cta) {
@@ -220,7 +220,7 @@ __device__ __forceinline__ void plan_key_tiles(const FwdParams& p, FwdCta& cta) 
   int n_last = key_hi > key_lo ? (key_hi - 1) / kBlockN : n_first - 1;
   // Splits share this sequence's own tiles; a split starting past n_last (a short seqused_k, or a window that
   // leaves few tiles) visits none and writes the empty partial (out 0, lse -inf) that the combine weights 0.
-  if (kDecode && p.num_splits > 1 && p.shape.appended_keys > 0) {
+  if (kDecode && p.appended_split) {
     const int first_new = (cta.seqlen_k - static_cast<int>(p.shape.appended_keys)) / kBlockN;
     if (cta.split == p.num_splits - 1) {
       n_first = max(n_first, first_new);
@@ -1058,10 +1058,15 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
   const bool rotates_q = kDecode && p.rotary.cos != nullptr;
   if constexpr (kDecode) {
     // The split that holds the last key tile writes the appended rows, which its own loads then read (the barrier
-    // orders the stores before them; the other splits' tiles end before the new rows, plan_key_tiles).
-    if (p.kv_append.k != nullptr && cta.split == p.num_splits - 1 && cta.m0 == 0) {
-      write_appended_rows<kThreads, kPaging>(p, cta, tiles);
-      __syncthreads();
+    // orders the stores before them; split calls give it the new rows' tiles alone, plan_key_tiles: the API launches
+    // the append kernel instead where the plan has no such split).
+    // Not compiled into the kernel for pages smaller than a key block: there it cost that kernel's calls 10-46 %
+    // (dispatch/fwd_plan.cpp fwd_decode_takes_append keeps their appends out).
+    if constexpr (kPaging != KvPaging::kRows) {
+      if (p.kv_append.k != nullptr && cta.split == p.num_splits - 1 && cta.m0 == 0) {
+        write_appended_rows<kThreads, kPaging>(p, cta, tiles);
+        __syncthreads();
+      }
     }
   }
   TmaKvBarriers bars;

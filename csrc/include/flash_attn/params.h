@@ -121,6 +121,9 @@ struct FwdParams {
   // split_out[split][batch][nheads_q][seqlen_q][head_dim] and split_lse[split][batch][nheads_q][seqlen_q] with
   // seqlen_q the (maximum) query length. Unused when num_splits == 1.
   int num_splits = 1;
+  // Decode calls with appended keys (AttentionShape::appended_keys): the last split holds only the key tiles of the
+  // new rows, the others share the tiles before them (the plan added that split, api/fwd_cuda_plan.cpp).
+  bool appended_split = false;
   float* split_out = nullptr;
   float* split_lse = nullptr;
 
