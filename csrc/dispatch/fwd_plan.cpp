@@ -12,6 +12,8 @@ namespace {
 constexpr int kHeadDimGranule = 32;  // head-dim buckets are multiples of 32 (tools/kernel_matrix.py)
 // Each split should cover at least this many key tiles, or its fixed cost (Q load, epilogue) dominates.
 constexpr int kMinTilesPerSplit = 2;
+// Split plans of at least this many splits give appended rows a split of their own (choose_fwd_num_splits).
+constexpr int64_t kAppendSplitMinSplits = 8;
 
 // With seqused_k, seqlen_k is the longest length: a single query that sees every one of seqlen_k keys also sees
 // every key of a shorter sequence (its visible range only moves with the length), so the check holds per entry.
@@ -94,12 +96,17 @@ int choose_fwd_num_splits(const FwdParams& p, int num_sms, sm80::SmemLimits smem
   const int64_t tiles_per_split = (key_tiles + splits - 1) / splits;
   const int64_t evened = (key_tiles + tiles_per_split - 1) / tiles_per_split;
   // Keys appended in the same call (decode kernels writing them): their tiles take a split of their own
-  // (FwdParams::appended_split), whose CTAs also write the new rows, where one more split still fits the slots
-  // planned; past them the extra CTAs ran beside the others and slowed the call (8 x 32k: +15 us against +0.4 at
-  // 1 x 8k, twenty-fourth session), so there the append kernel writes them first (api/flash_api.cpp).
+  // (FwdParams::appended_split), whose CTAs also write the new rows, where that adds few CTAs to the plan (and the grid
+  // still fits one wave of resident CTAs). H200, GQA 32/8, hd 128, append over the plain call, us (twenty-fourth
+  // session): 32 -> 33 splits (1 x 8k) +0.4, 33 -> 34 (1 x 128k) +0.1, but 2 -> 3 (16 x 8k) +7 and 4 -> 5 (8 x 32k) +15;
+  // below kAppendSplitMinSplits the append kernel writes the rows first (api/flash_api.cpp).
   const bool appends = p.shape.appended_keys > 0 && (kind == sm80::FwdTileKind::kDecode ||
                                                      kind == sm80::FwdTileKind::kDecodeCompact);
-  if (appends && evened < sm80::kMaxKeySplits && ctas * (evened + 1) <= slots) return static_cast<int>(evened + 1);
+  const int64_t resident_slots = static_cast<int64_t>(num_sms) * sm80::fwd_ctas_per_sm(bucket, general, kind, smem);
+  if (appends && evened >= kAppendSplitMinSplits && evened < sm80::kMaxKeySplits &&
+      ctas * (evened + 1) <= resident_slots) {
+    return static_cast<int>(evened + 1);
+  }
   return static_cast<int>(evened);
 }
 

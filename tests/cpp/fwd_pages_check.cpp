@@ -2,7 +2,8 @@
 // by tests/test_fwd_pages_policy.py: decode-shaped lean calls with pages of whole 32-key blocks do; pages smaller than
 // a block, pages of other sizes, prefill-shaped calls (more than 16 rows per KV head after GQA packing), softcap,
 // returned probabilities, varlen and calls without a block table do not (the API gathers their pages). Also the split
-// counts of decode calls (choose_fwd_num_splits). Prints one line per failure and a summary; exits 1 on any failure.
+// counts of decode calls (choose_fwd_num_splits, with appended keys too) and which appends the decode kernels write
+// themselves (fwd_decode_takes_append). Prints one line per failure and a summary; exits 1 on any failure.
 #include <cstdint>
 #include <cstdio>
 #include <initializer_list>
@@ -47,12 +48,15 @@ void expect(const char* what, const flash::FwdParams& p, bool want) {
 
 // The split count choose_fwd_num_splits plans for a GQA 32/8 decode call (packed as the CUDA plan packs it) on the
 // H200's 132 SMs: contiguous caches at two CTAs per SM, paged ones at every resident CTA (four decode CTAs).
-void expect_splits(const char* what, int64_t batch, int64_t seqlen_k, bool paged, int want) {
+// appended: keys appended in the call (AttentionShape::appended_keys), whose rows get a split of their own where the
+// plan has at least 8 splits.
+void expect_splits(const char* what, int64_t batch, int64_t seqlen_k, bool paged, int want, int64_t appended = 0) {
   ++cases;
   constexpr int kH200Sms = 132;
   flash::FwdParams p = decode_call(32, 8, 1, 16);
   p.shape.batch = batch;
   p.shape.seqlen_k = seqlen_k;
+  p.shape.appended_keys = appended;
   if (!paged) p.block_table = nullptr;
   flash::pack_gqa_decode(p);
   const int got = flash::choose_fwd_num_splits(p, kH200Sms, kH200);
@@ -60,6 +64,16 @@ void expect_splits(const char* what, int64_t batch, int64_t seqlen_k, bool paged
     ++failures;
     std::printf("FAIL %s: batch %ld, keys %ld, paged %d: %d splits, want %d\n", what, long(batch), long(seqlen_k),
                 int(paged), got, want);
+  }
+}
+
+// Whether the decode kernels write a call's appended rows themselves (fwd_decode_takes_append).
+void expect_append(const char* what, const flash::FwdParams& p, bool want) {
+  ++cases;
+  if (flash::fwd_decode_takes_append(p, kH200) != want) {
+    ++failures;
+    std::printf("FAIL %s: page_size %d, heads %ld/%ld, seqlen_q %ld: want %d\n", what, p.page_size,
+                long(p.shape.nheads_q), long(p.shape.nheads_k), long(p.shape.seqlen_q), int(want));
   }
 }
 
@@ -72,6 +86,23 @@ int main() {
   expect_splits("16 x 8k contiguous", 16, 8192, false, 2);
   expect_splits("16 x 8k paged", 16, 8192, true, 4);
   expect_splits("64 x 4k: 512 CTAs, no split", 64, 4096, false, 1);
+  expect_splits("1 x 8k contiguous, one key appended: its own split", 1, 8192, false, 33, 1);
+  expect_splits("1 x 128k contiguous, one key appended: its own split", 1, 131072, false, 34, 1);
+  expect_splits("16 x 8k contiguous, one key appended: 2 splits, none more", 16, 8192, false, 2, 1);
+  expect_splits("8 x 32k contiguous, one key appended: 4 splits, none more", 8, 32768, false, 4, 1);
+  expect_splits("64 x 4k, one key appended: no split", 64, 4096, false, 1, 1);
+  flash::FwdParams dense = decode_call(32, 8, 1, 16);
+  dense.block_table = nullptr;
+  expect_append("GQA decode, contiguous: the kernel writes the new rows", dense, true);
+  expect_append("GQA decode, pages of 256", decode_call(32, 8, 1, 256), true);
+  expect_append("GQA decode, pages of 16: the append op", decode_call(32, 8, 1, 16), false);
+  expect_append("MHA decode, pages of 32", decode_call(8, 8, 1, 32), true);
+  flash::FwdParams window = decode_call(32, 8, 1, 256);
+  window.mask.window_left = 100;  // not packed: four CTAs share a kv head
+  expect_append("GQA decode with a window", window, false);
+  flash::FwdParams capped = decode_call(32, 8, 1, 256);
+  capped.softcap = 30.0;
+  expect_append("softcap: the general kernel", capped, false);
   for (int page_size : {32, 64, 96, 256, 4096}) {
     expect("GQA decode, whole-block pages", decode_call(32, 8, 1, page_size), true);
     expect("MHA decode, whole-block pages", decode_call(8, 8, 1, page_size), true);
