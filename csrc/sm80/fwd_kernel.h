@@ -194,10 +194,10 @@ __device__ __forceinline__ FwdCta locate_cta(const FwdParams& p, uint3 item, uns
 }
 
 // Completes the context of a CTA that has rows: its mask window, kv head, head dim, this thread's coordinates,
-// and the key tiles [n_first, n_last] it (and its split) visits. kDecode: a decode kernel, whose calls with an
-// appended split (FwdParams::appended_split) give the tiles that hold the new rows to the last split alone, which
-// writes them (fwd_tile), and the tiles before them to the others.
-template <MaskKind kMask, int kBlockM, int kBlockN, bool kDecode = false>
+// and the key tiles [n_first, n_last] it (and its split) visits. kAppends: a decode kernel that takes appends, whose
+// calls with an appended split (FwdParams::appended_split) give the tiles that hold the new rows to the last split
+// alone, which writes them (fwd_tile), and the tiles before them to the others.
+template <MaskKind kMask, int kBlockM, int kBlockN, bool kAppends = false>
 __device__ __forceinline__ void plan_key_tiles(const FwdParams& p, FwdCta& cta) {
   const AttentionShape& shape = p.shape;
   cta.win = cta_window<kMask>(p.mask, cta.seqlen_q, cta.seqlen_k);
@@ -220,7 +220,7 @@ __device__ __forceinline__ void plan_key_tiles(const FwdParams& p, FwdCta& cta) 
   int n_last = key_hi > key_lo ? (key_hi - 1) / kBlockN : n_first - 1;
   // Splits share this sequence's own tiles; a split starting past n_last (a short seqused_k, or a window that
   // leaves few tiles) visits none and writes the empty partial (out 0, lse -inf) that the combine weights 0.
-  if (kDecode && p.appended_split) {
+  if (kAppends && p.appended_split) {
     const int first_new = (cta.seqlen_k - static_cast<int>(p.shape.appended_keys)) / kBlockN;
     if (cta.split == p.num_splits - 1) {
       n_first = max(n_first, first_new);
@@ -1012,9 +1012,12 @@ __device__ __forceinline__ void load_prologue_tma(const FwdParams& p, const FwdC
 
 // The forward of one CTA (kernels below). kTma: K and V arrive by TMA (fwd_loads_kv_by_tma), `maps` their tensor
 // maps; otherwise by cp.async and `maps` is unused. kPaging: K and V are a paged cache's (decode tiles only).
-// kLeanMods: the lean kernel's softcap / ALiBi instantiation (fwd_lean_runs_score_mods).
+// kLeanMods: the lean kernel's softcap / ALiBi instantiation (fwd_lean_runs_score_mods). kAppends: the decode
+// instantiation for flash_attn_with_kvcache's appends (FwdParams::kv_append, rotary, appended_split): a kernel of its
+// own, so the plain decode kernels keep their code (compiled into the rows-paged kernel, the append's code cost its
+// calls 10-46 %, twenty-fourth session).
 template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind, bool kTma,
-          KvPaging kPaging = KvPaging::kNone, bool kLeanMods = false>
+          KvPaging kPaging = KvPaging::kNone, bool kLeanMods = false, bool kAppends = false>
 __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& maps) {
   constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral, kKind);
   constexpr int kBlockM = kTile.block_m;
@@ -1053,20 +1056,17 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
   }
   FwdCta cta = locate_cta<kMask, kBlockM>(p, blockIdx, gridDim.x);
   if (cta.m0 >= cta.seqlen_q) return;
-  plan_key_tiles<kMask, kBlockM, kBlockN, kDecode>(p, cta);
+  plan_key_tiles<kMask, kBlockM, kBlockN, kAppends>(p, cta);
   const FwdTiles<T> tiles = locate_tiles<kHeadDim, kBlockM, kBlockN, kStages, T, kPaging>(smem, p, cta);
-  const bool rotates_q = kDecode && p.rotary.cos != nullptr;
-  if constexpr (kDecode) {
+  static_assert(!kAppends || (kDecode && kPaging != KvPaging::kRows), "appends: dense or whole-block decode tiles");
+  const bool rotates_q = kAppends && p.rotary.cos != nullptr;
+  if constexpr (kAppends) {
     // The split that holds the last key tile writes the appended rows, which its own loads then read (the barrier
     // orders the stores before them; split calls give it the new rows' tiles alone, plan_key_tiles: the API launches
     // the append kernel instead where the plan has no such split).
-    // Not compiled into the kernel for pages smaller than a key block: there it cost that kernel's calls 10-46 %
-    // (dispatch/fwd_plan.cpp fwd_decode_takes_append keeps their appends out).
-    if constexpr (kPaging != KvPaging::kRows) {
-      if (p.kv_append.k != nullptr && cta.split == p.num_splits - 1 && cta.m0 == 0) {
-        write_appended_rows<kThreads, kPaging>(p, cta, tiles);
-        __syncthreads();
-      }
+    if (p.kv_append.k != nullptr && cta.split == p.num_splits - 1 && cta.m0 == 0) {
+      write_appended_rows<kThreads, kPaging>(p, cta, tiles);
+      __syncthreads();
     }
   }
   TmaKvBarriers bars;
@@ -1077,7 +1077,7 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
     load_prologue<KvLayout, kHeadDim, kBlockM, kBlockN, kThreads, kStages, kFirstV, kPaging>(p, cta, tiles,
                                                                                              !rotates_q);
   }
-  if constexpr (kDecode) {
+  if constexpr (kAppends) {
     if (rotates_q) load_rotated_q<kHeadDim, kBlockM, kThreads>(p, cta, tiles);
   }
   static_assert(!kLeanMods || (!kGeneral && !kTma && kPaging == KvPaging::kNone &&
@@ -1179,12 +1179,12 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
 }
 
 template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind,
-          KvPaging kPaging = KvPaging::kNone, bool kLeanMods = false>
+          KvPaging kPaging = KvPaging::kNone, bool kLeanMods = false, bool kAppends = false>
 __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).warps* kWarpSize)
     fwd_kernel(const FwdParams p) {
   static_assert(kPaging == KvPaging::kNone || kKind == FwdTileKind::kDecode || kKind == FwdTileKind::kDecodeCompact,
                 "paged K / V: decode tiles only");
-  fwd_tile<T, kHeadDim, kMask, kGeneral, kKind, false, kPaging, kLeanMods>(p, FwdKvMaps{});
+  fwd_tile<T, kHeadDim, kMask, kGeneral, kKind, false, kPaging, kLeanMods, kAppends>(p, FwdKvMaps{});
 }
 
 // The same with K and V by TMA (sm90+; fwd_loads_kv_by_tma), the launch asking for fwd_tma_smem_bytes.

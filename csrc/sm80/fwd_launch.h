@@ -157,13 +157,13 @@ void launch_dependent(Kernel kernel, dim3 grid, dim3 block, int smem_bytes, cuda
 // a softcap / ALiBi call of the lean kernel (fwd_lean_takes_call): its own cp.async instantiation, so the plain
 // calls' kernels stay as they are.
 template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind,
-          KvPaging kPaging = KvPaging::kNone, bool kScoreMods = false>
+          KvPaging kPaging = KvPaging::kNone, bool kScoreMods = false, bool kAppends = false>
 void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits limits,
                        const DeviceAttributes& device) {
   constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral, kKind);
   constexpr int kSmemBytes = fwd_smem_bytes(kHeadDim, kGeneral, kKind, sizeof(T));
   require_fwd_shared_memory(kSmemBytes, limits.per_block_optin, kHeadDim);
-  constexpr bool kDense = kPaging == KvPaging::kNone && !kScoreMods;
+  constexpr bool kDense = kPaging == KvPaging::kNone && !kScoreMods && !kAppends;
   if constexpr (kDense && fwd_runs_persistent(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone)) {
     if (launch_fwd_persistent<T, kHeadDim>(params, stream, limits, device)) return;
   }
@@ -171,7 +171,7 @@ void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits 
   if constexpr (kDense && fwd_loads_kv_by_tma(kHeadDim, kGeneral, kKind, kMasked)) {
     if (launch_fwd_tma_kernel<T, kHeadDim, kMask, kKind>(params, stream, limits, device)) return;
   }
-  auto* kernel = fwd_kernel<T, kHeadDim, kMask, kGeneral, kKind, kPaging, kScoreMods>;
+  auto* kernel = fwd_kernel<T, kHeadDim, kMask, kGeneral, kKind, kPaging, kScoreMods, kAppends>;
   // Above 48 KB of dynamic shared memory a kernel must opt in; once per instantiation and process.
   static const cudaError_t opt_in =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
@@ -198,6 +198,23 @@ void launch_fwd_combine(const FwdParams& params, cudaStream_t stream, bool depen
   } else {
     fwd_combine_kernel<T, kHeadDim><<<grid, kCombineThreads, 0, stream>>>(params);
   }
+}
+
+// A decode tile's kernel: its appends instantiation (fwd_kernel.h kAppends) for calls with flash_attn_with_kvcache's
+// appended rows or rotary (FwdParams::kv_append, rotary), the plain one otherwise.
+template <typename T, int kHeadDim, MaskKind kMask, FwdTileKind kKind, KvPaging kPaging>
+void launch_decode_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits limits,
+                          const DeviceAttributes& device) {
+  if (params.kv_append.k != nullptr || params.rotary.cos != nullptr) {
+    if constexpr (kPaging != KvPaging::kRows) {
+      launch_fwd_kernel<T, kHeadDim, kMask, false, kKind, kPaging, false, true>(params, stream, limits, device);
+      return;
+    }
+    throw std::invalid_argument(
+        "flash_attn forward: an append or rotary in the decode kernel reached pages smaller than a key block, whose "
+        "kernel does not take them (dispatch/fwd_plan.cpp fwd_decode_takes_append; a flash_attn bug: please report it)");
+  }
+  launch_fwd_kernel<T, kHeadDim, kMask, false, kKind, kPaging>(params, stream, limits, device);
 }
 
 template <DType kDType, int kHeadDim, MaskKind kMask>
@@ -234,19 +251,17 @@ void run_fwd(const FwdParams& params, void* stream_ptr) {
     if constexpr (kHasDecodeCompact) {
       compact = kind == FwdTileKind::kDecodeCompact;
       if (compact && whole_blocks) {
-        launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecodeCompact, KvPaging::kBlocks>(
-            params, stream, limits, device);
+        launch_decode_kernel<T, kHeadDim, kMask, FwdTileKind::kDecodeCompact, KvPaging::kBlocks>(params, stream, limits,
+                                                                                            device);
       } else if (compact) {
-        launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecodeCompact, KvPaging::kRows>(
-            params, stream, limits, device);
+        launch_decode_kernel<T, kHeadDim, kMask, FwdTileKind::kDecodeCompact, KvPaging::kRows>(params, stream, limits,
+                                                                                          device);
       }
     }
     if (!compact && whole_blocks) {
-      launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecode, KvPaging::kBlocks>(params, stream, limits,
-                                                                                           device);
+      launch_decode_kernel<T, kHeadDim, kMask, FwdTileKind::kDecode, KvPaging::kBlocks>(params, stream, limits, device);
     } else if (!compact) {
-      launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecode, KvPaging::kRows>(params, stream, limits,
-                                                                                         device);
+      launch_decode_kernel<T, kHeadDim, kMask, FwdTileKind::kDecode, KvPaging::kRows>(params, stream, limits, device);
     }
   } else if (fwd_needs_general_kernel(params) && fwd_lean_takes_call(params, kHeadDim)) {
     if constexpr (fwd_lean_runs_score_mods(kHeadDim)) {
@@ -273,12 +288,13 @@ void run_fwd(const FwdParams& params, void* stream_ptr) {
     switch (fwd_tile_kind(kHeadDim, false, params.shape.seqlen_q, params.shape.seqlen_k, kMasked, limits)) {
       case FwdTileKind::kDecodeCompact:
         if constexpr (kHasDecodeCompact) {
-          launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecodeCompact>(params, stream, limits, device);
+          launch_decode_kernel<T, kHeadDim, kMask, FwdTileKind::kDecodeCompact, KvPaging::kNone>(params, stream, limits,
+                                                                                            device);
           break;
         }
         [[fallthrough]];
       case FwdTileKind::kDecode:
-        launch_fwd_kernel<T, kHeadDim, kMask, false, FwdTileKind::kDecode>(params, stream, limits, device);
+        launch_decode_kernel<T, kHeadDim, kMask, FwdTileKind::kDecode, KvPaging::kNone>(params, stream, limits, device);
         break;
       case FwdTileKind::kCompact:
         if constexpr (kHasCompact) {
