@@ -455,13 +455,15 @@ def test_kvcache_fused_append_matches_indexing(layout, new_rows, rotary, device)
 @pytest.mark.parametrize("num_splits", [0, 1, 3])
 @pytest.mark.parametrize("page_size", [None, 16, 256])
 @pytest.mark.parametrize("heads", [(8, 2), (4, 4)])
-def test_kvcache_decode_append_in_kernel(heads, page_size, num_splits, rotary):
+@pytest.mark.parametrize("new_rows", [1, 2])
+def test_kvcache_decode_append_in_kernel(new_rows, heads, page_size, num_splits, rotary):
     """One query per sequence with new rows appended, on CUDA: the append and the attention in one op
     (kvcache_decode_), the decode kernel writing the new rows and rotating its own queries where
     dispatch/fwd_plan.cpp lets it (kDecodeWritesAppendedRows; the append op before the attention otherwise). Lengths
     around the key-tile edges, contiguous and paged (whole blocks and rows of pages), GQA and MHA, forced and chosen
-    splits: the caches equal the gradient path's (torch indexing, the rotary op, a bias) and the outputs and lse
-    agree within the kernels' rounding."""
+    splits (one new row: written by the split holding its tile; two: by the append kernel where a forced split plan
+    may part them): the caches equal the gradient path's (torch indexing, the rotary op, a bias) and the outputs and
+    lse agree within the kernels' rounding."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     require_supported("cuda", torch.bfloat16, 128)
@@ -470,7 +472,7 @@ def test_kvcache_decode_append_in_kernel(heads, page_size, num_splits, rotary):
     lengths = torch.tensor([0, 1, 127, 128, 1001, rows - 2], dtype=torch.int32, device="cuda")
     batch = lengths.numel()
     q = randn(batch, 1, nheads, head_dim, dtype=dtype, device="cuda")
-    k_new, v_new = (randn(batch, 2, nheads_k, head_dim, dtype=dtype, device="cuda") for _ in range(2))
+    k_new, v_new = (randn(batch, new_rows, nheads_k, head_dim, dtype=dtype, device="cuda") for _ in range(2))
     extra = {"num_splits": num_splits}
     if APPEND_ROTARY[rotary] is not None:
         rotary_dim, interleaved, _ = APPEND_ROTARY[rotary]

@@ -228,10 +228,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_impl(
       p.rotary = append->rotary;
     }
     plan_cuda_fwd(p, q, scratch, num_splits);
-    if (append != nullptr && p.num_splits > 1 && !p.appended_split) {
-      // A split plan without a split of its own for the new rows (a num_splits asked for, or no slot for one more):
-      // which split reads them is not one CTA's to write, so the append kernel writes them first and every decode CTA
-      // waits for it (sm80/fwd_kernel.h); the kernel still counts the keys and rotates its queries.
+    if (append != nullptr && p.num_splits > 1 && !p.appended_split && append->append.new_rows > 1) {
+      // Several new rows in a split plan without a split of their own for them (a num_splits asked for, or no slot
+      // for one more) may straddle two splits' tiles, so the append kernel writes them first and every decode CTA
+      // waits for it (sm80/fwd_kernel.h); the kernel still counts the keys and rotates its queries. One new row lies
+      // in one split's tiles, whose CTA writes it.
       p.kv_append = FwdParams::KvAppend{};
       launch_kvcache_append(append->append, k);
     }

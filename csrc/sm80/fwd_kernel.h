@@ -1061,10 +1061,11 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
   static_assert(!kAppends || (kDecode && kPaging != KvPaging::kRows), "appends: dense or whole-block decode tiles");
   const bool rotates_q = kAppends && p.rotary.cos != nullptr;
   if constexpr (kAppends) {
-    // The split that holds the last key tile writes the appended rows, which its own loads then read (the barrier
-    // orders the stores before them; split calls give it the new rows' tiles alone, plan_key_tiles: the API launches
-    // the append kernel instead where the plan has no such split).
-    if (p.kv_append.k != nullptr && cta.split == p.num_splits - 1 && cta.m0 == 0) {
+    // The split that holds the last key's tile writes the appended rows, which its own loads then read (the barrier
+    // orders the stores before them). Its tiles hold every new row where the plan gives them a split of their own
+    // (plan_key_tiles) or there is one new row; the API launches the append kernel first otherwise.
+    const int last_tile = (cta.seqlen_k - 1) / kBlockN;
+    if (p.kv_append.k != nullptr && cta.n_first <= last_tile && last_tile <= cta.n_last && cta.m0 == 0) {
       write_appended_rows<kThreads, kPaging>(p, cta, tiles);
       __syncthreads();
     }
