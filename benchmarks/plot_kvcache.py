@@ -38,7 +38,7 @@ def main() -> None:
     ax.set_ylabel("TB/s of K + V read")
     env = data["environment"]
     ax.set_title(f"flash_attn_with_kvcache decode, {env['device_name']}, bf16, GQA 32/8, hd 128 "
-                 f"({args.mode}, commit {env['commit']})")
+                 f"({args.mode}, commit {env['commit'][:7]})")
     ax.legend(ncol=4, fontsize="small")
     fig.tight_layout()
     fig.savefig(args.out, dpi=DPI)
