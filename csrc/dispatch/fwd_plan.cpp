@@ -99,7 +99,8 @@ int choose_fwd_num_splits(const FwdParams& p, int num_sms, sm80::SmemLimits smem
   // (FwdParams::appended_split), whose CTAs also write the new rows, where that adds few CTAs to the plan (and the grid
   // still fits one wave of resident CTAs). H200, GQA 32/8, hd 128, append over the plain call, us (twenty-fourth
   // session): 32 -> 33 splits (1 x 8k) +0.4, 33 -> 34 (1 x 128k) +0.1, but 2 -> 3 (16 x 8k) +7 and 4 -> 5 (8 x 32k) +15;
-  // below kAppendSplitMinSplits the append kernel writes the rows first (api/flash_api.cpp).
+  // below kAppendSplitMinSplits the split CTA holding a sequence's one new row writes it (16 x 8k +2.1 us with
+  // rotary, twenty-fifth session), and several new rows take the append kernel first (api/flash_api.cpp).
   const bool appends = p.shape.appended_keys > 0 && (kind == sm80::FwdTileKind::kDecode ||
                                                      kind == sm80::FwdTileKind::kDecodeCompact);
   const int64_t resident_slots = static_cast<int64_t>(num_sms) * sm80::fwd_ctas_per_sm(bucket, general, kind, smem);
