@@ -37,13 +37,19 @@ flash::FwdParams decode_call(int64_t nheads_q, int64_t nheads_k, int64_t seqlen_
 int failures = 0;
 int cases = 0;
 
-void expect(const char* what, const flash::FwdParams& p, bool want) {
+// One yes / no policy answer `got` for call p against the expected one.
+void expect_answer(const char* what, const flash::FwdParams& p, bool got, bool want) {
   ++cases;
-  if (flash::fwd_reads_pages(p, kH200) != want) {
+  if (got != want) {
     ++failures;
     std::printf("FAIL %s: page_size %d, heads %ld/%ld, seqlen_q %ld: want %d\n", what, p.page_size,
                 long(p.shape.nheads_q), long(p.shape.nheads_k), long(p.shape.seqlen_q), int(want));
   }
+}
+
+// Whether the decode kernels read a call's pages in place (fwd_reads_pages).
+void expect(const char* what, const flash::FwdParams& p, bool want) {
+  expect_answer(what, p, flash::fwd_reads_pages(p, kH200), want);
 }
 
 // The split count choose_fwd_num_splits plans for a GQA 32/8 decode call (packed as the CUDA plan packs it) on the
@@ -69,12 +75,7 @@ void expect_splits(const char* what, int64_t batch, int64_t seqlen_k, bool paged
 
 // Whether the decode kernels write a call's appended rows themselves (fwd_decode_takes_append).
 void expect_append(const char* what, const flash::FwdParams& p, bool want) {
-  ++cases;
-  if (flash::fwd_decode_takes_append(p, kH200) != want) {
-    ++failures;
-    std::printf("FAIL %s: page_size %d, heads %ld/%ld, seqlen_q %ld: want %d\n", what, p.page_size,
-                long(p.shape.nheads_q), long(p.shape.nheads_k), long(p.shape.seqlen_q), int(want));
-  }
+  expect_answer(what, p, flash::fwd_decode_takes_append(p, kH200), want);
 }
 
 }  // namespace
