@@ -11,6 +11,9 @@ from flash_attn import flash_attn_with_kvcache
 from flash_attn.reference import attention_ref
 from helpers import assert_close_fa, check_kvcache_cuda_matches_cpu, randn
 
+CLUSTER_CODE_ARCH = 90  # dispatch/fwd_plan.cpp: sm90 code merges split decode calls in clusters
+MAX_CLUSTER_SPLITS = 8  # sm80/fwd_tile_config.h kMaxClusterSplits
+
 # A forward-only API (no autograd in Dao's either), so CUDA runs wherever a forward kernel is built. Inputs
 # that need no grad take the native path (cache lengths as the op's seqused_k); q requiring grad the bias path.
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -165,12 +168,19 @@ def test_kvcache_native_cuda_matches_cpu_split_decode(seqlen_q):
                                    causal=True)
 
 
+def _splits_meet_in_cluster(num_splits):
+    """Whether a split decode call merges its splits in a thread-block cluster instead of the combine kernel
+    (dispatch/fwd_plan.cpp fwd_splits_meet_in_cluster): sm90 code and 2 ... 8 splits."""
+    from flash_attn._native import C
+    return C.loaded_code(torch.cuda.current_device())[0] >= CLUSTER_CODE_ARCH and 2 <= num_splits <= MAX_CLUSTER_SPLITS
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("num_splits", [1, 3, 16, 200])
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 8, 9, 16, 200])
 def test_kvcache_num_splits_honoured(num_splits):
     """num_splits as Dao's: 1 never splits, n > 1 splits the keys n ways (at most 128; splits past a short sequence's
     keys weigh nothing): every choice gives the CPU path's values, and the combine kernel runs exactly when the keys
-    are split."""
+    are split and the splits do not merge in a cluster (sm90, at most 8 splits)."""
     require_supported("cuda", torch.bfloat16, 128)
     check_kvcache_cuda_matches_cpu([0, 1, 700, 2048], 1, rows=2048, nheads=8, nheads_k=2, head_dim=128, causal=True,
                                    num_splits=num_splits)
@@ -182,7 +192,22 @@ def test_kvcache_num_splits_honoured(num_splits):
         flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths, num_splits=num_splits)
         torch.cuda.synchronize()
     kernels = [event.name for event in trace.events() if event.device_type == torch.autograd.DeviceType.CUDA]
-    assert any("combine" in name for name in kernels) == (num_splits > 1), kernels
+    assert any("combine" in name for name in kernels) == (num_splits > 1 and not _splits_meet_in_cluster(num_splits)), \
+        kernels
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("num_splits", [2, 3, 5, 8])
+@pytest.mark.parametrize("head_dim,seqlen_q,nheads,nheads_k", [(64, 1, 8, 2), (128, 3, 4, 4), (256, 1, 4, 1),
+                                                              (72, 2, 6, 3)])
+def test_kvcache_split_decode_every_split_count(num_splits, head_dim, seqlen_q, nheads, nheads_k):
+    """Split decode at every cluster size (sm90: the splits merge through distributed shared memory; elsewhere the
+    combine kernel): GQA packed and not, several query rows, a head dim below its bucket, an empty sequence (every
+    split empty: O = 0, lse +inf), a one-key one and lengths that leave the last splits without keys. Same values as
+    the CPU path."""
+    require_supported("cuda", torch.bfloat16, head_dim)
+    check_kvcache_cuda_matches_cpu([0, 1, 77, 333, 1000], seqlen_q, rows=1000, nheads=nheads, nheads_k=nheads_k,
+                                   head_dim=head_dim, causal=True, num_splits=num_splits)
 
 
 @pytest.mark.parametrize("device", DEVICES)

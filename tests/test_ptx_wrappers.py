@@ -183,6 +183,21 @@ def test_griddep_dependent_starts_early_and_waits_for_the_primary():
     assert dst[LANES].item() == 1
 
 
+@pytest.mark.skipif(_lacks_sm90_code(), reason="thread-block clusters need code compiled for sm90")
+def test_cluster_ctas_read_each_others_shared_memory():
+    ctas, vec = 4, 4  # ptx_selftest.h kClusterCtas, kClusterVec
+    values = torch.randn(ctas, LANES, vec)
+    (dst,) = selftest("cluster_exchange", values)
+    dst = dst.cpu()
+    # One cluster along z: rank r is CTA z = r ...
+    torch.testing.assert_close(dst[:, :, 0], torch.arange(ctas, dtype=torch.float32)[:, None].expand(ctas, LANES),
+                               rtol=0, atol=0)
+    # ... and each lane reads its neighbour's (rank r + 1) staged word and 16-byte vector.
+    neighbour = values.roll(-1, dims=0)
+    torch.testing.assert_close(dst[:, :, 1], neighbour[:, :, 0], rtol=0, atol=0)
+    torch.testing.assert_close(dst[:, :, 2:], neighbour, rtol=0, atol=0)
+
+
 def test_unknown_selftest_name_is_rejected():
     with pytest.raises(RuntimeError, match="unknown self test"):
         selftest("ldmatrix_x8", torch.zeros(1))

@@ -34,7 +34,8 @@ void plan_cuda_fwd(FwdParams& p, const at::Tensor& q, std::vector<at::Tensor>& s
     plain.shape.appended_keys = 0;
     p.appended_split = p.num_splits > choose_fwd_num_splits(plain, device.num_sms, smem);
   }
-  if (p.num_splits > 1) {
+  p.splits_meet_in_cluster = fwd_splits_meet_in_cluster(p, device.code_arch, smem);
+  if (p.num_splits > 1 && !p.splits_meet_in_cluster) {
     // One allocation for both (each at::empty is ~3 us of host time there): the partial outputs, then the lses.
     // rows * bucket floats are a multiple of 32, so split_lse keeps 16-byte alignment.
     const int64_t rows = p.num_splits * p.shape.batch * p.shape.nheads_q * p.shape.seqlen_q;

@@ -26,7 +26,8 @@ namespace {
 
 constexpr const char* kSelftestOp = "flash_attn._ptx_selftest";
 constexpr const char* kSelftestNames = "mma_m16n8k16, pack2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans, cp_async_16, cp_async_4, "
-    "red_add_v4_f32, stmatrix_x4, bulk_reduce_add_2d, tma_load_4d, griddep, wgmma_ss, wgmma_rs, wgmma_ss_mn";
+    "red_add_v4_f32, stmatrix_x4, bulk_reduce_add_2d, tma_load_4d, griddep, cluster_exchange, wgmma_ss, wgmma_rs, "
+    "wgmma_ss_mn";
 
 #if defined(FLASH_WITH_CUDA)
 
@@ -165,6 +166,14 @@ std::vector<at::Tensor> run_selftest(const std::string& name, const std::vector<
         st::griddep(words.data_ptr<int32_t>(), scratch.data_ptr<int32_t>(), dst.data_ptr<int32_t>(), stream);
     FLASH_CHECK(launched, kSelftestOp, "('", name, "'): programmatic dependent launch needs an sm90+ GPU (or the "
                 "launch failed: see the CUDA error)");
+    outputs.push_back(dst);
+  } else if (name == "cluster_exchange") {
+    const at::Tensor values =
+        checked_input(name, inputs, 0, "values", {st::kClusterCtas, st::kWarpLanes, st::kClusterVec}, {at::kFloat});
+    at::Tensor dst = at::zeros({st::kClusterCtas, st::kWarpLanes, 2 + st::kClusterVec}, values.options());
+    const bool launched = st::cluster_exchange(values.data_ptr<float>(), dst.data_ptr<float>(), stream);
+    FLASH_CHECK(launched, kSelftestOp, "('", name, "'): thread-block clusters need an sm90+ GPU (or the launch "
+                "failed: see the CUDA error)");
     outputs.push_back(dst);
   } else {
     FLASH_FAIL(kSelftestOp, ": unknown self test '", name, "'; use one of ", kSelftestNames);

@@ -47,6 +47,11 @@ constexpr int kContiguousDecodeSplitCtasPerSm = 2;
 // (137.1) against 135.9, 64 x 4k 251.4 (251.9) against 250.1; the append kernel cost 5-6 us (1 x 8k 25.8 against 20.1).
 constexpr bool kDecodeWritesAppendedRows = true;
 
+// Split decode calls of at most sm80::kMaxClusterSplits splits merge them in a thread-block cluster (sm90) instead of
+// the combine kernel (fwd_splits_meet_in_cluster); the first architecture with clusters and distributed shared memory.
+constexpr bool kSplitsMeetInCluster = true;
+constexpr int kClusterCodeArch = 90;
+
 int split_ctas_per_sm(const FwdParams& p, int bucket, bool general, sm80::FwdTileKind kind, sm80::SmemLimits smem) {
   const int resident = sm80::fwd_ctas_per_sm(bucket, general, kind, smem);
   const bool decode = kind == sm80::FwdTileKind::kDecode || kind == sm80::FwdTileKind::kDecodeCompact;
@@ -109,6 +114,17 @@ int choose_fwd_num_splits(const FwdParams& p, int num_sms, sm80::SmemLimits smem
     return static_cast<int>(evened + 1);
   }
   return static_cast<int>(evened);
+}
+
+bool fwd_splits_meet_in_cluster(const FwdParams& p, int code_arch, sm80::SmemLimits smem) {
+  if (!kSplitsMeetInCluster || code_arch < kClusterCodeArch || p.num_splits < 2 ||
+      p.num_splits > sm80::kMaxClusterSplits) {
+    return false;
+  }
+  const bool general = needs_general_kernel(p);
+  const sm80::FwdTileKind kind = sm80::fwd_tile_kind(head_dim_bucket(p), general, p.shape.seqlen_q, p.shape.seqlen_k,
+                                                     mask_kind(p.mask) != MaskKind::kNone, smem);
+  return !general && (kind == sm80::FwdTileKind::kDecode || kind == sm80::FwdTileKind::kDecodeCompact);
 }
 
 int requested_fwd_num_splits(const FwdParams& p, int64_t requested) {

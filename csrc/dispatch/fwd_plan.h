@@ -20,6 +20,11 @@ bool pack_gqa_decode(FwdParams& p);
 // decides which tile the launcher will take and how many of its CTAs an SM holds (sm80::fwd_tile_kind).
 int choose_fwd_num_splits(const FwdParams& p, int num_sms, sm80::SmemLimits smem);
 
+// Whether a planned split call (num_splits set) merges its splits in one thread-block cluster per sequence and kv head
+// (FwdParams::splits_meet_in_cluster) instead of through split_out / split_lse and the combine kernel: sm90 code
+// (code_arch, DeviceAttributes), decode tiles, 2 ... sm80::kMaxClusterSplits splits. `p` packed as the launch sees it.
+bool fwd_splits_meet_in_cluster(const FwdParams& p, int code_arch, sm80::SmemLimits smem);
+
 // A caller's num_splits (flash_attn_with_kvcache's, Dao's semantics: 0 lets choose_fwd_num_splits decide): honoured up
 // to sm80::kMaxKeySplits and to what the grid's z extent (batch entries x splits) holds; 1 where the call cannot be
 // split (returned probabilities, no keys). Splits past a sequence's last key tile see no key and weigh nothing in the

@@ -13,6 +13,7 @@
 #include "flash_attn/common/math.h"
 #include "flash_attn/common/philox.h"
 #include "flash_attn/params.h"
+#include "flash_attn/ptx/cluster_sm90.h"
 #include "flash_attn/ptx/cp_async_sm80.h"
 #include "flash_attn/common/seqlen.h"
 #include "flash_attn/ptx/griddep_sm90.h"
@@ -918,6 +919,101 @@ __device__ __forceinline__ void normalise_output(const ptx::MmaC (&acc)[kStrips]
   }
 }
 
+// Row stride (floats) of the partial outputs a cluster's splits stage for each other: 4 floats of padding put the
+// 8 row groups of a fragment's float2 stores in distinct banks and keep rows 16-byte aligned for the v4 loads.
+template <int kHeadDim>
+constexpr int kClusterStageStride = kHeadDim + 4;
+
+// The epilogue of a split whose sequence's splits run as one cluster (FwdParams::splits_meet_in_cluster, sm90): each
+// split stages its normalised fp32 partial and lse in its own shared memory (`stage`, the K / V rings, free after the
+// main loop), the cluster syncs, and each CTA merges a share of the (row, 4-column chunk) items: it reads the item's
+// partial and lse from every split's shared memory, weights them as the combine kernel does (fwd_combine_kernel.h)
+// and writes out / lse. A second sync keeps each CTA's shared memory alive until every split has read it. Replaces
+// the split_out / split_lse round trip through global memory and the combine kernel's launch.
+template <int kHeadDim, int kBlockM, int kThreads, typename T, int kStrips, int kDTiles>
+__device__ __forceinline__ void combine_splits_in_cluster(const ptx::MmaC (&acc)[kStrips][kDTiles],
+                                                          const float (&row_max)[kStrips][2],
+                                                          const float (&row_sum)[kStrips][2],
+                                                          const int (&rows)[kStrips][2], float* stage,
+                                                          const FwdParams& p, const FwdCta& cta) {
+  constexpr int kStride = kClusterStageStride<kHeadDim>;
+  constexpr int kChunks = kHeadDim / 4;
+  float* const stage_lse = stage + kBlockM * kStride;
+#pragma unroll
+  for (int s = 0; s < kStrips; ++s) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = row_sum[s][r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const bool empty = sum == 0.f;
+      const float inv_sum = empty ? 0.f : 1.f / sum;
+      const int local = rows[s][r] - cta.m0;
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        *reinterpret_cast<float2*>(stage + local * kStride + dt * kMmaN + 2 * cta.t) =
+            make_float2(acc[s][dt].reg[2 * r] * inv_sum, acc[s][dt].reg[2 * r + 1] * inv_sum);
+      }
+      if (cta.t == 0) {
+        stage_lse[local] = empty ? -INFINITY : row_max[s][r] * static_cast<float>(kLn2) + logf(sum);
+      }
+    }
+  }
+  ptx::cluster_sync();
+
+  const int splits = p.num_splits;  // the cluster's size
+  const int first = static_cast<int>(ptx::cluster_cta_rank()) * kThreads + cta.tid;
+  const int items = min(kBlockM, cta.seqlen_q - cta.m0) * kChunks;
+  const uint32_t stage_at = ptx::smem_address(stage);
+  const uint32_t lse_at = ptx::smem_address(stage_lse);
+  T* const out = static_cast<T*>(p.out) + cta.b * p.out_strides.batch + (cta.q_row0 + cta.m0) * p.out_strides.row +
+                 cta.h * p.out_strides.head;
+  float* const lse_out = static_cast<float*>(p.lse) + cta.b * p.lse_batch_stride + cta.h * p.lse_head_stride +
+                         cta.q_row0 + cta.m0;
+  for (int item = first; item < items; item += splits * kThreads) {
+    const int local = item / kChunks;
+    const int col = (item % kChunks) * 4;
+    // Every split's loads are issued before any is used (remote shared memory: a few hundred cycles each).
+    float lses[kMaxClusterSplits];
+    float4 parts[kMaxClusterSplits];
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      lses[s] = -INFINITY;  // past the cluster: weighted 0
+      parts[s] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (s < splits) {
+        lses[s] = ptx::ld_shared_cluster_f32(ptx::map_shared_to_rank(lse_at + local * 4, s));
+        parts[s] = ptx::ld_shared_cluster_v4_f32(ptx::map_shared_to_rank(stage_at + (local * kStride + col) * 4, s));
+      }
+    }
+    float max_lse = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) max_lse = fmaxf(max_lse, lses[s]);
+    float total = 0.f;
+    if (max_lse != -INFINITY) {
+#pragma unroll
+      for (int s = 0; s < kMaxClusterSplits; ++s) total += expf(lses[s] - max_lse);
+    }
+    const bool empty = total == 0.f;  // no split saw a key: O = 0, lse +inf (the unsplit contract)
+    const float lse = empty ? INFINITY : max_lse + logf(total);
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      const float w = empty ? 0.f : expf(lses[s] - lse);
+      o.x += w * parts[s].x;
+      o.y += w * parts[s].y;
+      o.z += w * parts[s].z;
+      o.w += w * parts[s].w;
+    }
+    // head_dim is a multiple of 8 (the API pads), so a chunk is wholly inside or outside the row.
+    if (col < cta.head_dim) {
+      *reinterpret_cast<uint2*>(out + local * p.out_strides.row + col) =
+          make_uint2(pack_float2<T>(o.x, o.y), pack_float2<T>(o.z, o.w));
+    }
+    if (col == 0) lse_out[local] = lse;
+  }
+  ptx::cluster_sync();
+}
+
 // Copies this warp's staged O rows from shared memory to the output in 16-byte chunks.
 template <int kHeadDim, int kStripStride, int kStrips, typename T>
 __device__ __forceinline__ void store_output(const T* s_q, const FwdParams& p, const FwdCta& cta) {
@@ -1173,6 +1269,18 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
   // rows of shared memory and stores 16-byte chunks.
   ptx::cp_async_wait<0>();
   __syncthreads();
+  if constexpr (kDecode) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    static_assert((kBlockM * kClusterStageStride<kHeadDim> + kBlockM) * sizeof(float) <=
+                      2 * kStages * kBlockN * kStride * sizeof(T),
+                  "a cluster split's partial output fits in its K / V rings");
+    if (p.splits_meet_in_cluster) {
+      combine_splits_in_cluster<kHeadDim, kBlockM, kThreads, T>(acc, row_max, row_sum, rows,
+                                                             reinterpret_cast<float*>(tiles.s_k_ring), p, cta);
+      return;
+    }
+#endif
+  }
   const bool split_call = p.num_splits > 1;
   normalise_output<kHeadDim>(acc, row_max, row_sum, rows, tiles.s_q, p, cta, split_call);
   if (split_call) return;

@@ -136,20 +136,26 @@ bool launch_fwd_tma_kernel(const FwdParams& params, cudaStream_t stream, SmemLim
 constexpr int kPdlSm = 90;
 
 // Launches `kernel` as a programmatic dependent of the kernel before it in the stream: it may start while that one
-// runs and calls wait_for_primary_grid() before touching memory. A failed launch is left for the caller's
-// cudaGetLastError check, as a <<<>>> launch's would be.
+// runs and calls wait_for_primary_grid() before touching memory. cluster_z > 1: also in clusters of that many CTAs
+// along z (the grid's z extent a multiple of it). A failed launch is left for the caller's cudaGetLastError check, as
+// a <<<>>> launch's would be.
 template <typename Kernel, typename... Args>
-void launch_dependent(Kernel kernel, dim3 grid, dim3 block, int smem_bytes, cudaStream_t stream, const Args&... args) {
+void launch_dependent(Kernel kernel, dim3 grid, dim3 block, int smem_bytes, cudaStream_t stream, int cluster_z,
+                      const Args&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
   config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
+  cudaLaunchAttribute attributes[2]{};
+  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[0].val.programmaticStreamSerializationAllowed = 1;
+  attributes[1].id = cudaLaunchAttributeClusterDimension;
+  attributes[1].val.clusterDim.x = 1;
+  attributes[1].val.clusterDim.y = 1;
+  attributes[1].val.clusterDim.z = static_cast<unsigned>(cluster_z);
+  config.attrs = attributes;
+  config.numAttrs = cluster_z > 1 ? 2 : 1;
   (void)cudaLaunchKernelEx(&config, kernel, args...);
 }
 
@@ -163,6 +169,13 @@ void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits 
   constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral, kKind);
   constexpr int kSmemBytes = fwd_smem_bytes(kHeadDim, kGeneral, kKind, sizeof(T));
   require_fwd_shared_memory(kSmemBytes, limits.per_block_optin, kHeadDim);
+  constexpr bool kDecode = kKind == FwdTileKind::kDecode || kKind == FwdTileKind::kDecodeCompact;
+  if (params.splits_meet_in_cluster && (!kDecode || device.code_arch < kPdlSm || params.num_splits > kMaxClusterSplits)) {
+    throw std::invalid_argument(
+        "flash_attn forward: a split call planned to merge its splits in a cluster reached a kernel that does not "
+        "(only sm90 decode tiles of at most 8 splits do; dispatch/fwd_plan.cpp fwd_splits_meet_in_cluster; a "
+        "flash_attn bug: please report it)");
+  }
   constexpr bool kDense = kPaging == KvPaging::kNone && !kScoreMods && !kAppends;
   if constexpr (kDense && fwd_runs_persistent(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone)) {
     if (launch_fwd_persistent<T, kHeadDim>(params, stream, limits, device)) return;
@@ -177,9 +190,9 @@ void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits 
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   (void)opt_in;
   const dim3 grid = fwd_grid<kTile.block_m>(params);
-  constexpr bool kDecode = kKind == FwdTileKind::kDecode || kKind == FwdTileKind::kDecodeCompact;
   if (kDecode && device.code_arch >= kPdlSm) {
-    launch_dependent(kernel, grid, dim3(kTile.warps * kWarpSize), kSmemBytes, stream, params);
+    const int cluster_z = params.splits_meet_in_cluster ? params.num_splits : 1;
+    launch_dependent(kernel, grid, dim3(kTile.warps * kWarpSize), kSmemBytes, stream, cluster_z, params);
     return;
   }
   kernel<<<grid, kTile.warps * kWarpSize, kSmemBytes, stream>>>(params);
@@ -194,7 +207,7 @@ void launch_fwd_combine(const FwdParams& params, cudaStream_t stream, bool depen
   const int64_t rows = params.shape.batch * params.shape.nheads_q * params.shape.seqlen_q;
   const dim3 grid(static_cast<unsigned>(rows));
   if (dependent_launch) {
-    launch_dependent(fwd_combine_kernel<T, kHeadDim>, grid, dim3(kCombineThreads), 0, stream, params);
+    launch_dependent(fwd_combine_kernel<T, kHeadDim>, grid, dim3(kCombineThreads), 0, stream, 1, params);
   } else {
     fwd_combine_kernel<T, kHeadDim><<<grid, kCombineThreads, 0, stream>>>(params);
   }
@@ -307,7 +320,9 @@ void run_fwd(const FwdParams& params, void* stream_ptr) {
         break;
     }
   }
-  if (params.num_splits > 1) launch_fwd_combine<T, kHeadDim>(params, stream, device.code_arch >= kPdlSm);
+  if (params.num_splits > 1 && !params.splits_meet_in_cluster) {
+    launch_fwd_combine<T, kHeadDim>(params, stream, device.code_arch >= kPdlSm);
+  }
 }
 
 }  // namespace flash::sm80

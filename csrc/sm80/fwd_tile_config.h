@@ -44,6 +44,9 @@ constexpr WideTile kWideTile = WideTile::k128x64Warps8;
 constexpr int kDecodeMaxRows = 16;
 // Most key splits of a split-KV call (the combine kernel keeps one weight per split in shared memory).
 constexpr int kMaxKeySplits = 128;
+// Most splits that merge in one thread-block cluster instead of the combine kernel (FwdParams::splits_meet_in_cluster):
+// the portable cluster size of sm90.
+constexpr int kMaxClusterSplits = 8;
 
 // Which tile a call takes. kDecode: decode-shaped calls. kStandard: the tiles above, deeper K/V rings and (above head
 // dim 128) the 8-warp wide tile. kCompact: the one-stage tiles (the wide hd > 128 tile needs 135 KB of shared memory

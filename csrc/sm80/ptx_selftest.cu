@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "flash_attn/ptx/bulk_reduce_sm90.h"
+#include "flash_attn/ptx/cluster_sm90.h"
 #include "flash_attn/ptx/cp_async_sm80.h"
 #include "flash_attn/ptx/griddep_sm90.h"
 #include "flash_attn/ptx/ldmatrix_sm80.h"
@@ -248,6 +249,27 @@ __global__ void stmatrix_x4_kernel(const uint32_t* regs, uint16_t* tile) {
   for (int i = lane; i < kTileRows * kTileCols; i += kWarpLanes) tile[i] = smem[i / kTileCols][i % kTileCols];
 }
 
+__global__ void cluster_exchange_kernel(const float* values, float* dst) {
+  __shared__ __align__(16) float staged[kWarpLanes * kClusterVec];
+  const int lane = threadIdx.x;
+  const int z = blockIdx.z;
+  for (int i = lane; i < kWarpLanes * kClusterVec; i += kWarpLanes) staged[i] = values[z * kWarpLanes * kClusterVec + i];
+  ptx::cluster_sync();
+  const uint32_t rank = ptx::cluster_cta_rank();
+  const uint32_t neighbour = (rank + 1) % kClusterCtas;
+  const uint32_t at = ptx::smem_address(staged + lane * kClusterVec);
+  const float word = ptx::ld_shared_cluster_f32(ptx::map_shared_to_rank(at, neighbour));
+  const float4 vec = ptx::ld_shared_cluster_v4_f32(ptx::map_shared_to_rank(at, neighbour));
+  ptx::cluster_sync();
+  float* out = dst + (z * kWarpLanes + lane) * (2 + kClusterVec);
+  out[0] = static_cast<float>(rank);
+  out[1] = word;
+  out[2] = vec.x;
+  out[3] = vec.y;
+  out[4] = vec.z;
+  out[5] = vec.w;
+}
+
 cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
 // Whether this extension's kernels carry their sm90 code on the current device (DeviceAttributes::code_arch): not
@@ -357,6 +379,22 @@ bool griddep(const int32_t* words, int32_t* scratch, int32_t* dst, void* stream)
   const int32_t* const_data = data;
   const int32_t* const_saw = saw_started;
   return cudaLaunchKernelEx(&config, griddep_dependent_kernel, const_data, started, const_saw, dst) == cudaSuccess;
+}
+
+bool cluster_exchange(const float* values, float* dst, void* stream) {
+  if (!runs_sm90_code()) return false;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(1, 1, kClusterCtas);
+  config.blockDim = dim3(kWarpLanes);
+  config.stream = as_stream(stream);
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = 1;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = kClusterCtas;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, cluster_exchange_kernel, values, dst) == cudaSuccess;
 }
 
 }  // namespace flash::sm80::selftest

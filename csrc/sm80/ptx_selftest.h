@@ -31,6 +31,8 @@ constexpr int kTmaBoxCols = 64;
 constexpr int kTmaLoads = 2;                 // two loads through one barrier: its phases 0 and 1
 constexpr unsigned long long kGriddepTimeoutNs = 200000000;  // griddep: the primary waits up to 200 ms for its dependent
 constexpr int kGriddepScratchWords = kWarpLanes + 2;         // griddep: data, started, saw_started
+constexpr int kClusterCtas = 4;                              // cluster: one cluster of 4 one-warp CTAs
+constexpr int kClusterVec = 4;                               // ... each lane reading 4 floats of its neighbour
 
 // d (16x8 fp32) = a (16x16) * b_nk(8x16)^T + c (16x8 fp32); a, b_nk in `dtype` (kFloat16 or kBFloat16),
 // loaded into fragments by the layout documented in ptx/mma_sm80.h. Returns false for another dtype.
@@ -85,5 +87,13 @@ bool stmatrix_x4(const uint32_t* regs, uint16_t* tile, void* stream);
 // dst[0..31] and into dst[kWarpLanes] whether the primary saw it start (1) or timed out (0: no early launch). Returns
 // false below sm90 or when the dependent launch failed.
 bool griddep(const int32_t* words, int32_t* scratch, int32_t* dst, void* stream);
+
+// values: kClusterCtas x kWarpLanes x kClusterVec floats; dst: kClusterCtas x kWarpLanes x (2 + kClusterVec) floats.
+// One cluster of kClusterCtas one-warp CTAs, launched as clusters along z; CTA z stages values[z] in its shared
+// memory, cluster_sync(), then lane l of the CTA of cluster rank r reads, from the CTA of rank (r + 1) % kClusterCtas
+// (map_shared_to_rank), word l * kClusterVec with ld_shared_cluster_f32 and its kClusterVec words with
+// ld_shared_cluster_v4_f32, writing [r, the word, the vector] to dst[z][l]; a second sync keeps the shared memory
+// alive until the neighbour has read it. Returns false below sm90 or when the cluster launch failed.
+bool cluster_exchange(const float* values, float* dst, void* stream);
 
 }  // namespace flash::sm80::selftest

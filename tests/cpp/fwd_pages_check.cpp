@@ -1,9 +1,7 @@
-// Host check of which paged-cache calls the CUDA forward reads in place (dispatch/fwd_plan.cpp fwd_reads_pages), run
-// by tests/test_fwd_pages_policy.py: decode-shaped lean calls with pages of whole 32-key blocks do; pages smaller than
-// a block, pages of other sizes, prefill-shaped calls (more than 16 rows per KV head after GQA packing), softcap,
-// returned probabilities, varlen and calls without a block table do not (the API gathers their pages). Also the split
-// counts of decode calls (choose_fwd_num_splits, with appended keys too) and which appends the decode kernels write
-// themselves (fwd_decode_takes_append). Prints one line per failure and a summary; exits 1 on any failure.
+// Host check of the CUDA forward's plan for decode calls (dispatch/fwd_plan.cpp), run by tests/test_fwd_pages_policy.py:
+// which paged calls read pages in place (fwd_reads_pages: lean decode calls with pages of whole 32-key blocks or of a
+// power of two within one), the split counts (choose_fwd_num_splits, with appended keys too), which appends the decode
+// kernels write (fwd_decode_takes_append) and which splits meet in a cluster (fwd_splits_meet_in_cluster).
 #include <cstdint>
 #include <cstdio>
 #include <initializer_list>
@@ -78,6 +76,13 @@ void expect_append(const char* what, const flash::FwdParams& p, bool want) {
   expect_answer(what, p, flash::fwd_decode_takes_append(p, kH200), want);
 }
 
+// Whether a planned decode call merges its splits in a cluster (fwd_splits_meet_in_cluster) on code of `code_arch`.
+void expect_cluster(const char* what, flash::FwdParams p, int num_splits, int code_arch, bool want) {
+  flash::pack_gqa_decode(p);
+  p.num_splits = num_splits;
+  expect_answer(what, p, flash::fwd_splits_meet_in_cluster(p, code_arch, kH200), want);
+}
+
 }  // namespace
 
 int main() {
@@ -104,6 +109,16 @@ int main() {
   flash::FwdParams capped = decode_call(32, 8, 1, 256);
   capped.softcap = 30.0;
   expect_append("softcap: the general kernel", capped, false);
+  for (int splits : {2, 3, 8}) {
+    expect_cluster("GQA decode, sm90: the splits meet in a cluster", dense, splits, 90, true);
+    expect_cluster("paged GQA decode, sm90", decode_call(32, 8, 1, 16), splits, 90, true);
+    expect_cluster("GQA decode, sm80 code: the combine kernel", dense, splits, 80, false);
+    expect_cluster("softcap: the general kernel's splits take the combine kernel", capped, splits, 90, false);
+    expect_cluster("prefill chunk: the standard tile", decode_call(8, 8, 64, 256), splits, 90, false);
+  }
+  expect_cluster("one split: nothing to merge", dense, 1, 90, false);
+  expect_cluster("9 splits: past the portable cluster size", dense, 9, 90, false);
+  expect_cluster("32 splits: the combine kernel", dense, 32, 90, false);
   for (int page_size : {32, 64, 96, 256, 4096}) {
     expect("GQA decode, whole-block pages", decode_call(32, 8, 1, page_size), true);
     expect("MHA decode, whole-block pages", decode_call(8, 8, 1, page_size), true);

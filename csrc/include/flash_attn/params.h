@@ -126,6 +126,10 @@ struct FwdParams {
   bool appended_split = false;
   float* split_out = nullptr;
   float* split_lse = nullptr;
+  // sm90 decode calls of at most sm80::kMaxClusterSplits splits: a sequence's splits run as one thread-block cluster
+  // and merge their partials through distributed shared memory (sm80/fwd_kernel.h combine_splits_in_cluster), with
+  // no split_out / split_lse and no combine kernel (dispatch/fwd_plan.h fwd_splits_meet_in_cluster).
+  bool splits_meet_in_cluster = false;
 
   // Paged K / V (flash_attn_with_kvcache's block_table; dense decode-tile CUDA calls whose pages hold whole key
   // blocks, with seqused_k: dispatch/fwd_plan.h fwd_reads_pages): k and v are (num_pages, page_size, nheads_k,
