@@ -12,7 +12,7 @@ from flash_attn.reference import attention_ref
 from helpers import assert_close_fa, check_kvcache_cuda_matches_cpu, randn
 
 CLUSTER_CODE_ARCH = 90  # dispatch/fwd_plan.cpp: sm90 code merges split decode calls in clusters
-MAX_CLUSTER_SPLITS = 8  # sm80/fwd_tile_config.h kMaxClusterSplits
+MAX_CLUSTER_SPLITS = 2  # sm80/fwd_tile_config.h kMaxClusterSplits
 
 # A forward-only API (no autograd in Dao's either), so CUDA runs wherever a forward kernel is built. Inputs
 # that need no grad take the native path (cache lengths as the op's seqused_k); q requiring grad the bias path.
@@ -170,7 +170,7 @@ def test_kvcache_native_cuda_matches_cpu_split_decode(seqlen_q):
 
 def _splits_meet_in_cluster(num_splits):
     """Whether a split decode call merges its splits in a thread-block cluster instead of the combine kernel
-    (dispatch/fwd_plan.cpp fwd_splits_meet_in_cluster): sm90 code and 2 ... 8 splits."""
+    (dispatch/fwd_plan.cpp fwd_splits_meet_in_cluster): sm90 code and 2 splits."""
     from flash_attn._native import C
     return C.loaded_code(torch.cuda.current_device())[0] >= CLUSTER_CODE_ARCH and 2 <= num_splits <= MAX_CLUSTER_SPLITS
 
@@ -180,7 +180,7 @@ def _splits_meet_in_cluster(num_splits):
 def test_kvcache_num_splits_honoured(num_splits):
     """num_splits as Dao's: 1 never splits, n > 1 splits the keys n ways (at most 128; splits past a short sequence's
     keys weigh nothing): every choice gives the CPU path's values, and the combine kernel runs exactly when the keys
-    are split and the splits do not merge in a cluster (sm90, at most 8 splits)."""
+    are split and the splits do not merge in a cluster (sm90, 2 splits)."""
     require_supported("cuda", torch.bfloat16, 128)
     check_kvcache_cuda_matches_cpu([0, 1, 700, 2048], 1, rows=2048, nheads=8, nheads_k=2, head_dim=128, causal=True,
                                    num_splits=num_splits)

@@ -173,7 +173,7 @@ void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits 
   if (params.splits_meet_in_cluster && (!kDecode || device.code_arch < kPdlSm || params.num_splits > kMaxClusterSplits)) {
     throw std::invalid_argument(
         "flash_attn forward: a split call planned to merge its splits in a cluster reached a kernel that does not "
-        "(only sm90 decode tiles of at most 8 splits do; dispatch/fwd_plan.cpp fwd_splits_meet_in_cluster; a "
+        "(only sm90 decode tiles of at most kMaxClusterSplits splits do; dispatch/fwd_plan.cpp fwd_splits_meet_in_cluster; a "
         "flash_attn bug: please report it)");
   }
   constexpr bool kDense = kPaging == KvPaging::kNone && !kScoreMods && !kAppends;

@@ -44,9 +44,12 @@ constexpr WideTile kWideTile = WideTile::k128x64Warps8;
 constexpr int kDecodeMaxRows = 16;
 // Most key splits of a split-KV call (the combine kernel keeps one weight per split in shared memory).
 constexpr int kMaxKeySplits = 128;
-// Most splits that merge in one thread-block cluster instead of the combine kernel (FwdParams::splits_meet_in_cluster):
-// the portable cluster size of sm90.
-constexpr int kMaxClusterSplits = 8;
+// Most splits that merge in one thread-block cluster instead of the combine kernel (FwdParams::splits_meet_in_cluster).
+// H200, bf16, GQA 32/8, hd 128, us from a CUDA graph, cluster / combine kernel (twenty-sixth session): 2 splits 16 x 8k
+// 137.2 / 138.5, 64 x 4k 257.4 / 266.0; 4 splits 16 x 8k 163.2 / 139.7, 8 x 32k 269.5 / 256.4, page 16 at 16 x 8k
+// 256.1 / 143.4; 8 splits 8 x 32k 303.8 / 258.9 (1 x 8k 35.2 / 36.3): clusters of 4 and 8 lost wherever their CTAs
+// filled most of the GPU's slots.
+constexpr int kMaxClusterSplits = 2;
 
 // Which tile a call takes. kDecode: decode-shaped calls. kStandard: the tiles above, deeper K/V rings and (above head
 // dim 128) the 8-warp wide tile. kCompact: the one-stage tiles (the wide hd > 128 tile needs 135 KB of shared memory
