@@ -13,6 +13,7 @@ from helpers import assert_close_fa, check_kvcache_cuda_matches_cpu, randn
 
 CLUSTER_CODE_ARCH = 90  # dispatch/fwd_plan.cpp: sm90 code merges split decode calls in clusters
 MAX_CLUSTER_SPLITS = 2  # sm80/fwd_tile_config.h kMaxClusterSplits
+KEY_WARPS_MAX_HEAD_DIM = 192  # the largest head-dim bucket whose key-warps decode tile fits 227 KB (fwd_tile_config.h)
 
 # A forward-only API (no autograd in Dao's either), so CUDA runs wherever a forward kernel is built. Inputs
 # that need no grad take the native path (cache lengths as the op's seqused_k); q requiring grad the bias path.
@@ -168,11 +169,13 @@ def test_kvcache_native_cuda_matches_cpu_split_decode(seqlen_q):
                                    causal=True)
 
 
-def _splits_meet_in_cluster(num_splits):
-    """Whether a split decode call merges its splits in a thread-block cluster instead of the combine kernel
-    (dispatch/fwd_plan.cpp fwd_splits_meet_in_cluster): sm90 code and 2 splits."""
+def _splits_meet_in_cluster(num_splits, head_dim):
+    """Whether a small-batch split decode call merges its splits in a thread-block cluster instead of the combine kernel
+    (dispatch/fwd_plan.cpp fwd_splits_meet_in_cluster): sm90 code, 2 splits, and the one-warp decode tile, which small
+    batches keep only where the key-warps tile does not fit (head dims above 192: 267 KB and more)."""
     from flash_attn._native import C
-    return C.loaded_code(torch.cuda.current_device())[0] >= CLUSTER_CODE_ARCH and 2 <= num_splits <= MAX_CLUSTER_SPLITS
+    return (C.loaded_code(torch.cuda.current_device())[0] >= CLUSTER_CODE_ARCH and num_splits == MAX_CLUSTER_SPLITS
+            and head_dim > KEY_WARPS_MAX_HEAD_DIM)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -180,7 +183,7 @@ def _splits_meet_in_cluster(num_splits):
 def test_kvcache_num_splits_honoured(num_splits):
     """num_splits as Dao's: 1 never splits, n > 1 splits the keys n ways (at most 128; splits past a short sequence's
     keys weigh nothing): every choice gives the CPU path's values, and the combine kernel runs exactly when the keys
-    are split and the splits do not merge in a cluster (sm90, 2 splits)."""
+    are split (at head dim 128 the small batch takes the key-warps tile, whose splits never meet in a cluster)."""
     require_supported("cuda", torch.bfloat16, 128)
     check_kvcache_cuda_matches_cpu([0, 1, 700, 2048], 1, rows=2048, nheads=8, nheads_k=2, head_dim=128, causal=True,
                                    num_splits=num_splits)
@@ -192,8 +195,40 @@ def test_kvcache_num_splits_honoured(num_splits):
         flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths, num_splits=num_splits)
         torch.cuda.synchronize()
     kernels = [event.name for event in trace.events() if event.device_type == torch.autograd.DeviceType.CUDA]
-    assert any("combine" in name for name in kernels) == (num_splits > 1 and not _splits_meet_in_cluster(num_splits)), \
-        kernels
+    assert any("combine" in name for name in kernels) == (num_splits > 1), kernels
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("num_splits", [1, 2, 3])
+def test_kvcache_split_merge_kernel(num_splits):
+    """Head dim 256 keeps the one-warp decode tile: two splits merge in a thread-block cluster on sm90 (no combine
+    kernel), others through the combine kernel; the CPU path's values either way."""
+    require_supported("cuda", torch.bfloat16, 256)
+    check_kvcache_cuda_matches_cpu([0, 1, 700, 2048], 1, rows=2048, nheads=8, nheads_k=2, head_dim=256, causal=True,
+                                   num_splits=num_splits)
+    q = randn(2, 1, 8, 256, dtype=torch.bfloat16, device="cuda")
+    cache = randn(2, 2048, 2, 256, dtype=torch.bfloat16, device="cuda")
+    lengths = torch.tensor([700, 2048], dtype=torch.int32, device="cuda")
+    flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths, num_splits=num_splits)  # checks values once
+    with profile(activities=[ProfilerActivity.CUDA]) as trace:
+        flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths, num_splits=num_splits)
+        torch.cuda.synchronize()
+    kernels = [event.name for event in trace.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+    combined = num_splits > 1 and not _splits_meet_in_cluster(num_splits, 256)
+    assert any("combine" in name for name in kernels) == combined, kernels
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("batch", [3, 40])
+@pytest.mark.parametrize("head_dim", [64, 128, 192])
+def test_kvcache_decode_one_and_four_warp_tiles(batch, head_dim):
+    """Decode with few CTAs (3 sequences x 4 kv heads: the key-warps tile, four warps on their own key tiles merged in
+    shared memory) and with more than an SM each (40 x 4: the one-warp tile), GQA packed, lengths from empty to full
+    and not multiples of a key tile: the CPU path's values."""
+    require_supported("cuda", torch.bfloat16, head_dim)
+    lengths = [(i * 389) % 1501 for i in range(batch)]
+    lengths[0], lengths[-1] = 0, 1500
+    check_kvcache_cuda_matches_cpu(lengths, 1, rows=1500, nheads=16, nheads_k=4, head_dim=head_dim, causal=True)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -26,6 +26,7 @@ void plan_cuda_fwd(FwdParams& p, const at::Tensor& q, std::vector<at::Tensor>& s
   // where the portable path would choose to split; a split the caller asks for (num_splits) still declines them.
   const bool hopper_forced = hopper_switch() == HopperSwitch::kForce && device.code_arch >= kHopperCodeArch;
   const sm80::SmemLimits smem = sm80::fwd_smem_limits(device.smem);
+  p.decode_key_warps = !hopper_forced && fwd_decode_takes_key_warps(p, device.num_sms, smem);
   p.num_splits = requested_splits > 0 ? requested_fwd_num_splits(p, requested_splits)
                  : hopper_forced      ? 1
                                       : choose_fwd_num_splits(p, device.num_sms, smem);

@@ -20,6 +20,11 @@ bool pack_gqa_decode(FwdParams& p);
 // decides which tile the launcher will take and how many of its CTAs an SM holds (sm80::fwd_tile_kind).
 int choose_fwd_num_splits(const FwdParams& p, int num_sms, sm80::SmemLimits smem);
 
+// Whether a decode call takes the key-warps decode tile (FwdParams::decode_key_warps; sm80/fwd_tile_config.h
+// kDecodeKeyWarps): lean decode-tile calls whose CTAs, one per sequence, kv head and query tile, fit in one wave of it
+// on num_sms SMs, where its shared memory fits. `p` packed; set before choose_fwd_num_splits, which plans its splits.
+bool fwd_decode_takes_key_warps(const FwdParams& p, int num_sms, sm80::SmemLimits smem);
+
 // Whether a planned split call (num_splits set) merges its splits in one thread-block cluster per sequence and kv head
 // (FwdParams::splits_meet_in_cluster) instead of through split_out / split_lse and the combine kernel: sm90 code
 // (code_arch, DeviceAttributes), decode tiles, 2 ... sm80::kMaxClusterSplits splits. `p` packed as the launch sees it.

@@ -198,14 +198,16 @@ __device__ __forceinline__ FwdCta locate_cta(const FwdParams& p, uint3 item, uns
 // and the key tiles [n_first, n_last] it (and its split) visits. kAppends: a decode kernel that takes appends, whose
 // calls with an appended split (FwdParams::appended_split) give the tiles that hold the new rows to the last split
 // alone, which writes them (fwd_tile), and the tiles before them to the others.
-template <MaskKind kMask, int kBlockM, int kBlockN, bool kAppends = false>
+// kKeyGroups > 1 (the key-warps decode tile, one warp per group): each warp is a split of its own, the CTA's split s
+// being splits [s * kKeyGroups, (s + 1) * kKeyGroups) of p.num_splits * kKeyGroups; cta.split stays the CTA's.
+template <MaskKind kMask, int kBlockM, int kBlockN, bool kAppends = false, int kKeyGroups = 1>
 __device__ __forceinline__ void plan_key_tiles(const FwdParams& p, FwdCta& cta) {
   const AttentionShape& shape = p.shape;
   cta.win = cta_window<kMask>(p.mask, cta.seqlen_q, cta.seqlen_k);
   cta.hk = cta.h / static_cast<int>(shape.nheads_q / shape.nheads_k);
   cta.head_dim = static_cast<int>(shape.head_dim);
 
-  cta.tid = threadIdx.x;
+  cta.tid = kKeyGroups > 1 ? static_cast<int>(threadIdx.x) % kWarpSize : static_cast<int>(threadIdx.x);
   cta.warp = cta.tid / kWarpSize;
   cta.lane = cta.tid % kWarpSize;
   cta.g = cta.lane / 4;
@@ -221,20 +223,22 @@ __device__ __forceinline__ void plan_key_tiles(const FwdParams& p, FwdCta& cta) 
   int n_last = key_hi > key_lo ? (key_hi - 1) / kBlockN : n_first - 1;
   // Splits share this sequence's own tiles; a split starting past n_last (a short seqused_k, or a window that
   // leaves few tiles) visits none and writes the empty partial (out 0, lse -inf) that the combine weights 0.
+  const int splits = p.num_splits * kKeyGroups;
+  const int split = cta.split * kKeyGroups + (kKeyGroups > 1 ? static_cast<int>(threadIdx.x) / kWarpSize : 0);
   if (kAppends && p.appended_split) {
     const int first_new = (cta.seqlen_k - static_cast<int>(p.shape.appended_keys)) / kBlockN;
-    if (cta.split == p.num_splits - 1) {
+    if (split == splits - 1) {
       n_first = max(n_first, first_new);
     } else {  // the tiles before the new rows, evened out over the other splits
       const int old_tiles = max(0, min(n_last, first_new - 1) - n_first + 1);
-      const int others = p.num_splits - 1;
-      const int lo = n_first + cta.split * old_tiles / others;
-      n_last = n_first + (cta.split + 1) * old_tiles / others - 1;
+      const int others = splits - 1;
+      const int lo = n_first + split * old_tiles / others;
+      n_last = n_first + (split + 1) * old_tiles / others - 1;
       n_first = lo;
     }
-  } else if (p.num_splits > 1) {
-    const int per_split = (n_last - n_first + p.num_splits) / p.num_splits;
-    const int lo = n_first + cta.split * per_split;
+  } else if (splits > 1) {
+    const int per_split = (n_last - n_first + splits) / splits;
+    const int lo = n_first + split * per_split;
     n_last = min(n_last, lo + per_split - 1);
     n_first = lo;
   }
@@ -594,6 +598,17 @@ __device__ __forceinline__ void init_softmax(float (&row_max)[kStrips][2], float
   }
 }
 
+// The barrier of one tile's threads: the CTA's, or the warp's where a tile is one warp (the decode tiles, whose
+// key-warps CTA runs four one-warp tiles that meet only in the epilogue).
+template <int kThreads>
+__device__ __forceinline__ void tile_sync() {
+  if constexpr (kThreads == kWarpSize) {
+    __syncwarp();
+  } else {
+    __syncthreads();
+  }
+}
+
 // Waits for K(n) (and, on the first tile, Q); then V(n + 1 - kStages) starts loading into the slot of V(n + 1).
 // await_k and await_v take the tile index by reference, as the lambda they replace captured it: the loop counter
 // then stays in memory until inlining. Passed by value, it changed how the 1-warp decode kernels (three K/V
@@ -606,13 +621,13 @@ __device__ __forceinline__ void await_k(const FwdParams& p, const FwdCta& cta, c
                                         const int& n) {
   if (kFirstV && n == cta.n_last) {
     ptx::cp_async_wait<kYoungerGroups<kStages> + 1>();
-    __syncthreads();  // Q and K(n_last) landed; V(n_last) may still be loading
+    tile_sync<kThreads>();  // Q and K(n_last) landed; V(n_last) may still be loading
     return;
   }
   int v_page = kNoPage;
   if constexpr (kPaging != KvPaging::kNone) v_page = block_page<kBlockN>(tiles.pages, n + 1 - kStages, cta);
   ptx::cp_async_wait<kYoungerGroups<kStages>>();
-  __syncthreads();  // K(n) (and Q) landed; every warp is done with V(n+1), whose slot takes V(n + 1 - kStages)
+  tile_sync<kThreads>();  // K(n) (and Q) landed; every warp is done with V(n+1), whose slot takes V(n + 1 - kStages)
   load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaging>(tiles.s_v_ring, tiles.v, p.v_strides.row,
                                                                   n + 1 - kStages, cta, p.v_strides.batch,
                                                                   &tiles.pages, v_page);
@@ -626,7 +641,7 @@ __device__ __forceinline__ void await_v(const FwdParams& p, const FwdCta& cta, c
   int k_page = kNoPage;
   if constexpr (kPaging != KvPaging::kNone) k_page = block_page<kBlockN>(tiles.pages, n - kStages, cta);
   ptx::cp_async_wait<kYoungerGroups<kStages>>();
-  __syncthreads();
+  tile_sync<kThreads>();
   load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaging>(tiles.s_k_ring, tiles.k, p.k_strides.row,
                                                                   n - kStages, cta, p.k_strides.batch, &tiles.pages,
                                                                   k_page);
@@ -919,25 +934,19 @@ __device__ __forceinline__ void normalise_output(const ptx::MmaC (&acc)[kStrips]
   }
 }
 
-// Row stride (floats) of the partial outputs a cluster's splits stage for each other: 4 floats of padding put the
-// 8 row groups of a fragment's float2 stores in distinct banks and keep rows 16-byte aligned for the v4 loads.
+// Row stride (floats) of a staged partial output (stage_partial_output): 4 floats of padding put the 8 row groups of a
+// fragment's float2 stores in distinct banks and keep rows 16-byte aligned for v4 loads.
 template <int kHeadDim>
-constexpr int kClusterStageStride = kHeadDim + 4;
+constexpr int kPartialStageStride = kHeadDim + 4;
 
-// The epilogue of a split whose sequence's splits run as one cluster (FwdParams::splits_meet_in_cluster, sm90): each
-// split stages its normalised fp32 partial and lse in its own shared memory (`stage`, the K / V rings, free after the
-// main loop), the cluster syncs, and each CTA merges a share of the (row, 4-column chunk) items: it reads the item's
-// partial and lse from every split's shared memory, weights them as the combine kernel does (fwd_combine_kernel.h)
-// and writes out / lse. A second sync keeps each CTA's shared memory alive until every split has read it. Replaces
-// the split_out / split_lse round trip through global memory and the combine kernel's launch.
-template <int kHeadDim, int kBlockM, int kThreads, typename T, int kStrips, int kDTiles>
-__device__ __forceinline__ void combine_splits_in_cluster(const ptx::MmaC (&acc)[kStrips][kDTiles],
-                                                          const float (&row_max)[kStrips][2],
-                                                          const float (&row_sum)[kStrips][2],
-                                                          const int (&rows)[kStrips][2], float* stage,
-                                                          const FwdParams& p, const FwdCta& cta) {
-  constexpr int kStride = kClusterStageStride<kHeadDim>;
-  constexpr int kChunks = kHeadDim / 4;
+// Stages this warp's normalised fp32 partial output (kBlockM rows of kPartialStageStride floats) and its rows' lses
+// (-inf where no key was seen; kBlockM floats after the rows) at `stage`, for a merge of several partials.
+template <int kHeadDim, int kBlockM, int kStrips, int kDTiles>
+__device__ __forceinline__ void stage_partial_output(const ptx::MmaC (&acc)[kStrips][kDTiles],
+                                                     const float (&row_max)[kStrips][2],
+                                                     const float (&row_sum)[kStrips][2],
+                                                     const int (&rows)[kStrips][2], float* stage, const FwdCta& cta) {
+  constexpr int kStride = kPartialStageStride<kHeadDim>;
   float* const stage_lse = stage + kBlockM * kStride;
 #pragma unroll
   for (int s = 0; s < kStrips; ++s) {
@@ -959,6 +968,111 @@ __device__ __forceinline__ void combine_splits_in_cluster(const ptx::MmaC (&acc)
       }
     }
   }
+}
+
+// Merges kParts partial rows of one 4-column chunk by their lses (as the combine kernel, fwd_combine_kernel.h): the
+// merged chunk, and its lse in `lse` (-inf where no part saw a key).
+template <int kParts>
+__device__ __forceinline__ float4 merge_partials(const float (&lses)[kParts], const float4 (&parts)[kParts],
+                                                 float& lse) {
+  float max_lse = -INFINITY;
+#pragma unroll
+  for (int s = 0; s < kParts; ++s) max_lse = fmaxf(max_lse, lses[s]);
+  float total = 0.f;
+  if (max_lse != -INFINITY) {
+#pragma unroll
+    for (int s = 0; s < kParts; ++s) total += expf(lses[s] - max_lse);
+  }
+  const bool empty = total == 0.f;
+  lse = empty ? -INFINITY : max_lse + logf(total);
+  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int s = 0; s < kParts; ++s) {
+    const float w = empty ? 0.f : expf(lses[s] - lse);
+    o.x += w * parts[s].x;
+    o.y += w * parts[s].y;
+    o.z += w * parts[s].z;
+    o.w += w * parts[s].w;
+  }
+  return o;
+}
+
+// Writes a merged chunk of row `local` (of the CTA's rows) at column col to the output, and its lse from the chunk
+// at column 0; rows with no visible key get O = 0 (merge_partials' weights) and lse +inf, the unsplit contract.
+template <typename T>
+__device__ __forceinline__ void store_merged_chunk(const float4& o, float lse, int local, int col, const FwdParams& p,
+                                                   const FwdCta& cta) {
+  // head_dim is a multiple of 8 (the API pads), so a chunk is wholly inside or outside the row.
+  if (col < cta.head_dim) {
+    T* const out = static_cast<T*>(p.out) + cta.b * p.out_strides.batch +
+                   (cta.q_row0 + cta.m0 + local) * p.out_strides.row + cta.h * p.out_strides.head + col;
+    *reinterpret_cast<uint2*>(out) = make_uint2(pack_float2<T>(o.x, o.y), pack_float2<T>(o.z, o.w));
+  }
+  if (col == 0) {
+    float* const lse_out = static_cast<float*>(p.lse) + cta.b * p.lse_batch_stride + cta.h * p.lse_head_stride +
+                           cta.q_row0 + cta.m0;
+    lse_out[local] = lse == -INFINITY ? INFINITY : lse;
+  }
+}
+
+// The epilogue of the key-warps decode tile (kKeyGroups one-warp groups, each on its own key tiles): every group
+// stages its partial in its own K ring (free after the main loop), then the CTA's threads merge the groups' partials
+// per (row, 4-column chunk) and write the output (one split) or the CTA's split partial for the combine kernel.
+template <int kHeadDim, int kBlockM, int kGroupThreads, int kKeyGroups, int kGroupSmemBytes, typename T, int kStrips,
+          int kDTiles>
+__device__ __forceinline__ void merge_key_groups(const ptx::MmaC (&acc)[kStrips][kDTiles],
+                                                 const float (&row_max)[kStrips][2],
+                                                 const float (&row_sum)[kStrips][2], const int (&rows)[kStrips][2],
+                                                 unsigned char* smem, const FwdParams& p, const FwdCta& cta) {
+  constexpr int kStride = kPartialStageStride<kHeadDim>;
+  constexpr int kChunks = kHeadDim / 4;
+  constexpr int kRingOffset = kBlockM * (kHeadDim + kSmemRowPad) * static_cast<int>(sizeof(T));  // locate_tiles
+  static_assert((kBlockM * kStride + kBlockM) * sizeof(float) + kRingOffset <= kGroupSmemBytes,
+                "a group's partial output fits in its K / V rings");
+  auto stage_of = [&](int group) { return reinterpret_cast<float*>(smem + group * kGroupSmemBytes + kRingOffset); };
+  stage_partial_output<kHeadDim, kBlockM>(acc, row_max, row_sum, rows, stage_of(threadIdx.x / kGroupThreads), cta);
+  __syncthreads();
+  const AttentionShape& shape = p.shape;
+  const int64_t split_row0 =
+      ((static_cast<int64_t>(cta.split) * shape.batch + cta.b) * shape.nheads_q + cta.h) * shape.seqlen_q + cta.m0;
+  const int items = min(kBlockM, cta.seqlen_q - cta.m0) * kChunks;
+  for (int item = threadIdx.x; item < items; item += kGroupThreads * kKeyGroups) {
+    const int local = item / kChunks;
+    const int col = (item % kChunks) * 4;
+    float lses[kKeyGroups];
+    float4 parts[kKeyGroups];
+#pragma unroll
+    for (int g = 0; g < kKeyGroups; ++g) {
+      const float* stage = stage_of(g);
+      lses[g] = stage[kBlockM * kStride + local];
+      parts[g] = *reinterpret_cast<const float4*>(stage + local * kStride + col);
+    }
+    float lse;
+    const float4 o = merge_partials(lses, parts, lse);
+    if (p.num_splits == 1) {
+      store_merged_chunk<T>(o, lse, local, col, p, cta);
+    } else {  // split_out rows are kHeadDim (the bucket) floats wide; columns past head_dim merge zeros
+      *reinterpret_cast<float4*>(p.split_out + (split_row0 + local) * kHeadDim + col) = o;
+      if (col == 0) p.split_lse[split_row0 + local] = lse;
+    }
+  }
+}
+
+// The epilogue of a split whose sequence's splits run as one cluster (FwdParams::splits_meet_in_cluster, sm90): each
+// split stages its partial in its own K / V rings (stage_partial_output), the cluster syncs, and each CTA merges a
+// share of the (row, 4-column chunk) items: it reads the item's partial and lse from every split's shared memory and
+// writes out / lse. A second sync keeps each CTA's shared memory alive until every split has read it. Replaces the
+// split_out / split_lse round trip through global memory and the combine kernel's launch.
+template <int kHeadDim, int kBlockM, int kThreads, typename T, int kStrips, int kDTiles>
+__device__ __forceinline__ void combine_splits_in_cluster(const ptx::MmaC (&acc)[kStrips][kDTiles],
+                                                          const float (&row_max)[kStrips][2],
+                                                          const float (&row_sum)[kStrips][2],
+                                                          const int (&rows)[kStrips][2], float* stage,
+                                                          const FwdParams& p, const FwdCta& cta) {
+  constexpr int kStride = kPartialStageStride<kHeadDim>;
+  constexpr int kChunks = kHeadDim / 4;
+  float* const stage_lse = stage + kBlockM * kStride;
+  stage_partial_output<kHeadDim, kBlockM>(acc, row_max, row_sum, rows, stage, cta);
   ptx::cluster_sync();
 
   const int splits = p.num_splits;  // the cluster's size
@@ -966,10 +1080,6 @@ __device__ __forceinline__ void combine_splits_in_cluster(const ptx::MmaC (&acc)
   const int items = min(kBlockM, cta.seqlen_q - cta.m0) * kChunks;
   const uint32_t stage_at = ptx::smem_address(stage);
   const uint32_t lse_at = ptx::smem_address(stage_lse);
-  T* const out = static_cast<T*>(p.out) + cta.b * p.out_strides.batch + (cta.q_row0 + cta.m0) * p.out_strides.row +
-                 cta.h * p.out_strides.head;
-  float* const lse_out = static_cast<float*>(p.lse) + cta.b * p.lse_batch_stride + cta.h * p.lse_head_stride +
-                         cta.q_row0 + cta.m0;
   for (int item = first; item < items; item += splits * kThreads) {
     const int local = item / kChunks;
     const int col = (item % kChunks) * 4;
@@ -985,31 +1095,9 @@ __device__ __forceinline__ void combine_splits_in_cluster(const ptx::MmaC (&acc)
         parts[s] = ptx::ld_shared_cluster_v4_f32(ptx::map_shared_to_rank(stage_at + (local * kStride + col) * 4, s));
       }
     }
-    float max_lse = -INFINITY;
-#pragma unroll
-    for (int s = 0; s < kMaxClusterSplits; ++s) max_lse = fmaxf(max_lse, lses[s]);
-    float total = 0.f;
-    if (max_lse != -INFINITY) {
-#pragma unroll
-      for (int s = 0; s < kMaxClusterSplits; ++s) total += expf(lses[s] - max_lse);
-    }
-    const bool empty = total == 0.f;  // no split saw a key: O = 0, lse +inf (the unsplit contract)
-    const float lse = empty ? INFINITY : max_lse + logf(total);
-    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int s = 0; s < kMaxClusterSplits; ++s) {
-      const float w = empty ? 0.f : expf(lses[s] - lse);
-      o.x += w * parts[s].x;
-      o.y += w * parts[s].y;
-      o.z += w * parts[s].z;
-      o.w += w * parts[s].w;
-    }
-    // head_dim is a multiple of 8 (the API pads), so a chunk is wholly inside or outside the row.
-    if (col < cta.head_dim) {
-      *reinterpret_cast<uint2*>(out + local * p.out_strides.row + col) =
-          make_uint2(pack_float2<T>(o.x, o.y), pack_float2<T>(o.z, o.w));
-    }
-    if (col == 0) lse_out[local] = lse;
+    float lse;
+    const float4 o = merge_partials(lses, parts, lse);
+    store_merged_chunk<T>(o, lse, local, col, p, cta);
   }
   ptx::cluster_sync();
 }
@@ -1145,15 +1233,20 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
   // (choose_fwd_num_splits), so every CTA is resident when the last one allows the combine kernel (its programmatic
   // dependent, fwd_launch.h) to start: no combine CTA takes a slot that a split CTA still waits for. Without a
   // dependent launch both do nothing.
-  constexpr bool kDecode = kKind == FwdTileKind::kDecode || kKind == FwdTileKind::kDecodeCompact;
+  constexpr bool kDecode = fwd_is_decode_kind(kKind);
   if constexpr (kDecode) {
     ptx::wait_for_primary_grid();
     ptx::allow_dependent_launch();
   }
+  // Key groups (the key-warps decode tile): each warp runs the tile on its own key tiles in its own buffers.
+  constexpr int kKeyGroups = kTile.key_groups;
+  static_assert(kKeyGroups == 1 || (kDecode && kWarps == 1 && !kTma), "key groups: one-warp decode tiles");
+  constexpr int kGroupSmemBytes = fwd_group_smem_bytes(kHeadDim, kGeneral, kKind, sizeof(T));
   FwdCta cta = locate_cta<kMask, kBlockM>(p, blockIdx, gridDim.x);
   if (cta.m0 >= cta.seqlen_q) return;
-  plan_key_tiles<kMask, kBlockM, kBlockN, kAppends>(p, cta);
-  const FwdTiles<T> tiles = locate_tiles<kHeadDim, kBlockM, kBlockN, kStages, T, kPaging>(smem, p, cta);
+  plan_key_tiles<kMask, kBlockM, kBlockN, kAppends, kKeyGroups>(p, cta);
+  unsigned char* const group_smem = smem + (kKeyGroups > 1 ? threadIdx.x / kThreads * kGroupSmemBytes : 0);
+  const FwdTiles<T> tiles = locate_tiles<kHeadDim, kBlockM, kBlockN, kStages, T, kPaging>(group_smem, p, cta);
   static_assert(!kAppends || (kDecode && kPaging != KvPaging::kRows), "appends: dense or whole-block decode tiles");
   const bool rotates_q = kAppends && p.rotary.cos != nullptr;
   if constexpr (kAppends) {
@@ -1163,7 +1256,7 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
     const int last_tile = (cta.seqlen_k - 1) / kBlockN;
     if (p.kv_append.k != nullptr && cta.n_first <= last_tile && last_tile <= cta.n_last && cta.m0 == 0) {
       write_appended_rows<kThreads, kPaging>(p, cta, tiles);
-      __syncthreads();
+      tile_sync<kThreads>();
     }
   }
   TmaKvBarriers bars;
@@ -1269,9 +1362,14 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
   // rows of shared memory and stores 16-byte chunks.
   ptx::cp_async_wait<0>();
   __syncthreads();
+  if constexpr (kKeyGroups > 1) {
+    merge_key_groups<kHeadDim, kBlockM, kThreads, kKeyGroups, kGroupSmemBytes, T>(acc, row_max, row_sum, rows, smem,
+                                                                                  p, cta);
+    return;
+  }
   if constexpr (kDecode) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    static_assert((kBlockM * kClusterStageStride<kHeadDim> + kBlockM) * sizeof(float) <=
+    static_assert((kBlockM * kPartialStageStride<kHeadDim> + kBlockM) * sizeof(float) <=
                       2 * kStages * kBlockN * kStride * sizeof(T),
                   "a cluster split's partial output fits in its K / V rings");
     if (p.splits_meet_in_cluster) {
@@ -1289,10 +1387,8 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
 
 template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind,
           KvPaging kPaging = KvPaging::kNone, bool kLeanMods = false, bool kAppends = false>
-__global__ void __launch_bounds__(fwd_tile_config(kHeadDim, kGeneral, kKind).warps* kWarpSize)
-    fwd_kernel(const FwdParams p) {
-  static_assert(kPaging == KvPaging::kNone || kKind == FwdTileKind::kDecode || kKind == FwdTileKind::kDecodeCompact,
-                "paged K / V: decode tiles only");
+__global__ void __launch_bounds__(fwd_cta_threads(kHeadDim, kGeneral, kKind)) fwd_kernel(const FwdParams p) {
+  static_assert(kPaging == KvPaging::kNone || fwd_is_decode_kind(kKind), "paged K / V: decode tiles only");
   fwd_tile<T, kHeadDim, kMask, kGeneral, kKind, false, kPaging, kLeanMods, kAppends>(p, FwdKvMaps{});
 }
 

@@ -169,8 +169,9 @@ void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits 
   constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, kGeneral, kKind);
   constexpr int kSmemBytes = fwd_smem_bytes(kHeadDim, kGeneral, kKind, sizeof(T));
   require_fwd_shared_memory(kSmemBytes, limits.per_block_optin, kHeadDim);
-  constexpr bool kDecode = kKind == FwdTileKind::kDecode || kKind == FwdTileKind::kDecodeCompact;
-  if (params.splits_meet_in_cluster && (!kDecode || device.code_arch < kPdlSm || params.num_splits > kMaxClusterSplits)) {
+  constexpr bool kDecode = fwd_is_decode_kind(kKind);
+  constexpr bool kKeyWarps = kKind == FwdTileKind::kDecodeKeyWarps;
+  if (params.splits_meet_in_cluster && (!kDecode || kKeyWarps || device.code_arch < kPdlSm || params.num_splits > kMaxClusterSplits)) {
     throw std::invalid_argument(
         "flash_attn forward: a split call planned to merge its splits in a cluster reached a kernel that does not "
         "(only sm90 decode tiles of at most kMaxClusterSplits splits do; dispatch/fwd_plan.cpp fwd_splits_meet_in_cluster; a "
@@ -190,12 +191,13 @@ void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits 
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   (void)opt_in;
   const dim3 grid = fwd_grid<kTile.block_m>(params);
+  constexpr int kThreads = fwd_cta_threads(kHeadDim, kGeneral, kKind);
   if (kDecode && device.code_arch >= kPdlSm) {
     const int cluster_z = params.splits_meet_in_cluster ? params.num_splits : 1;
-    launch_dependent(kernel, grid, dim3(kTile.warps * kWarpSize), kSmemBytes, stream, cluster_z, params);
+    launch_dependent(kernel, grid, dim3(kThreads), kSmemBytes, stream, cluster_z, params);
     return;
   }
-  kernel<<<grid, kTile.warps * kWarpSize, kSmemBytes, stream>>>(params);
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(params);
 }
 
 // The combine kernel of a split call. Compiled for sm90+ (DeviceAttributes::code_arch) it is a programmatic dependent
@@ -215,9 +217,22 @@ void launch_fwd_combine(const FwdParams& params, cudaStream_t stream, bool depen
 
 // A decode tile's kernel: its appends instantiation (fwd_kernel.h kAppends) for calls with flash_attn_with_kvcache's
 // appended rows or rotary (FwdParams::kv_append, rotary), the plain one otherwise.
+// Calls planned for the key-warps tile (FwdParams::decode_key_warps) take it in place of kDecode.
 template <typename T, int kHeadDim, MaskKind kMask, FwdTileKind kKind, KvPaging kPaging>
 void launch_decode_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits limits,
                           const DeviceAttributes& device) {
+  if constexpr (kKind == FwdTileKind::kDecode) {
+    if (params.decode_key_warps) {
+      launch_decode_kernel<T, kHeadDim, kMask, FwdTileKind::kDecodeKeyWarps, kPaging>(params, stream, limits, device);
+      return;
+    }
+  } else if constexpr (kKind != FwdTileKind::kDecodeKeyWarps) {
+    if (params.decode_key_warps) {
+      throw std::invalid_argument(
+          "flash_attn forward: a call planned for the key-warps decode tile reached the two-stage decode tile "
+          "(dispatch/fwd_plan.cpp fwd_decode_takes_key_warps; a flash_attn bug: please report it)");
+    }
+  }
   if (params.kv_append.k != nullptr || params.rotary.cos != nullptr) {
     if constexpr (kPaging != KvPaging::kRows) {
       launch_fwd_kernel<T, kHeadDim, kMask, false, kKind, kPaging, false, true>(params, stream, limits, device);

@@ -14,6 +14,9 @@ struct FwdTileConfig {
   int block_n;    // keys per K/V tile
   int warps;      // each warp owns block_m / warps rows, in 16-row strips
   int kv_stages;  // K/V tile buffers of each kind: tile n + kv_stages - 1 loads while tile n is used
+  // Groups of `warps` warps that each run the tile on their own share of the CTA's key tiles, with their own Q, K and
+  // V buffers, and merge their partial outputs in shared memory at the end (the key-warps decode tile).
+  int key_groups = 1;
 };
 
 // Head dims above 128: the O accumulator alone is head_dim/2 registers per 16-row strip, so every warp owns
@@ -66,8 +69,17 @@ constexpr int kMaxClusterSplits = 2;
 // 286 / 292); at 16k the wide tile keeps it (334-338, FA2 297; docs/perf_log.md "sixth session").
 // kDecodeCompact: the decode tile with two stages (38 KB at hd 128, as in v3), where the three-stage one would
 // leave fewer than kDecodeMinCtasPerSm CTAs per SM (A100: 2, sm86/sm89: 1).
-enum class FwdTileKind { kStandard, kDecode, kCompact, kDecodeCompact };
+// kDecodeKeyWarps: the decode tile four times in one CTA, each warp on its own quarter of the CTA's key tiles, merged in
+// shared memory (FwdParams::decode_key_warps): for decode calls of at most one CTA per SM (dispatch/fwd_plan.h
+// fwd_decode_takes_key_warps), whose one-warp CTAs each walked a long chain of key tiles.
+enum class FwdTileKind { kStandard, kDecode, kCompact, kDecodeCompact, kDecodeKeyWarps };
 constexpr int kDecodeMinCtasPerSm = 4;
+constexpr int kDecodeKeyWarps = 4;
+
+// The decode tiles: one warp (per key group) of kDecodeMaxRows rows, 32-key tiles.
+FLASH_HOST_DEVICE constexpr bool fwd_is_decode_kind(FwdTileKind kind) {
+  return kind == FwdTileKind::kDecode || kind == FwdTileKind::kDecodeCompact || kind == FwdTileKind::kDecodeKeyWarps;
+}
 constexpr long long kWideMinKeys = 16384;
 // The head dims whose causal / local calls below kWideMinKeys keys take the compact 64-row tile: 256 only. At 160-224
 // the wide tile won at every length, H200, bf16, portable forward, causal, 1k / 4k / 8k TFLOP/s, compact -> wide,
@@ -180,7 +192,7 @@ FLASH_HOST_DEVICE constexpr bool fwd_runs_persistent(int head_dim, bool general,
 // measured and spill more with it (hd 256: 764 bytes against 4), so they stay padded. `masked`: causal or local.
 FLASH_HOST_DEVICE constexpr bool fwd_swizzles_kv(int head_dim, bool general, FwdTileKind kind, bool masked) {
   if (general) return false;
-  if (kind == FwdTileKind::kDecode || kind == FwdTileKind::kDecodeCompact) return true;
+  if (fwd_is_decode_kind(kind)) return true;
   return head_dim > 128 ? masked || kind != FwdTileKind::kCompact : !masked && kind == FwdTileKind::kStandard;
 }
 
@@ -221,6 +233,7 @@ FLASH_HOST_DEVICE constexpr FwdTileConfig fwd_tile_config(int head_dim, bool gen
   const int stages = general || kind == FwdTileKind::kCompact ? 1 : kStagesUpTo128;
   return kind == FwdTileKind::kDecode          ? FwdTileConfig{16, 32, 1, head_dim <= 128 ? 3 : 2}
          : kind == FwdTileKind::kDecodeCompact ? FwdTileConfig{16, 32, 1, 2}
+         : kind == FwdTileKind::kDecodeKeyWarps ? FwdTileConfig{16, 32, 1, head_dim <= 128 ? 3 : 2, kDecodeKeyWarps}
          : head_dim <= 64             ? FwdTileConfig{128, general ? 64 : 128, 4, stages}
          : head_dim <= 96             ? FwdTileConfig{128, 64, general ? 8 : 4, 1}
          : head_dim <= 128            ? FwdTileConfig{128, 64, general ? 8 : 4, stages}
@@ -248,13 +261,27 @@ FLASH_HOST_DEVICE constexpr bool fwd_uses_decode_tile(long long seqlen_q, bool g
 
 // Padding of each shared-memory row in elements (kernel_common.h kSmemRowPad, restated here without CUDA headers).
 constexpr int kFwdSmemRowPad = 8;
+constexpr int kFwdWarpSize = 32;
 constexpr int kFwdElementBytes = 2;  // fp16 / bf16
 
-// Dynamic shared memory of one CTA: Q, then kv_stages K tiles, then kv_stages V tiles.
-FLASH_HOST_DEVICE constexpr int fwd_smem_bytes(int head_dim, bool general, FwdTileKind kind,
-                                               int element_bytes = kFwdElementBytes) {
+// Dynamic shared memory of one key group of a CTA: Q, then kv_stages K tiles, then kv_stages V tiles.
+FLASH_HOST_DEVICE constexpr int fwd_group_smem_bytes(int head_dim, bool general, FwdTileKind kind,
+                                                     int element_bytes = kFwdElementBytes) {
   const FwdTileConfig tile = fwd_tile_config(head_dim, general, kind);
   return (tile.block_m + 2 * tile.kv_stages * tile.block_n) * (head_dim + kFwdSmemRowPad) * element_bytes;
+}
+
+// Dynamic shared memory of one CTA: its key groups' buffers one after another.
+FLASH_HOST_DEVICE constexpr int fwd_smem_bytes(int head_dim, bool general, FwdTileKind kind,
+                                               int element_bytes = kFwdElementBytes) {
+  return fwd_tile_config(head_dim, general, kind).key_groups *
+         fwd_group_smem_bytes(head_dim, general, kind, element_bytes);
+}
+
+// Threads of one CTA.
+FLASH_HOST_DEVICE constexpr int fwd_cta_threads(int head_dim, bool general, FwdTileKind kind) {
+  const FwdTileConfig tile = fwd_tile_config(head_dim, general, kind);
+  return tile.warps * tile.key_groups * kFwdWarpSize;
 }
 
 // The persistent wide kernel's shared memory: the standard tile's and a second Q tile (203 KB at head dim 256).
@@ -291,7 +318,8 @@ struct SmemLimits {
 constexpr int kSmRegisterWarps = 8;
 constexpr int kSmemReservedPerCta = 1024;
 FLASH_HOST_DEVICE constexpr int fwd_ctas_per_sm_by_registers(int head_dim, bool general, FwdTileKind kind) {
-  return kSmRegisterWarps / fwd_tile_config(head_dim, general, kind).warps;
+  const FwdTileConfig tile = fwd_tile_config(head_dim, general, kind);
+  return kSmRegisterWarps / (tile.warps * tile.key_groups);
 }
 FLASH_HOST_DEVICE constexpr int fwd_ctas_per_sm(int head_dim, bool general, FwdTileKind kind, SmemLimits limits) {
   const int by_registers = fwd_ctas_per_sm_by_registers(head_dim, general, kind);

@@ -1,7 +1,8 @@
 // Host check of the CUDA forward's plan for decode calls (dispatch/fwd_plan.cpp), run by tests/test_fwd_pages_policy.py:
 // which paged calls read pages in place (fwd_reads_pages: lean decode calls with pages of whole 32-key blocks or of a
 // power of two within one), the split counts (choose_fwd_num_splits, with appended keys too), which appends the decode
-// kernels write (fwd_decode_takes_append) and which splits meet in a cluster (fwd_splits_meet_in_cluster).
+// kernels write (fwd_decode_takes_append), which splits meet in a cluster (fwd_splits_meet_in_cluster) and which calls
+// take the key-warps decode tile (fwd_decode_takes_key_warps).
 #include <cstdint>
 #include <cstdio>
 #include <initializer_list>
@@ -54,15 +55,18 @@ void expect(const char* what, const flash::FwdParams& p, bool want) {
 // H200's 132 SMs: contiguous caches at two CTAs per SM, paged ones at every resident CTA (four decode CTAs).
 // appended: keys appended in the call (AttentionShape::appended_keys), whose rows get a split of their own where the
 // plan has at least 8 splits.
-void expect_splits(const char* what, int64_t batch, int64_t seqlen_k, bool paged, int want, int64_t appended = 0) {
+// key_warps: planned for the key-warps decode tile (FwdParams::decode_key_warps), one CTA per SM.
+constexpr int kH200Sms = 132;
+void expect_splits(const char* what, int64_t batch, int64_t seqlen_k, bool paged, int want, int64_t appended = 0,
+                   bool key_warps = false) {
   ++cases;
-  constexpr int kH200Sms = 132;
   flash::FwdParams p = decode_call(32, 8, 1, 16);
   p.shape.batch = batch;
   p.shape.seqlen_k = seqlen_k;
   p.shape.appended_keys = appended;
   if (!paged) p.block_table = nullptr;
   flash::pack_gqa_decode(p);
+  p.decode_key_warps = key_warps;
   const int got = flash::choose_fwd_num_splits(p, kH200Sms, kH200);
   if (got != want) {
     ++failures;
@@ -74,6 +78,13 @@ void expect_splits(const char* what, int64_t batch, int64_t seqlen_k, bool paged
 // Whether the decode kernels write a call's appended rows themselves (fwd_decode_takes_append).
 void expect_append(const char* what, const flash::FwdParams& p, bool want) {
   expect_answer(what, p, flash::fwd_decode_takes_append(p, kH200), want);
+}
+
+// Whether a GQA 32/8 decode call of `batch` sequences takes the key-warps decode tile (fwd_decode_takes_key_warps).
+void expect_key_warps(const char* what, flash::FwdParams p, int64_t batch, bool want) {
+  p.shape.batch = batch;
+  flash::pack_gqa_decode(p);
+  expect_answer(what, p, flash::fwd_decode_takes_key_warps(p, kH200Sms, kH200), want);
 }
 
 // Whether a planned decode call merges its splits in a cluster (fwd_splits_meet_in_cluster) on code of `code_arch`.
@@ -99,6 +110,22 @@ int main() {
   expect_splits("64 x 4k, one key appended: no split", 64, 4096, false, 1, 1);
   flash::FwdParams dense = decode_call(32, 8, 1, 16);
   dense.block_table = nullptr;
+  // The key-warps tile: one 4-warp CTA per SM (226 KB at hd 128), splits of at least 2 tiles per warp.
+  expect_key_warps("1 x 8k: 8 CTAs", dense, 1, true);
+  expect_key_warps("16 x 8k: 128 CTAs", dense, 16, true);
+  expect_key_warps("64 x 4k: 512 CTAs, the one-warp tile", dense, 64, false);
+  expect_key_warps("paged 16 x 8k", decode_call(32, 8, 1, 256), 16, true);
+  flash::FwdParams capped_call = dense;
+  capped_call.softcap = 30.0;
+  expect_key_warps("softcap: the general kernel", capped_call, 1, false);
+  flash::FwdParams wide = dense;
+  wide.shape.head_dim = 256;
+  expect_key_warps("hd 256: four groups do not fit", wide, 1, false);
+  expect_splits("1 x 8k, key warps: 132 / 8 CTAs", 1, 8192, false, 16, 0, true);
+  expect_splits("16 x 8k, key warps: no split", 16, 8192, false, 1, 0, true);
+  expect_splits("8 x 32k, key warps: 2 splits", 8, 32768, false, 2, 0, true);
+  expect_splits("1 x 128k, key warps", 1, 131072, false, 16, 0, true);
+  expect_splits("1 x 8k, key warps, one key appended: no slot for a split of its own", 1, 8192, false, 16, 1, true);
   expect_append("GQA decode, contiguous: the kernel writes the new rows", dense, true);
   expect_append("GQA decode, pages of 256", decode_call(32, 8, 1, 256), true);
   expect_append("GQA decode, pages of 16: the append op", decode_call(32, 8, 1, 16), false);
@@ -114,6 +141,9 @@ int main() {
   expect_cluster("GQA decode, sm80 code: the combine kernel", dense, 2, 80, false);
   expect_cluster("softcap: the general kernel's splits take the combine kernel", capped, 2, 90, false);
   expect_cluster("prefill chunk: the standard tile", decode_call(8, 8, 64, 256), 2, 90, false);
+  flash::FwdParams key_warps = dense;
+  key_warps.decode_key_warps = true;
+  expect_cluster("key-warps tile: the combine kernel", key_warps, 2, 90, false);
   for (int splits : {1, 3, 4, 8, 32}) {
     expect_cluster("1 or more than 2 splits: no cluster", dense, splits, 90, false);
   }

@@ -130,6 +130,10 @@ struct FwdParams {
   // and merge their partials through distributed shared memory (sm80/fwd_kernel.h combine_splits_in_cluster), with
   // no split_out / split_lse and no combine kernel (dispatch/fwd_plan.h fwd_splits_meet_in_cluster).
   bool splits_meet_in_cluster = false;
+  // Decode calls of at most one CTA per SM: the key-warps decode tile (sm80/fwd_tile_config.h kDecodeKeyWarps), its
+  // warps on their own key tiles, merged in shared memory, in place of the one-warp tile (dispatch/fwd_plan.h
+  // fwd_decode_takes_key_warps). num_splits counts its CTAs' splits.
+  bool decode_key_warps = false;
 
   // Paged K / V (flash_attn_with_kvcache's block_table; dense decode-tile CUDA calls whose pages hold whole key
   // blocks, with seqused_k: dispatch/fwd_plan.h fwd_reads_pages): k and v are (num_pages, page_size, nheads_k,
