@@ -228,7 +228,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_impl(
       p.rotary = append->rotary;
     }
     plan_cuda_fwd(p, q, scratch, num_splits);
-    if (append != nullptr && p.num_splits > 1 && !p.appended_split && append->append.new_rows > 1) {
+    const bool parts_keys = p.num_splits > 1 || p.decode_key_warps;  // the key-warps tile parts a CTA's keys too
+    if (append != nullptr && parts_keys && !p.appended_split && append->append.new_rows > 1) {
       // Several new rows in a split plan without a split of their own for them (a num_splits asked for, or no slot
       // for one more) may straddle two splits' tiles, so the append kernel writes them first and every decode CTA
       // waits for it (sm80/fwd_kernel.h); the kernel still counts the keys and rotates its queries. One new row lies

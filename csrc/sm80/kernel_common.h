@@ -46,7 +46,7 @@ __device__ __forceinline__ float from_float<float>(float x) { return x; }
 // session).
 template <int kThreads, typename F>
 __device__ __forceinline__ void for_each_head_item(int nheads, int items, F&& f) {
-  const int t = static_cast<int>(threadIdx.x);
+  const int t = static_cast<int>(threadIdx.x % kThreads);  // one group of kThreads (rotate_rows says why)
   if (items <= 0) return;
   if (items <= kThreads) {
     const int step = kThreads / items;

@@ -163,7 +163,8 @@ __device__ __forceinline__ void rotate_row_vectors(const HeadRow<T>& a, const He
   const RowUnits ua = row_units(a, head_dim, kInterleaved);
   const RowUnits ub = b.nheads > 0 ? row_units(b, head_dim, kInterleaved) : RowUnits{};
   const int total = ua.total + ub.total;
-  for (int base = static_cast<int>(threadIdx.x); base < total; base += kThreads * kUnroll) {
+  // Threads of one group of kThreads (a CTA may hold several: the key-warps decode tile runs one per warp).
+  for (int base = static_cast<int>(threadIdx.x % kThreads); base < total; base += kThreads * kUnroll) {
     UnitData d[kUnroll];
     int h[kUnroll], col[kUnroll];
     bool rotary[kUnroll];

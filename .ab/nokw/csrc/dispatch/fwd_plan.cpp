@@ -49,13 +49,26 @@ constexpr bool kDecodeWritesAppendedRows = true;
 
 // Split decode calls of at most sm80::kMaxClusterSplits splits merge them in a thread-block cluster (sm90) instead of
 // the combine kernel (fwd_splits_meet_in_cluster); the first architecture with clusters and distributed shared memory.
-constexpr bool kSplitsMeetInCluster = false;
+constexpr bool kSplitsMeetInCluster = true;
 constexpr int kClusterCodeArch = 90;
+
+// Decode calls of at most one CTA of the key-warps tile per SM take it (fwd_decode_takes_key_warps): a one-warp CTA
+// walked its split's key tiles in one chain (1 x 8k: 8 tiles of 32 keys per split), which bounded these calls more
+// than bytes in flight did (twenty-fifth session). Not yet timed.
+constexpr bool kDecodeTakesKeyWarps = false;
+
+// The tile the launcher takes for a planned call (fwd_launch.h run_fwd).
+sm80::FwdTileKind planned_kind(const FwdParams& p, int bucket, bool general, sm80::SmemLimits smem) {
+  if (p.decode_key_warps) return sm80::FwdTileKind::kDecodeKeyWarps;
+  return sm80::fwd_tile_kind(bucket, general, p.shape.seqlen_q, p.shape.seqlen_k, mask_kind(p.mask) != MaskKind::kNone,
+                             smem);
+}
 
 int split_ctas_per_sm(const FwdParams& p, int bucket, bool general, sm80::FwdTileKind kind, sm80::SmemLimits smem) {
   const int resident = sm80::fwd_ctas_per_sm(bucket, general, kind, smem);
-  const bool decode = kind == sm80::FwdTileKind::kDecode || kind == sm80::FwdTileKind::kDecodeCompact;
-  return decode && p.block_table == nullptr ? std::min(resident, kContiguousDecodeSplitCtasPerSm) : resident;
+  return sm80::fwd_is_decode_kind(kind) && p.block_table == nullptr
+             ? std::min(resident, kContiguousDecodeSplitCtasPerSm)
+             : resident;
 }
 
 }  // namespace
@@ -83,9 +96,7 @@ int choose_fwd_num_splits(const FwdParams& p, int num_sms, sm80::SmemLimits smem
   if (p.probs != nullptr || p.shape.seqlen_k <= 0) return 1;
   const int bucket = head_dim_bucket(p);
   const bool general = needs_general_kernel(p);
-  const bool masked = mask_kind(p.mask) != MaskKind::kNone;
-  const sm80::FwdTileKind kind =
-      sm80::fwd_tile_kind(bucket, general, p.shape.seqlen_q, p.shape.seqlen_k, masked, smem);
+  const sm80::FwdTileKind kind = planned_kind(p, bucket, general, smem);
   const sm80::FwdTileConfig tile = sm80::fwd_tile_config(bucket, general, kind);
   const int64_t ctas = p.shape.batch * p.shape.nheads_q * ((p.shape.seqlen_q + tile.block_m - 1) / tile.block_m);
   const int64_t key_tiles = (p.shape.seqlen_k + tile.block_n - 1) / tile.block_n;
@@ -96,7 +107,8 @@ int choose_fwd_num_splits(const FwdParams& p, int num_sms, sm80::SmemLimits smem
   // As many splits as fit in one wave of resident CTAs (v3 rounded up, past one wave: 16 x 8k decode took 640
   // CTAs for the 528 slots it assumed), then evened out so every split gets tiles (1 x 8k: 66 wanted, 64 kept).
   const int64_t wanted = slots / ctas;
-  const int64_t splits = std::min<int64_t>({wanted, key_tiles / kMinTilesPerSplit, sm80::kMaxKeySplits});
+  const int64_t splits =
+      std::min<int64_t>({wanted, key_tiles / (kMinTilesPerSplit * tile.key_groups), sm80::kMaxKeySplits});
   if (splits < 2) return 1;
   const int64_t tiles_per_split = (key_tiles + splits - 1) / splits;
   const int64_t evened = (key_tiles + tiles_per_split - 1) / tiles_per_split;
@@ -106,8 +118,7 @@ int choose_fwd_num_splits(const FwdParams& p, int num_sms, sm80::SmemLimits smem
   // session): 32 -> 33 splits (1 x 8k) +0.4, 33 -> 34 (1 x 128k) +0.1, but 2 -> 3 (16 x 8k) +7 and 4 -> 5 (8 x 32k) +15;
   // below kAppendSplitMinSplits the split CTA holding a sequence's one new row writes it (16 x 8k +2.1 us with
   // rotary, twenty-fifth session), and several new rows take the append kernel first (api/flash_api.cpp).
-  const bool appends = p.shape.appended_keys > 0 && (kind == sm80::FwdTileKind::kDecode ||
-                                                     kind == sm80::FwdTileKind::kDecodeCompact);
+  const bool appends = p.shape.appended_keys > 0 && sm80::fwd_is_decode_kind(kind);
   const int64_t resident_slots = static_cast<int64_t>(num_sms) * sm80::fwd_ctas_per_sm(bucket, general, kind, smem);
   if (appends && evened >= kAppendSplitMinSplits && evened < sm80::kMaxKeySplits &&
       ctas * (evened + 1) <= resident_slots) {
@@ -116,9 +127,23 @@ int choose_fwd_num_splits(const FwdParams& p, int num_sms, sm80::SmemLimits smem
   return static_cast<int>(evened);
 }
 
+bool fwd_decode_takes_key_warps(const FwdParams& p, int num_sms, sm80::SmemLimits smem) {
+  const int bucket = head_dim_bucket(p);
+  const sm80::FwdTileKind key_warps = sm80::FwdTileKind::kDecodeKeyWarps;
+  if (!kDecodeTakesKeyWarps || needs_general_kernel(p) || p.probs != nullptr ||
+      sm80::fwd_smem_bytes(bucket, false, key_warps) > smem.per_block_optin ||
+      sm80::fwd_tile_kind(bucket, false, p.shape.seqlen_q, p.shape.seqlen_k, mask_kind(p.mask) != MaskKind::kNone,
+                          smem) != sm80::FwdTileKind::kDecode) {
+    return false;
+  }
+  const int block_m = sm80::fwd_tile_config(bucket, false, key_warps).block_m;
+  const int64_t ctas = p.shape.batch * p.shape.nheads_q * ((p.shape.seqlen_q + block_m - 1) / block_m);
+  return ctas <= static_cast<int64_t>(num_sms) * sm80::fwd_ctas_per_sm(bucket, false, key_warps, smem);
+}
+
 bool fwd_splits_meet_in_cluster(const FwdParams& p, int code_arch, sm80::SmemLimits smem) {
   if (!kSplitsMeetInCluster || code_arch < kClusterCodeArch || p.num_splits < 2 ||
-      p.num_splits > sm80::kMaxClusterSplits) {
+      p.num_splits > sm80::kMaxClusterSplits || p.decode_key_warps) {
     return false;
   }
   const bool general = needs_general_kernel(p);
