@@ -11,4 +11,4 @@ SOURCES = [ROOT / "tests" / "cpp" / "fwd_pages_check.cpp", ROOT / "csrc" / "disp
 
 @pytest.mark.skipif(HOST_COMPILER is None, reason="needs a host C++ compiler")
 def test_paged_calls_read_in_place_or_gathered(tmp_path):
-    assert "86 cases, 0 failures" in run_host_check(SOURCES, tmp_path / "fwd_pages_check")
+    assert "89 cases, 0 failures" in run_host_check(SOURCES, tmp_path / "fwd_pages_check")

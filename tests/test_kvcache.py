@@ -13,7 +13,7 @@ from helpers import assert_close_fa, check_kvcache_cuda_matches_cpu, randn
 
 CLUSTER_CODE_ARCH = 90  # dispatch/fwd_plan.cpp: sm90 code merges split decode calls in clusters
 MAX_CLUSTER_SPLITS = 2  # sm80/fwd_tile_config.h kMaxClusterSplits
-KEY_WARPS_MAX_HEAD_DIM = 192  # the largest head-dim bucket whose key-warps decode tile fits 227 KB (fwd_tile_config.h)
+KEY_WARPS_WAVE_CTAS = 80  # decode CTAs (sequences x kv heads) that take the key-warps tile on an H200 (67 ... 132)
 
 # A forward-only API (no autograd in Dao's either), so CUDA runs wherever a forward kernel is built. Inputs
 # that need no grad take the native path (cache lengths as the op's seqused_k); q requiring grad the bias path.
@@ -169,13 +169,11 @@ def test_kvcache_native_cuda_matches_cpu_split_decode(seqlen_q):
                                    causal=True)
 
 
-def _splits_meet_in_cluster(num_splits, head_dim):
-    """Whether a small-batch split decode call merges its splits in a thread-block cluster instead of the combine kernel
-    (dispatch/fwd_plan.cpp fwd_splits_meet_in_cluster): sm90 code, 2 splits, and the one-warp decode tile, which small
-    batches keep only where the key-warps tile does not fit (head dims above 192: 267 KB and more)."""
+def _splits_meet_in_cluster(num_splits):
+    """Whether a small-batch split decode call (the one-warp decode tile) merges its splits in a thread-block cluster
+    instead of the combine kernel (dispatch/fwd_plan.cpp fwd_splits_meet_in_cluster): sm90 code and 2 splits."""
     from flash_attn._native import C
-    return (C.loaded_code(torch.cuda.current_device())[0] >= CLUSTER_CODE_ARCH and num_splits == MAX_CLUSTER_SPLITS
-            and head_dim > KEY_WARPS_MAX_HEAD_DIM)
+    return C.loaded_code(torch.cuda.current_device())[0] >= CLUSTER_CODE_ARCH and num_splits == MAX_CLUSTER_SPLITS
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -183,7 +181,7 @@ def _splits_meet_in_cluster(num_splits, head_dim):
 def test_kvcache_num_splits_honoured(num_splits):
     """num_splits as Dao's: 1 never splits, n > 1 splits the keys n ways (at most 128; splits past a short sequence's
     keys weigh nothing): every choice gives the CPU path's values, and the combine kernel runs exactly when the keys
-    are split (at head dim 128 the small batch takes the key-warps tile, whose splits never meet in a cluster)."""
+    are split and the splits do not merge in a cluster (sm90, 2 splits)."""
     require_supported("cuda", torch.bfloat16, 128)
     check_kvcache_cuda_matches_cpu([0, 1, 700, 2048], 1, rows=2048, nheads=8, nheads_k=2, head_dim=128, causal=True,
                                    num_splits=num_splits)
@@ -195,14 +193,15 @@ def test_kvcache_num_splits_honoured(num_splits):
         flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths, num_splits=num_splits)
         torch.cuda.synchronize()
     kernels = [event.name for event in trace.events() if event.device_type == torch.autograd.DeviceType.CUDA]
-    assert any("combine" in name for name in kernels) == (num_splits > 1), kernels
+    assert any("combine" in name for name in kernels) == (num_splits > 1 and not _splits_meet_in_cluster(num_splits)), \
+        kernels
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("num_splits", [1, 2, 3])
 def test_kvcache_split_merge_kernel(num_splits):
-    """Head dim 256 keeps the one-warp decode tile: two splits merge in a thread-block cluster on sm90 (no combine
-    kernel), others through the combine kernel; the CPU path's values either way."""
+    """Head dim 256, the one-warp decode tile: two splits merge in a thread-block cluster on sm90 (no combine kernel),
+    others through the combine kernel; the CPU path's values either way."""
     require_supported("cuda", torch.bfloat16, 256)
     check_kvcache_cuda_matches_cpu([0, 1, 700, 2048], 1, rows=2048, nheads=8, nheads_k=2, head_dim=256, causal=True,
                                    num_splits=num_splits)
@@ -214,21 +213,24 @@ def test_kvcache_split_merge_kernel(num_splits):
         flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths, num_splits=num_splits)
         torch.cuda.synchronize()
     kernels = [event.name for event in trace.events() if event.device_type == torch.autograd.DeviceType.CUDA]
-    combined = num_splits > 1 and not _splits_meet_in_cluster(num_splits, 256)
+    combined = num_splits > 1 and not _splits_meet_in_cluster(num_splits)
     assert any("combine" in name for name in kernels) == combined, kernels
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("batch", [3, 40])
+@pytest.mark.parametrize("num_splits", [0, 3])
+@pytest.mark.parametrize("batch", [3, 20, 40])
 @pytest.mark.parametrize("head_dim", [64, 128, 192])
-def test_kvcache_decode_one_and_four_warp_tiles(batch, head_dim):
-    """Decode with few CTAs (3 sequences x 4 kv heads: the key-warps tile, four warps on their own key tiles merged in
-    shared memory) and with more than an SM each (40 x 4: the one-warp tile), GQA packed, lengths from empty to full
-    and not multiples of a key tile: the CPU path's values."""
+def test_kvcache_decode_one_and_four_warp_tiles(batch, head_dim, num_splits):
+    """Decode over 4 kv heads with 3 sequences (12 CTAs: the one-warp tile, split), 20 (80 CTAs, more than half the
+    H200's SMs: the key-warps tile, four warps on their own key tiles merged in shared memory; with num_splits=3 its
+    merged partials go through the combine kernel) and 40 (160: the one-warp tile), GQA packed, lengths from empty to
+    full and not multiples of a key tile: the CPU path's values."""
     require_supported("cuda", torch.bfloat16, head_dim)
     lengths = [(i * 389) % 1501 for i in range(batch)]
     lengths[0], lengths[-1] = 0, 1500
-    check_kvcache_cuda_matches_cpu(lengths, 1, rows=1500, nheads=16, nheads_k=4, head_dim=head_dim, causal=True)
+    check_kvcache_cuda_matches_cpu(lengths, 1, rows=1500, nheads=16, nheads_k=4, head_dim=head_dim, causal=True,
+                                   num_splits=num_splits)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -516,21 +518,24 @@ def test_kvcache_fused_append_matches_indexing(layout, new_rows, rotary, device)
 @pytest.mark.parametrize("page_size", [None, 16, 256])
 @pytest.mark.parametrize("heads", [(8, 2), (4, 4)])
 @pytest.mark.parametrize("new_rows", [1, 2])
-def test_kvcache_decode_append_in_kernel(new_rows, heads, page_size, num_splits, rotary):
+@pytest.mark.parametrize("sequences", ["few", "wave"])
+def test_kvcache_decode_append_in_kernel(sequences, new_rows, heads, page_size, num_splits, rotary):
     """One query per sequence with new rows appended, on CUDA: the append and the attention in one op
     (kvcache_decode_), the decode kernel writing the new rows and rotating its own queries where
     dispatch/fwd_plan.cpp lets it (kDecodeWritesAppendedRows; the append op before the attention otherwise). Lengths
     around the key-tile edges, contiguous and paged (whole blocks and rows of pages), GQA and MHA, forced and chosen
     splits (one new row: written by the split holding its tile; two: by the append kernel where a forced split plan
-    may part them): the caches equal the gradient path's (torch indexing, the rotary op, a bias) and the outputs and
-    lse agree within the kernels' rounding."""
+    may part them), few sequences (the one-warp tile) and a wave of 80 CTAs (the key-warps tile, whose warps part a
+    CTA's keys like splits): the caches equal the gradient path's (torch indexing, the rotary op, a bias) and the
+    outputs and lse agree within the kernels' rounding."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     require_supported("cuda", torch.bfloat16, 128)
     dtype, head_dim, rows = torch.bfloat16, 128, 2048
     nheads, nheads_k = heads
-    lengths = torch.tensor([0, 1, 127, 128, 1001, rows - 2], dtype=torch.int32, device="cuda")
-    batch = lengths.numel()
+    edges = [0, 1, 127, 128, 1001, rows - 2]
+    batch = len(edges) if sequences == "few" else KEY_WARPS_WAVE_CTAS // nheads_k
+    lengths = torch.tensor([edges[i % len(edges)] for i in range(batch)], dtype=torch.int32, device="cuda")
     q = randn(batch, 1, nheads, head_dim, dtype=dtype, device="cuda")
     k_new, v_new = (randn(batch, new_rows, nheads_k, head_dim, dtype=dtype, device="cuda") for _ in range(2))
     extra = {"num_splits": num_splits}

@@ -52,9 +52,14 @@ constexpr bool kDecodeWritesAppendedRows = true;
 constexpr bool kSplitsMeetInCluster = true;
 constexpr int kClusterCodeArch = 90;
 
-// Decode calls of at most one CTA of the key-warps tile per SM take it (fwd_decode_takes_key_warps): a one-warp CTA
-// walked its split's key tiles in one chain (1 x 8k: 8 tiles of 32 keys per split), which bounded these calls more
-// than bytes in flight did (twenty-fifth session). Not yet timed.
+// Decode calls whose CTAs fill more than half the SMs and at most all of them take the key-warps tile, unsplit
+// (fwd_decode_takes_key_warps). H200, bf16, GQA 32/8, hd 128, us from a CUDA graph, best of 2 interleaved rounds,
+// key-warps tile for every call of at most one CTA per SM against the one-warp tile (twenty-sixth session; cuDNN in
+// the same run): 16 x 8k (128 CTAs, no split against 2 clustered splits) 135.6 / 137.1 (135.3), with an append and
+// rotary 135.8 / 138.5; but split calls lost or tied: 1 x 8k (16 splits against 32) 21.2 / 20.2 (22.4), page 16 23.0 /
+// 22.3, 8 x 32k 257.3 / 257.8, paged 8 x 32k 266.9-271.8 / 262.8-266.8, 1 x 128k 138.5 / 138.0. A 226 KB CTA leaves
+// no room on its SM for the next call's programmatic-dependent CTAs, which the one-warp tile's overlap (a guess,
+// not profiled).
 constexpr bool kDecodeTakesKeyWarps = true;
 
 // The tile the launcher takes for a planned call (fwd_launch.h run_fwd).
@@ -138,7 +143,8 @@ bool fwd_decode_takes_key_warps(const FwdParams& p, int num_sms, sm80::SmemLimit
   }
   const int block_m = sm80::fwd_tile_config(bucket, false, key_warps).block_m;
   const int64_t ctas = p.shape.batch * p.shape.nheads_q * ((p.shape.seqlen_q + block_m - 1) / block_m);
-  return ctas <= static_cast<int64_t>(num_sms) * sm80::fwd_ctas_per_sm(bucket, false, key_warps, smem);
+  const int64_t slots = static_cast<int64_t>(num_sms) * sm80::fwd_ctas_per_sm(bucket, false, key_warps, smem);
+  return ctas <= slots && 2 * ctas > slots;  // one unsplit wave that fills most SMs (kDecodeTakesKeyWarps)
 }
 
 bool fwd_splits_meet_in_cluster(const FwdParams& p, int code_arch, sm80::SmemLimits smem) {

@@ -21,8 +21,9 @@ bool pack_gqa_decode(FwdParams& p);
 int choose_fwd_num_splits(const FwdParams& p, int num_sms, sm80::SmemLimits smem);
 
 // Whether a decode call takes the key-warps decode tile (FwdParams::decode_key_warps; sm80/fwd_tile_config.h
-// kDecodeKeyWarps): lean decode-tile calls whose CTAs, one per sequence, kv head and query tile, fit in one wave of it
-// on num_sms SMs, where its shared memory fits. `p` packed; set before choose_fwd_num_splits, which plans its splits.
+// kDecodeKeyWarps): lean decode-tile calls whose CTAs, one per sequence, kv head and query tile, fill more than half
+// of one wave of it on num_sms SMs and at most all of it (so they run unsplit), where its shared memory fits. `p`
+// packed; set before choose_fwd_num_splits.
 bool fwd_decode_takes_key_warps(const FwdParams& p, int num_sms, sm80::SmemLimits smem);
 
 // Whether a planned split call (num_splits set) merges its splits in one thread-block cluster per sequence and kv head

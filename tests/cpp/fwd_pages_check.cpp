@@ -110,17 +110,21 @@ int main() {
   expect_splits("64 x 4k, one key appended: no split", 64, 4096, false, 1, 1);
   flash::FwdParams dense = decode_call(32, 8, 1, 16);
   dense.block_table = nullptr;
-  // The key-warps tile: one 4-warp CTA per SM (226 KB at hd 128), splits of at least 2 tiles per warp.
-  expect_key_warps("1 x 8k: 8 CTAs", dense, 1, true);
+  // The key-warps tile: one 4-warp CTA per SM (226 KB at hd 128) for unsplit calls of 67-132 CTAs; its split plans
+  // (num_splits asked for) give each warp at least 2 tiles.
+  expect_key_warps("1 x 8k: 8 CTAs, split: the one-warp tile", dense, 1, false);
+  expect_key_warps("8 x 32k: 64 CTAs, split: the one-warp tile", dense, 8, false);
+  expect_key_warps("9 x 8k: 72 CTAs, unsplit", dense, 9, true);
   expect_key_warps("16 x 8k: 128 CTAs", dense, 16, true);
+  expect_key_warps("17 x 8k: 136 CTAs, past one wave", dense, 17, false);
   expect_key_warps("64 x 4k: 512 CTAs, the one-warp tile", dense, 64, false);
   expect_key_warps("paged 16 x 8k", decode_call(32, 8, 1, 256), 16, true);
   flash::FwdParams capped_call = dense;
   capped_call.softcap = 30.0;
-  expect_key_warps("softcap: the general kernel", capped_call, 1, false);
+  expect_key_warps("softcap: the general kernel", capped_call, 16, false);
   flash::FwdParams wide = dense;
   wide.shape.head_dim = 256;
-  expect_key_warps("hd 256: four groups do not fit", wide, 1, false);
+  expect_key_warps("hd 256: four groups do not fit", wide, 16, false);
   expect_splits("1 x 8k, key warps: 132 / 8 CTAs", 1, 8192, false, 16, 0, true);
   expect_splits("16 x 8k, key warps: no split", 16, 8192, false, 1, 0, true);
   expect_splits("8 x 32k, key warps: 2 splits", 8, 32768, false, 2, 0, true);
