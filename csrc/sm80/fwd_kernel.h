@@ -1,8 +1,8 @@
-// Forward attention kernel of the portable sm80+ path: one CTA of 1, 4 or 8 warps per (query tile, head, batch
-// entry [, key split]), written as the step functions below. Q is staged once in shared memory; K and V tiles
-// stream through a cp.async ring (with one stage per kind, V(n) loads during S = Q K^T, and at some head dims the
-// softmax, K(n-1) during P V; more stages issue each tile further ahead); ldmatrix feeds mma.sync m16n8k16. Key
-// tiles run last to first, so those that need the window/causal mask come first. Tile shapes: fwd_tile_config.h.
+// Forward attention kernel of the portable sm80+ path: one CTA of 1, 4 or 8 warps (the key-warps decode tile: four
+// one-warp tiles on their own keys) per (query tile, head, batch entry [, key split]), as the step functions below. Q
+// is staged in shared memory; K and V tiles stream through a cp.async ring (more stages issue each tile further
+// ahead); ldmatrix feeds mma.sync m16n8k16. Key tiles run last to first, so those that need the window/causal mask
+// come first. Tile shapes: fwd_tile_config.h.
 #pragma once
 
 #include <cmath>
