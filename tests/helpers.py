@@ -178,6 +178,16 @@ def check_kvcache_cuda_matches_cpu(lengths, seqlen_q, rows, nheads, nheads_k, he
     torch.testing.assert_close(lse_cuda.cpu(), lse_cpu, atol=1e-3, rtol=1e-3)
 
 
+def cuda_kernel_names(fn):
+    """Runs fn once under the torch profiler and returns the names of the CUDA kernels it launched, in order (run it
+    once before, so one-time checks and lazy loading stay out of the trace)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as trace:
+        fn()
+        torch.cuda.synchronize()
+    return [event.name for event in trace.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+
+
 def no_host_sync(fn):
     """Runs fn with torch's CUDA sync debug mode set to "error": any host synchronisation inside raises."""
     torch.cuda.synchronize()

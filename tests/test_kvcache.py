@@ -4,12 +4,11 @@
 # (seqused_k) path: empty to full sequences, GQA decode, split-KV, CUDA-graph capture, no bias built.
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import flash_attn
 from flash_attn import flash_attn_with_kvcache
 from flash_attn.reference import attention_ref
-from helpers import assert_close_fa, check_kvcache_cuda_matches_cpu, randn
+from helpers import assert_close_fa, check_kvcache_cuda_matches_cpu, cuda_kernel_names, randn
 
 CLUSTER_CODE_ARCH = 90  # dispatch/fwd_plan.cpp: sm90 code merges split decode calls in clusters
 MAX_CLUSTER_SPLITS = 2  # sm80/fwd_tile_config.h kMaxClusterSplits
@@ -188,13 +187,14 @@ def test_kvcache_num_splits_honoured(num_splits):
     q = randn(2, 1, 8, 128, dtype=torch.bfloat16, device="cuda")
     cache = randn(2, 2048, 2, 128, dtype=torch.bfloat16, device="cuda")
     lengths = torch.tensor([700, 2048], dtype=torch.int32, device="cuda")
-    flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths, num_splits=num_splits)  # checks values once
-    with profile(activities=[ProfilerActivity.CUDA]) as trace:
-        flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths, num_splits=num_splits)
-        torch.cuda.synchronize()
-    kernels = [event.name for event in trace.events() if event.device_type == torch.autograd.DeviceType.CUDA]
-    assert any("combine" in name for name in kernels) == (num_splits > 1 and not _splits_meet_in_cluster(num_splits)), \
-        kernels
+
+    def decode():
+        return flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths, num_splits=num_splits)
+
+    decode()  # checks values once
+    kernels = cuda_kernel_names(decode)
+    combined = num_splits > 1 and not _splits_meet_in_cluster(num_splits)
+    assert any("combine" in name for name in kernels) == combined, kernels
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -208,11 +208,12 @@ def test_kvcache_split_merge_kernel(num_splits):
     q = randn(2, 1, 8, 256, dtype=torch.bfloat16, device="cuda")
     cache = randn(2, 2048, 2, 256, dtype=torch.bfloat16, device="cuda")
     lengths = torch.tensor([700, 2048], dtype=torch.int32, device="cuda")
-    flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths, num_splits=num_splits)  # checks values once
-    with profile(activities=[ProfilerActivity.CUDA]) as trace:
-        flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths, num_splits=num_splits)
-        torch.cuda.synchronize()
-    kernels = [event.name for event in trace.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+
+    def decode():
+        return flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths, num_splits=num_splits)
+
+    decode()  # checks values once
+    kernels = cuda_kernel_names(decode)
     combined = num_splits > 1 and not _splits_meet_in_cluster(num_splits)
     assert any("combine" in name for name in kernels) == combined, kernels
 
@@ -288,11 +289,12 @@ def test_kvcache_decode_launches_only_attention():
     q = randn(2, 1, 8, 128, dtype=torch.bfloat16, device="cuda")
     cache = randn(2, 1024, 2, 128, dtype=torch.bfloat16, device="cuda")
     lengths = torch.tensor([700, 1024], dtype=torch.int32, device="cuda")
-    flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths, num_splits=1)  # checks values once
-    with profile(activities=[ProfilerActivity.CUDA]) as trace:
-        flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths, num_splits=1)
-        torch.cuda.synchronize()
-    kernels = [event.name for event in trace.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+
+    def decode():
+        return flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths, num_splits=1)
+
+    decode()  # checks values once
+    kernels = cuda_kernel_names(decode)
     assert kernels and not any("elementwise" in name or "arange" in name for name in kernels), kernels
 
 

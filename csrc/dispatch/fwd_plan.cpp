@@ -149,12 +149,11 @@ bool fwd_decode_takes_key_warps(const FwdParams& p, int num_sms, sm80::SmemLimit
 
 bool fwd_splits_meet_in_cluster(const FwdParams& p, int code_arch, sm80::SmemLimits smem) {
   if (!kSplitsMeetInCluster || code_arch < kClusterCodeArch || p.num_splits < 2 ||
-      p.num_splits > sm80::kMaxClusterSplits || p.decode_key_warps) {
+      p.num_splits > sm80::kMaxClusterSplits) {
     return false;
   }
   const bool general = needs_general_kernel(p);
-  const sm80::FwdTileKind kind = sm80::fwd_tile_kind(head_dim_bucket(p), general, p.shape.seqlen_q, p.shape.seqlen_k,
-                                                     mask_kind(p.mask) != MaskKind::kNone, smem);
+  const sm80::FwdTileKind kind = planned_kind(p, head_dim_bucket(p), general, smem);  // not the key-warps tile
   return !general && (kind == sm80::FwdTileKind::kDecode || kind == sm80::FwdTileKind::kDecodeCompact);
 }
 

@@ -881,6 +881,21 @@ __device__ __forceinline__ void accumulate_pv(ptx::MmaC (&acc)[kStrips][kDTiles]
   }
 }
 
+// A row's final softmax statistics from one thread's running max (log2 domain) and partial sum: the sum over the quad
+// of lanes that hold the row's columns, its inverse (0 for a row that saw no key) and the natural-log lse (empty_lse
+// for such a row).
+struct RowTotal {
+  float inv_sum;
+  float lse;
+};
+__device__ __forceinline__ RowTotal row_total(float row_max, float partial_sum, float empty_lse) {
+  float sum = partial_sum;
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+  const bool empty = sum == 0.f;
+  return RowTotal{empty ? 0.f : 1.f / sum, empty ? empty_lse : row_max * static_cast<float>(kLn2) + logf(sum)};
+}
+
 // Normalises O by the row sums and writes each row's LSE: a split writes its fp32 partial straight to global
 // memory, a whole call stages O (in T) in this warp's own Q rows of shared memory for store_output.
 template <int kHeadDim, int kStrips, int kDTiles, typename T>
@@ -897,13 +912,9 @@ __device__ __forceinline__ void normalise_output(const ptx::MmaC (&acc)[kStrips]
   for (int s = 0; s < kStrips; ++s) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float sum = row_sum[s][r];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const bool empty = sum == 0.f;
-      const float inv_sum = empty ? 0.f : 1.f / sum;
-      const float lse = empty ? (split_call ? -INFINITY : INFINITY)
-                              : row_max[s][r] * static_cast<float>(kLn2) + logf(sum);
+      const RowTotal total = row_total(row_max[s][r], row_sum[s][r], split_call ? -INFINITY : INFINITY);
+      const float inv_sum = total.inv_sum;
+      const float lse = total.lse;
       const int row = rows[s][r];
       const int local = row - cta.m0;
       if (split_call) {
@@ -952,20 +963,14 @@ __device__ __forceinline__ void stage_partial_output(const ptx::MmaC (&acc)[kStr
   for (int s = 0; s < kStrips; ++s) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float sum = row_sum[s][r];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const bool empty = sum == 0.f;
-      const float inv_sum = empty ? 0.f : 1.f / sum;
+      const RowTotal total = row_total(row_max[s][r], row_sum[s][r], -INFINITY);
       const int local = rows[s][r] - cta.m0;
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
         *reinterpret_cast<float2*>(stage + local * kStride + dt * kMmaN + 2 * cta.t) =
-            make_float2(acc[s][dt].reg[2 * r] * inv_sum, acc[s][dt].reg[2 * r + 1] * inv_sum);
+            make_float2(acc[s][dt].reg[2 * r] * total.inv_sum, acc[s][dt].reg[2 * r + 1] * total.inv_sum);
       }
-      if (cta.t == 0) {
-        stage_lse[local] = empty ? -INFINITY : row_max[s][r] * static_cast<float>(kLn2) + logf(sum);
-      }
+      if (cta.t == 0) stage_lse[local] = total.lse;
     }
   }
 }

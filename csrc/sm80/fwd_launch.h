@@ -171,11 +171,13 @@ void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits 
   require_fwd_shared_memory(kSmemBytes, limits.per_block_optin, kHeadDim);
   constexpr bool kDecode = fwd_is_decode_kind(kKind);
   constexpr bool kKeyWarps = kKind == FwdTileKind::kDecodeKeyWarps;
-  if (params.splits_meet_in_cluster && (!kDecode || kKeyWarps || device.code_arch < kPdlSm || params.num_splits > kMaxClusterSplits)) {
+  const bool cluster_capable =
+      kDecode && !kKeyWarps && device.code_arch >= kPdlSm && params.num_splits <= kMaxClusterSplits;
+  if (params.splits_meet_in_cluster && !cluster_capable) {
     throw std::invalid_argument(
         "flash_attn forward: a split call planned to merge its splits in a cluster reached a kernel that does not "
-        "(only sm90 decode tiles of at most kMaxClusterSplits splits do; dispatch/fwd_plan.cpp fwd_splits_meet_in_cluster; a "
-        "flash_attn bug: please report it)");
+        "(only sm90 one-warp decode tiles of at most kMaxClusterSplits splits do; dispatch/fwd_plan.cpp "
+        "fwd_splits_meet_in_cluster; a flash_attn bug: please report it)");
   }
   constexpr bool kDense = kPaging == KvPaging::kNone && !kScoreMods && !kAppends;
   if constexpr (kDense && fwd_runs_persistent(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone)) {

@@ -69,9 +69,9 @@ constexpr int kMaxClusterSplits = 2;
 // 286 / 292); at 16k the wide tile keeps it (334-338, FA2 297; docs/perf_log.md "sixth session").
 // kDecodeCompact: the decode tile with two stages (38 KB at hd 128, as in v3), where the three-stage one would
 // leave fewer than kDecodeMinCtasPerSm CTAs per SM (A100: 2, sm86/sm89: 1).
-// kDecodeKeyWarps: the decode tile four times in one CTA, each warp on its own quarter of the CTA's key tiles, merged in
-// shared memory (FwdParams::decode_key_warps): for decode calls of at most one CTA per SM (dispatch/fwd_plan.h
-// fwd_decode_takes_key_warps), whose one-warp CTAs each walked a long chain of key tiles.
+// kDecodeKeyWarps: the decode tile four times in one CTA, each warp on its own quarter of the CTA's key tiles,
+// merged in shared memory (FwdParams::decode_key_warps): for unsplit decode calls that fill most SMs with one CTA
+// each (dispatch/fwd_plan.h fwd_decode_takes_key_warps).
 enum class FwdTileKind { kStandard, kDecode, kCompact, kDecodeCompact, kDecodeKeyWarps };
 constexpr int kDecodeMinCtasPerSm = 4;
 constexpr int kDecodeKeyWarps = 4;

@@ -253,7 +253,9 @@ __global__ void cluster_exchange_kernel(const float* values, float* dst) {
   __shared__ __align__(16) float staged[kWarpLanes * kClusterVec];
   const int lane = threadIdx.x;
   const int z = blockIdx.z;
-  for (int i = lane; i < kWarpLanes * kClusterVec; i += kWarpLanes) staged[i] = values[z * kWarpLanes * kClusterVec + i];
+  for (int i = lane; i < kWarpLanes * kClusterVec; i += kWarpLanes) {
+    staged[i] = values[z * kWarpLanes * kClusterVec + i];
+  }
   ptx::cluster_sync();
   const uint32_t rank = ptx::cluster_cta_rank();
   const uint32_t neighbour = (rank + 1) % kClusterCtas;

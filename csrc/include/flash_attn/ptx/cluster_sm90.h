@@ -1,6 +1,7 @@
 // Thread-block clusters (sm90+): the CTA's rank in its cluster, the cluster-wide barrier, and loads from another
 // CTA's shared memory (distributed shared memory). The split decode forward merges its splits' partial outputs this
-// way (sm80/fwd_kernel.h combine_splits_in_cluster). Below sm90 each wrapper traps: no launcher asks for a cluster there.
+// way (sm80/fwd_kernel.h combine_splits_in_cluster). Below sm90 each wrapper traps: no launcher asks for a cluster
+// there.
 #pragma once
 
 #include <cstdint>
