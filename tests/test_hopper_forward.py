@@ -165,6 +165,34 @@ def test_varlen(forced, causal, window, head_dim):
     _check_out_lse(out, lse, truth, naive, 2.0)
 
 
+@pytest.mark.parametrize("seqlens", [(300, 517), (517, 300), (129, 1000)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_persistent_ctas_walk_many_tiles(forced, seqlens, causal, head_dim):
+    """More tiles than SMs, so a persistent CTA walks several: each tile's last P.V and epilogue run in the next
+    tile's first key block (fwd_tile_config.h fwd_carries_tile_tail), Q alternates between two slots, and causal
+    seqlen_q > seqlen_k puts tiles whose rows see no key between carried ones."""
+    _require(torch.bfloat16, head_dim, "causal" if causal else "none")
+    sq, sk = seqlens
+    _check_forward(*_qkv(3, sq, sk, 48, 8, head_dim, torch.bfloat16), causal=causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_varlen_many_sequences(forced, causal, head_dim):
+    """Many ragged sequences (empty ones among them) over 16 heads: more tiles than SMs, walked by persistent CTAs."""
+    _require(torch.bfloat16, head_dim, "causal" if causal else "none")
+    seqlens_q = [(37 * i) % 301 for i in range(48)]
+    seqlens_k = [(53 * i + 11) % 389 for i in range(48)]
+    q, k, v, cu_q, cu_k = varlen_tensors(seqlens_q, seqlens_k, 16, 4, head_dim, torch.bfloat16, "cuda")
+    out, lse, _, _ = _flash_attn_varlen_forward(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), 0.0, None,
+                                                causal, -1, -1)
+    truth, naive = reference_pair(
+        lambda *x, **kw: attention_varlen_ref(*x, cu_q.cpu(), cu_k.cpu(), causal=causal, **kw),
+        (q.cpu(), k.cpu(), v.cpu()))
+    _check_out_lse(out, lse, truth, naive, 2.0)
+
+
 def test_returned_probabilities(forced):
     """return_attn_probs=True: the probabilities kernel recomputes P from q, k and the Hopper forward's LSE."""
     _require(torch.bfloat16, 128, "causal")

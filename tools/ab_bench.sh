@@ -2,8 +2,8 @@
 # A/B speed comparison in one GPU call, robust to the few-percent drift between runs on a shared H200: each variant
 # is a copy of the working tree with the files of one overlay directory copied over it (AB_VARIANTS, e.g.
 # ".ab/base .ab/x": .ab/base/csrc/sm80/fwd_kernel.h replaces csrc/sm80/fwd_kernel.h; "." is the tree as is). All
-# variants build in parallel, then AB_ROUNDS rounds benchmark every variant in turn (FA2 = sdpa_flash alongside the
-# first), and tools/ab_summary.py prints each variant's best and median TFLOP/s per shape over the rounds.
+# variants build in parallel, then AB_ROUNDS rounds benchmark every variant in turn (FA2 = sdpa_flash alongside each),
+# and tools/ab_summary.py prints each variant's best and median TFLOP/s per shape over the rounds.
 # Usage: OUT=dir AB_VARIANTS=". .ab/base" [AB_DIRECTION=fwd AB_HEADDIMS=64,128,256 AB_SEQLENS=... AB_ROUNDS=3
 #        AB_TESTS="tests/x.py" (run on every variant; AB_TEST_FIRST=1: the first only) AB_WORK=dir (where the variant trees go;
 #        AB_REUSE=1: variants an earlier call built there are not rebuilt, so one device call can time several features)
@@ -67,10 +67,15 @@ if [ -n "$TESTS" ]; then  # correctness of every variant (of the first only with
   done
 fi
 
+# Every variant's process times the peer after each shape, as the first's did alone until the twenty-seventh session:
+# then the first variant of identical hd 256 kernels ran 8 % faster at 2k keys and 4 % slower at 8k than the second
+# (docs/perf_log.md). Even rounds also run the variants in reverse order, so neither position favours one variant.
 for r in $(seq "$ROUNDS"); do
-  for i in "${!VARIANTS[@]}"; do
+  order=("${!VARIANTS[@]}")
+  if [ $((r % 2)) = 0 ]; then order=(); for ((j = NV - 1; j >= 0; j--)); do order+=("$j"); done; fi
+  for i in "${order[@]}"; do
     name=$(name_of "${VARIANTS[$i]}")
-    impls="$IMPL"; [ "$i" = 0 ] && impls="$IMPL,$PEER"
+    impls="$IMPL,$PEER"
     # An overlay may narrow its head dims with a file AB_HEADDIMS (e.g. a tile change that only hd 256 takes).
     hds="$HEADDIMS"; [ -f "$WORK/$name/AB_HEADDIMS" ] && hds=$(cat "$WORK/$name/AB_HEADDIMS")
     for hk in ${AB_HEADS_K//,/ }; do  # 0: as many KV heads as query heads

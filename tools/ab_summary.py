@@ -1,6 +1,7 @@
 """Summary of a tools/ab_bench.sh run: per shape and direction, each variant's best and median TFLOP/s over the
 rounds (OUT/r<round>_<variant>.json), the peer's best (FA2, sdpa_flash, unless --peer names another), and each
-variant's best as a ratio to the peer's best (decode rows, AB_DECODE=1: TB/s, keyed by batch x KV length).
+variant's best as a ratio to the best of the peer timed in that variant's own processes (decode rows, AB_DECODE=1:
+TB/s, keyed by batch x KV length).
 Usage: python3 tools/ab_summary.py [--peer IMPL] OUT VARIANT [VARIANT ...]"""
 
 import collections
@@ -28,8 +29,11 @@ def main() -> None:
             seqlen = f"{row['batch']}x{row['seqlen']}" if decode else row["seqlen"]
             heads = f"{row['nheads']}/{row['nheads_k']}" if "nheads_k" in row else "-"
             key = ("decode" if decode else row["direction"], row["headdim"], heads, row["causal"], seqlen)
-            name = "peer" if row["impl"] == peer else variant
-            speeds[key][name].append(rate)
+            if row["impl"] == peer:
+                speeds[key]["peer"].append(rate)
+                speeds[key][f"peer@{variant}"].append(rate)
+            else:
+                speeds[key][variant].append(rate)
     header = ["dir", "hd", "heads", "causal", "seqlen", f"{peer} best"] + [f"{v} best/med (x {peer})" for v in variants]
     print(" | ".join(header))
     for key in sorted(speeds, key=str):
@@ -39,7 +43,8 @@ def main() -> None:
         for v in variants:
             got = cell.get(v, [])
             digits = 2 if key[0] == "decode" else 0
-            parts.append(f"{max(got):.{digits}f}/{statistics.median(got):.{digits}f} ({max(got) / fa2:.2f})" if got else "-")
+            own = max(cell[f"peer@{v}"]) if cell.get(f"peer@{v}") else fa2
+            parts.append(f"{max(got):.{digits}f}/{statistics.median(got):.{digits}f} ({max(got) / own:.2f})" if got else "-")
         print(" | ".join(parts))
 
 

@@ -40,18 +40,19 @@ struct FwdKernelArgs {
   int64_t num_tiles;  // query blocks x heads x batch entries (persistent kernels walk them)
 };
 
-// Byte offsets of the tiles and barriers in the (1024-byte aligned) dynamic shared memory.
-template <int kHeadDim, int kBlockM, int kBlockN, int kStages>
+// Byte offsets of the tiles and barriers in the (1024-byte aligned) dynamic shared memory: kQStages Q tiles, then the
+// K and V rings.
+template <int kHeadDim, int kBlockM, int kBlockN, int kStages, int kQStages>
 struct FwdSmemLayout {
   static constexpr int kSegments = kHeadDim / kSegmentElems;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKvBytes = kBlockN * kHeadDim * 2;  // one K (or V) stage
   static constexpr int kQ = 0;
-  static constexpr int kK = kQ + kQBytes;
+  static constexpr int kK = kQ + kQStages * kQBytes;
   static constexpr int kV = kK + kStages * kKvBytes;
   static constexpr int kBarriers = kV + kStages * kKvBytes;
-  // q_full, q_empty, then per stage k_full, k_empty, v_full, v_empty
-  static constexpr int kBarrierCount = 2 + 4 * kStages;
+  // per Q slot q_full, q_empty, then per stage k_full, k_empty, v_full, v_empty
+  static constexpr int kBarrierCount = 2 * kQStages + 4 * kStages;
   static constexpr int kBytes = kBarriers + kBarrierCount * 8;
   static constexpr int kLaunchBytes = kBytes + static_cast<int>(ptx::kSwizzleAtomBytes);  // room to align the base
   static_assert(kHeadDim % kSegmentElems == 0, "TMA segments of 64 columns");
@@ -59,6 +60,18 @@ struct FwdSmemLayout {
                 "every tile starts on a swizzle atom");
   static_assert(kLaunchBytes <= kMaxSmemPerBlock, "the tiles must fit the shared memory a block may opt into");
 };
+
+// Q slots of a CTA: two where a CTA walks several tiles carrying their tails (fwd_carries_tile_tail) and has room
+// for them beside the K / V rings, so the producer loads the next tile's Q while the current tile's key blocks still
+// read theirs; with one it may load it only once the current tile's last S GEMM is done, about one key block before
+// the consumers wait for it.
+template <int kHeadDim, int kBlockN, int kStages, bool kCarry>
+constexpr int fwd_q_stages() {
+  constexpr int kBlockM = kRowsPerConsumer * kConsumerWarpgroups;
+  constexpr int kTwoQBytes = 2 * kBlockM * kHeadDim * 2 + 2 * kStages * kBlockN * kHeadDim * 2 +
+                             (4 + 4 * kStages) * 8 + static_cast<int>(ptx::kSwizzleAtomBytes);
+  return kCarry && kFwdDoubleQ && kTwoQBytes <= kMaxSmemPerBlock ? 2 : 1;
+}
 
 // Per-thread state of one consumer thread: the two rows it holds in every m64 accumulator (lane / 4 and + 8 within
 // its warp's 16 rows), their visible key ranges, running max and sum.
@@ -255,31 +268,84 @@ __device__ __forceinline__ FwdTile plan_tile(const FwdKernelArgs& args, int64_t 
   return tile;
 }
 
+// What a tile's epilogue needs besides O: where its rows go (kept while a carried tile waits for its last P.V).
+struct TileOutput {
+  int batch;
+  int head;
+  int64_t q_row0;
+  int64_t seqlen_q;
+};
+
+// Epilogue: O / sum and LSE = max * scale_log2 * ln(2) + ln(sum) (max * softmax_scale for lean kernels, whose max is a
+// raw score; max * ln(2) for general ones, whose max is a log2-domain logit); rows that saw no key give O = 0 and
+// LSE = +inf. From registers: shared memory stays with the next tile's loads.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void write_output(const FwdKernelArgs& args, const TileOutput& tile,
+                                             const ConsumerRows& rows, const float (&o)[kHeadDim / 2], int lane) {
+  const FwdParams& p = args.params;
+  const int quad_col = 2 * (lane % kQuadLanes);
+  T* out = static_cast<T*>(p.out) + tile.batch * p.out_strides.batch + tile.head * p.out_strides.head +
+           tile.q_row0 * p.out_strides.row;
+  float* lse = static_cast<float*>(p.lse) + tile.batch * p.lse_batch_stride + tile.head * p.lse_head_stride +
+               tile.q_row0;
+  const float lse_scale = args.scale_log2 * static_cast<float>(kLn2);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = rows.sum[r];
+    sum += __shfl_xor_sync(kFullWarp, sum, 1);
+    sum += __shfl_xor_sync(kFullWarp, sum, 2);
+    const float inverse = sum > 0.f ? 1.f / sum : 0.f;
+    if (rows.row[r] >= tile.seqlen_q) continue;
+    T* out_row = out + rows.row[r] * p.out_strides.row;
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+      const int col = 8 * j + quad_col;
+      if (col < p.shape.head_dim) {
+        *reinterpret_cast<uint32_t*>(out_row + col) =
+            pack_pair<T>(o[4 * j + 2 * r] * inverse, o[4 * j + 2 * r + 1] * inverse);
+      }
+    }
+    if (lane % kQuadLanes == 0) {
+      lse[rows.row[r]] = sum > 0.f ? rows.max[r] * lse_scale + logf(sum) : INFINITY;
+    }
+  }
+}
+
+template <int kCount>
+__device__ __forceinline__ void zero_all(float (&values)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) values[i] = 0.f;
+}
+
 // kGeneral: softcap and / or ALiBi (transform_scores); the lean kernels fold the scale into the exponent alone.
 // kBlockN, kStages: a FwdTileConfig's (nvcc's host stubs take no class-type template arguments for kernels).
-// kPersistent: gridDim.x CTAs walk args.num_tiles tiles with a stride; the producer loads the next tile's Q as soon as
-// both consumers finished the current tile's last S GEMM, and its K / V through the same rings, so a tile's first
-// loads overlap the previous tile's last P.V and epilogue. Otherwise one tile per CTA from the grid coordinates.
+// kPersistent: gridDim.x CTAs walk args.num_tiles tiles with a stride; the producer loads the next tile's Q into the
+// free Q slot (fwd_q_stages) and its K / V through the same rings, so a tile's first loads overlap the previous tile;
+// kCarry (CTAs that walk several tiles, overlapped schedule): a tile's last P.V and epilogue run under the next tile's
+// first S GEMM and softmax (fwd_carries_tile_tail). Otherwise one tile per CTA from the grid coordinates.
 // kPolyEvery: softmax_step's share of exponentials on the FMA pipe (0: none).
 template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool kGeneral, int kBlockN, int kStages,
-          bool kPersistent, int kPolyEvery>
+          bool kPersistent, int kPolyEvery, bool kCarry>
 __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_constant__ FwdKernelArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(kConsumerWarpgroups == 2 || kSchedule != FwdSchedule::kPingpong, "ping-pong pairs two warpgroups");
+  static_assert(!kCarry || (kPersistent && kSchedule == FwdSchedule::kOverlap), "carrying needs tiles to walk");
   constexpr int kBlockM = kRowsPerConsumer * kConsumerWarpgroups;
-  using Layout = FwdSmemLayout<kHeadDim, kBlockM, kBlockN, kStages>;
+  constexpr int kQStages = fwd_q_stages<kHeadDim, kBlockN, kStages, kCarry>();
+  using Layout = FwdSmemLayout<kHeadDim, kBlockM, kBlockN, kStages, kQStages>;
   constexpr int kSegments = Layout::kSegments;
   using Slot = RingSlot<kStages>;
+  using QSlot = RingSlot<kQStages>;
 
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = align_dynamic_smem(smem_raw);
-  uint8_t* q_tile = smem + Layout::kQ;
+  uint8_t* q_tiles = smem + Layout::kQ;
   uint8_t* k_tiles = smem + Layout::kK;
   uint8_t* v_tiles = smem + Layout::kV;
   uint64_t* barriers = reinterpret_cast<uint64_t*>(smem + Layout::kBarriers);
   uint64_t* q_full = barriers;
-  uint64_t* q_empty = barriers + 1;
-  uint64_t* k_full = barriers + 2;
+  uint64_t* q_empty = q_full + kQStages;
+  uint64_t* k_full = q_empty + kQStages;
   uint64_t* k_empty = k_full + kStages;
   uint64_t* v_full = k_empty + kStages;
   uint64_t* v_empty = v_full + kStages;
@@ -294,13 +360,19 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
   if (threadIdx.x == 0) {
     init_pipeline_barriers(q_full, q_empty, k_full, v_full, k_empty, v_empty, kStages, kConsumerWarpgroups,
                            kConsumerWarpgroups, kConsumerWarpgroups);
+    for (int q = 1; q < kQStages; ++q) {
+      ptx::mbarrier_init(&q_full[q], 1);
+      ptx::mbarrier_init(&q_empty[q], kConsumerWarpgroups);
+    }
+    ptx::fence_barrier_init();
   }
   __syncthreads();
 
   const int warpgroup = threadIdx.x / ptx::kWarpgroupThreads;
   if (warpgroup == 0) {
-    // Producer: one thread. Q of the q-th loaded tile once the consumers released the previous one (q_empty phase
-    // q - 1); K[j] and V[j] of ring iteration i (counted across tiles) into slot i % kStages once released.
+    // Producer: one thread. Q of the q-th loaded tile into Q slot q % kQStages once the consumers released that
+    // slot's previous tile; K[j] and V[j] of ring iteration i (counted across tiles) into slot i % kStages once
+    // released.
     ptx::release_registers<kProducerRegisters>();
     if (threadIdx.x != 0) return;
     int ring = 0;
@@ -310,11 +382,14 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
       if (tile.n_max <= tile.n_min) continue;  // no rows, or no key any row sees: the consumers write O = 0
       const int kv_head = tile.head / args.heads_per_kv;
       const int map_batch = varlen ? 0 : tile.batch;  // varlen maps are (head dim, head, total rows, 1)
-      if (loaded_q > 0) ptx::mbarrier_wait_parity(q_empty, (loaded_q - 1) & 1);
-      ptx::mbarrier_arrive_expect_tx(q_full, Layout::kQBytes);
+      const QSlot q_slot(loaded_q);
+      uint8_t* q_tile = q_tiles + q_slot.stage * Layout::kQBytes;
+      ptx::mbarrier_wait_parity(&q_empty[q_slot.stage], q_slot.parity ^ 1);
+      ptx::mbarrier_arrive_expect_tx(&q_full[q_slot.stage], Layout::kQBytes);
       for (int seg = 0; seg < kSegments; ++seg) {
-        ptx::tma_load_4d(q_tile + seg * kBlockM * kSegmentBytes, &args.q_map, q_full, seg * kSegmentElems, tile.head,
-                         static_cast<int>(tile.sequence.q_row0 + tile.row_first), map_batch);
+        ptx::tma_load_4d(q_tile + seg * kBlockM * kSegmentBytes, &args.q_map, &q_full[q_slot.stage],
+                         seg * kSegmentElems, tile.head, static_cast<int>(tile.sequence.q_row0 + tile.row_first),
+                         map_batch);
       }
       ++loaded_q;
       const int k_row0 = static_cast<int>(tile.sequence.k_row0);
@@ -348,8 +423,14 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
   auto release = [&](uint64_t* barrier) {
     if (thread == 0) ptx::mbarrier_arrive(barrier);
   };
-  const uint64_t q_desc = ptx::smem_descriptor(q_tile + consumer * kRowsPerConsumer * kSegmentBytes,
-                                               ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes);
+  // Q slot 0's descriptor, made once: per tile the slot's is an offset of it (one made per tile from the slot's
+  // address was kept in vector registers and moved to uniform ones before every wgmma, +73 instructions in the hd
+  // 128 key loop).
+  const uint64_t q_desc_first = ptx::smem_descriptor(q_tiles + consumer * kRowsPerConsumer * kSegmentBytes,
+                                                     ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes);
+  auto q_desc = [&](const QSlot& slot) {
+    return slot.stage == 0 ? q_desc_first : ptx::advance_descriptor(q_desc_first, slot.stage * Layout::kQBytes);
+  };
   auto k_desc = [&](const Slot& slot) {
     return ptx::smem_descriptor(k_tiles + slot.stage * Layout::kKvBytes, ptx::kDescriptorUnitBytes,
                                 ptx::kSwizzleAtomBytes);
@@ -360,6 +441,23 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
   };
   int ring = 0;
   int loaded_q = 0;
+  float o[kHeadDim / 2];
+  uint32_t a[kBlockN / 16][4];
+  // kCarry: the previous tile's P of its last key block (in `a`, its V in ring slot ring - 1) is not yet multiplied
+  // into O, nor O written.
+  bool carrying = false;
+  TileOutput carried_tile{};
+  ConsumerRows carried_rows{};
+  auto finish_carried = [&]() {
+    const Slot last(ring - 1);
+    ptx::mbarrier_wait_parity(&v_full[last.stage], last.parity);
+    issue_pv<T, kHeadDim, kBlockN>(o, a, v_desc(last));
+    ptx::warpgroup_wait<0>();
+    pin_all(o);
+    release(&v_empty[last.stage]);
+    write_output<T, kHeadDim>(args, carried_tile, carried_rows, o, lane);
+    carrying = false;
+  };
 
   for (int64_t index = tile_first; index < tile_count; index += tile_stride) {
     const FwdTile tile = plan_tile<kMask, kPersistent, kBlockM, kBlockN>(args, index);
@@ -367,6 +465,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
     const int64_t seqlen_q = tile.sequence.seqlen_q;
     const int64_t seqlen_k = tile.sequence.seqlen_k;
     const int n_min = tile.n_min, n_max = tile.n_max;
+    const TileOutput output{tile.batch, tile.head, tile.sequence.q_row0, seqlen_q};
 
     ConsumerRows rows;
     for (int r = 0; r < 2; ++r) {
@@ -377,11 +476,19 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
       rows.max[r] = -INFINITY;
       rows.sum[r] = 0.f;
     }
-    float o[kHeadDim / 2];
-#pragma unroll
-    for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
 
-    if (n_max > n_min) {
+    // No key any row sees: O = 0, LSE = +inf. (The carrying kernel writes such a tile here, the others after the
+    // key loop as every tile: each form is the one that kept ptxas's key loop as short as without carrying, 869
+    // instructions at hd 128; the other took 931-986, or spilled.)
+    if (kCarry && n_max <= n_min) {
+      if (carrying) finish_carried();
+      zero_all(o);
+      write_output<T, kHeadDim>(args, output, rows, o, lane);
+      continue;
+    }
+    if (n_max <= n_min) {
+      zero_all(o);
+    } else {
       auto masked = [&](int n) { return n < tile.full_lo || n >= tile.full_hi; };
       const bool softcap = p.softcap > 0.0;
       ScoreTransform transform{static_cast<float>(p.softmax_scale * kLog2e),
@@ -397,20 +504,22 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
         if constexpr (kGeneral) transform_scores<kBlockN>(scores, rows, col0, transform);
         if (masked(n)) mask_scores<kBlockN>(scores, rows, col0);
       };
-      // After the tile's last S GEMM (key block n_min) has completed, Q may be overwritten by the next tile's.
+      const QSlot q_slot(loaded_q);
+      const uint64_t q_tile_desc = q_desc(q_slot);
+      // After the tile's last S GEMM (key block n_min) has completed, its Q slot may take a later tile's Q.
       auto scores_done = [&](int n) {
-        if (n == n_min) release(q_empty);
+        if (n == n_min) release(&q_empty[q_slot.stage]);
       };
       float s[kBlockN / 2];
-      uint32_t a[kBlockN / 16][4];
       float factor[2];
-      ptx::mbarrier_wait_parity(q_full, loaded_q & 1);
+      ptx::mbarrier_wait_parity(&q_full[q_slot.stage], q_slot.parity);
 
       if constexpr (kSchedule == FwdSchedule::kSerial) {
+        zero_all(o);
         for (int n = n_max - 1; n >= n_min; --n, ++ring) {
           const Slot slot(ring);
           ptx::mbarrier_wait_parity(&k_full[slot.stage], slot.parity);
-          issue_scores<T, kHeadDim, kBlockM, kBlockN>(s, q_desc, k_desc(slot));
+          issue_scores<T, kHeadDim, kBlockM, kBlockN>(s, q_tile_desc, k_desc(slot));
           ptx::warpgroup_wait<0>();
           pin_all(s);
           release(&k_empty[slot.stage]);
@@ -427,27 +536,48 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
         }
       } else {
         // Overlapped: block j's P.V is issued right after block j+1's S GEMM, and block j+1's softmax runs while it
-        // is on the tensor cores; O is rescaled once that P.V has landed. The first S and the last P.V are peeled.
+        // is on the tensor cores; O is rescaled once that P.V has landed. The first S is peeled, and with it the
+        // carried tile's last P.V (kCarry); without kCarry the last P.V is peeled too.
         constexpr bool kPingpong = kSchedule == FwdSchedule::kPingpong;
         if (kPingpong && consumer == 1) pass_turn(consumer);  // warpgroup 0 takes the first turn
         const Slot first(ring);
+        const Slot carried_v(ring - 1);
+        const bool finishes_carried = kCarry && carrying;
         ptx::mbarrier_wait_parity(&k_full[first.stage], first.parity);
         if (kPingpong) take_turn(consumer);
-        issue_scores<T, kHeadDim, kBlockM, kBlockN>(s, q_desc, k_desc(first));
-        if (kPingpong) pass_turn(consumer);
-        ptx::warpgroup_wait<0>();
-        pin_all(s);
-        release(&k_empty[first.stage]);
-        scores_done(n_max - 1);
-        prepare_scores(s, n_max - 1);
-        softmax_step<kBlockN, kPolyEvery>(s, rows, args.scale_log2, factor);  // O is still 0: no rescale
+        issue_scores<T, kHeadDim, kBlockM, kBlockN>(s, q_tile_desc, k_desc(first));
+        auto first_softmax = [&]() {
+          pin_all(s);
+          release(&k_empty[first.stage]);
+          scores_done(n_max - 1);
+          prepare_scores(s, n_max - 1);
+          softmax_step<kBlockN, kPolyEvery>(s, rows, args.scale_log2, factor);  // O is 0 for this tile: no rescale
+        };
+        // Each branch ends with no GEMM in flight: waits that differ between paths which then merge made ptxas
+        // serialise every wgmma of the kernel (C7515: warpgroup.wait injected before each).
+        if (finishes_carried) {
+          ptx::mbarrier_wait_parity(&v_full[carried_v.stage], carried_v.parity);
+          issue_pv<T, kHeadDim, kBlockN>(o, a, v_desc(carried_v));
+          ptx::warpgroup_wait<1>();
+          first_softmax();
+          ptx::warpgroup_wait<0>();
+          pin_all(o);
+          release(&v_empty[carried_v.stage]);
+          write_output<T, kHeadDim>(args, carried_tile, carried_rows, o, lane);
+          carrying = false;
+        } else {
+          if (kPingpong) pass_turn(consumer);
+          ptx::warpgroup_wait<0>();
+          first_softmax();
+        }
+        zero_all(o);
         pack_probs<T, kBlockN>(s, a);
         ++ring;
         for (int n = n_max - 2; n >= n_min; --n, ++ring) {
           const Slot slot(ring), previous(ring - 1);
           ptx::mbarrier_wait_parity(&k_full[slot.stage], slot.parity);
           if (kPingpong) take_turn(consumer);
-          issue_scores<T, kHeadDim, kBlockM, kBlockN>(s, q_desc, k_desc(slot));
+          issue_scores<T, kHeadDim, kBlockM, kBlockN>(s, q_tile_desc, k_desc(slot));
           ptx::mbarrier_wait_parity(&v_full[previous.stage], previous.parity);
           issue_pv<T, kHeadDim, kBlockN>(o, a, v_desc(previous));
           if (kPingpong) pass_turn(consumer);
@@ -463,48 +593,27 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
           rescale_o<kHeadDim>(o, factor);
           pack_probs<T, kBlockN>(s, a);
         }
-        const Slot last(ring - 1);
-        ptx::mbarrier_wait_parity(&v_full[last.stage], last.parity);
-        if (kPingpong) take_turn(consumer);
-        issue_pv<T, kHeadDim, kBlockN>(o, a, v_desc(last));
-        if (kPingpong) pass_turn(consumer);
-        ptx::warpgroup_wait<0>();
-        pin_all(o);
-        release(&v_empty[last.stage]);
-        if (kPingpong && consumer == 0) take_turn(consumer);  // consumes warpgroup 1's last hand-over
+        if constexpr (kCarry) {
+          carrying = true;
+          carried_tile = output;
+          carried_rows = rows;
+        } else {
+          const Slot last(ring - 1);
+          ptx::mbarrier_wait_parity(&v_full[last.stage], last.parity);
+          if (kPingpong) take_turn(consumer);
+          issue_pv<T, kHeadDim, kBlockN>(o, a, v_desc(last));
+          if (kPingpong) pass_turn(consumer);
+          ptx::warpgroup_wait<0>();
+          pin_all(o);
+          release(&v_empty[last.stage]);
+          if (kPingpong && consumer == 0) take_turn(consumer);  // consumes warpgroup 1's last hand-over
+        }
       }
       ++loaded_q;
     }
-
-    // Epilogue: O / sum and LSE = max * scale_log2 * ln(2) + ln(sum) (max * softmax_scale for lean kernels, whose
-    // max is a raw score; max * ln(2) for general ones, whose max is a log2-domain logit); rows that saw no key give
-    // O = 0 and LSE = +inf. From registers: shared memory stays with the next tile's loads.
-    T* out = static_cast<T*>(p.out) + tile.batch * p.out_strides.batch + tile.head * p.out_strides.head +
-             tile.sequence.q_row0 * p.out_strides.row;
-    float* lse = static_cast<float*>(p.lse) + tile.batch * p.lse_batch_stride + tile.head * p.lse_head_stride +
-                 tile.sequence.q_row0;
-    const float lse_scale = args.scale_log2 * static_cast<float>(kLn2);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float sum = rows.sum[r];
-      sum += __shfl_xor_sync(kFullWarp, sum, 1);
-      sum += __shfl_xor_sync(kFullWarp, sum, 2);
-      const float inverse = sum > 0.f ? 1.f / sum : 0.f;
-      if (rows.row[r] >= seqlen_q) continue;
-      T* out_row = out + rows.row[r] * p.out_strides.row;
-#pragma unroll
-      for (int j = 0; j < kHeadDim / 8; ++j) {
-        const int col = 8 * j + quad_col;
-        if (col < p.shape.head_dim) {
-          *reinterpret_cast<uint32_t*>(out_row + col) =
-              pack_pair<T>(o[4 * j + 2 * r] * inverse, o[4 * j + 2 * r + 1] * inverse);
-        }
-      }
-      if (lane % kQuadLanes == 0) {
-        lse[rows.row[r]] = sum > 0.f ? rows.max[r] * lse_scale + logf(sum) : INFINITY;
-      }
-    }
+    if constexpr (!kCarry) write_output<T, kHeadDim>(args, output, rows, o, lane);
   }
+  if (kCarry && carrying) finish_carried();
 #else
   (void)args;
   __trap();

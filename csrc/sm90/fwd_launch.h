@@ -75,30 +75,51 @@ inline bool fwd_needs_general_kernel(const FwdParams& p) {
   return p.softcap > 0.0 || p.mask.alibi_slopes != nullptr;
 }
 
+// One kernel instantiation's launch: the shared-memory opt-in (once per instantiation and process), then `ctas` CTAs
+// (persistent kernels) or the (query block, head, batch entry) grid.
+template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool kGeneral, FwdTileConfig kTile,
+          bool kPersistent, int kPolyEvery, bool kCarry>
+void launch_fwd_kernel(FwdKernelArgs& args, int64_t ctas, cudaStream_t stream) {
+  using Layout = FwdSmemLayout<kHeadDim, kTile.block_m, kTile.block_n, kTile.stages,
+                               fwd_q_stages<kHeadDim, kTile.block_n, kTile.stages, kCarry>()>;
+  auto kernel = fwd_kernel<T, kHeadDim, kMask, kSchedule, kGeneral, kTile.block_n, kTile.stages, kPersistent,
+                           kPolyEvery, kCarry>;
+  // Above 48 KB of dynamic shared memory a kernel must opt in.
+  static const cudaError_t opt_in =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::kLaunchBytes);
+  require_smem_opt_in(opt_in, Layout::kLaunchBytes, "forward");
+  if constexpr (kPersistent) {
+    kernel<<<static_cast<unsigned>(ctas), kFwdThreads, Layout::kLaunchBytes, stream>>>(args);
+  } else {
+    const AttentionShape& shape = args.params.shape;
+    const dim3 grid(args.num_m_blocks, static_cast<unsigned>(shape.nheads_q), static_cast<unsigned>(shape.batch));
+    kernel<<<grid, kFwdThreads, Layout::kLaunchBytes, stream>>>(args);
+  }
+}
+
 template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool kGeneral, FwdTileConfig kTile,
           bool kPersistent, int kPolyEvery>
 void launch_fwd(FwdKernelArgs& args, cudaStream_t stream) {
   static_assert(kTile.block_m == kRowsPerConsumer * kConsumerWarpgroups, "one 64-row slice per consumer warpgroup");
-  using Layout = FwdSmemLayout<kHeadDim, kTile.block_m, kTile.block_n, kTile.stages>;
-  auto kernel =
-      fwd_kernel<T, kHeadDim, kMask, kSchedule, kGeneral, kTile.block_n, kTile.stages, kPersistent, kPolyEvery>;
-  // Above 48 KB of dynamic shared memory a kernel must opt in; once per instantiation and process.
-  static const cudaError_t opt_in =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::kLaunchBytes);
-  require_smem_opt_in(opt_in, Layout::kLaunchBytes, "forward");
-  const AttentionShape& shape = args.params.shape;
   if constexpr (kPersistent) {
     // A CTA per SM (each holds a whole SM's shared memory) striding over the tiles, or one CTA per tile
-    // (fwd_persistent_pays).
+    // (fwd_persistent_pays). CTAs that walk several tiles carry each tile's tail into the next
+    // (fwd_carries_tile_tail); with one tile per CTA the kernel without it ran 3-7 % faster.
     int device = 0;
     cudaGetDevice(&device);
     const int64_t sms = device_attributes(device).num_sms;
-    const int64_t max_ctas = fwd_persistent_pays(kHeadDim, kMask != MaskKind::kNone, shape.seqlen_k) ? sms : kMaxGridX;
+    const bool masked = kMask != MaskKind::kNone;
+    const int64_t max_ctas = fwd_persistent_pays(kHeadDim, masked, args.params.shape.seqlen_k) ? sms : kMaxGridX;
     const int64_t ctas = args.num_tiles < max_ctas ? args.num_tiles : max_ctas;
-    kernel<<<static_cast<unsigned>(ctas), kFwdThreads, Layout::kLaunchBytes, stream>>>(args);
+    constexpr bool kCanCarry = fwd_carries_tile_tail(kHeadDim) && kSchedule == FwdSchedule::kOverlap;
+    if (kCanCarry && ctas < args.num_tiles) {
+      launch_fwd_kernel<T, kHeadDim, kMask, kSchedule, kGeneral, kTile, true, kPolyEvery, kCanCarry>(args, ctas,
+                                                                                                    stream);
+    } else {
+      launch_fwd_kernel<T, kHeadDim, kMask, kSchedule, kGeneral, kTile, true, kPolyEvery, false>(args, ctas, stream);
+    }
   } else {
-    const dim3 grid(args.num_m_blocks, static_cast<unsigned>(shape.nheads_q), static_cast<unsigned>(shape.batch));
-    kernel<<<grid, kFwdThreads, Layout::kLaunchBytes, stream>>>(args);
+    launch_fwd_kernel<T, kHeadDim, kMask, kSchedule, kGeneral, kTile, false, kPolyEvery, false>(args, 0, stream);
   }
 }
 

@@ -53,6 +53,20 @@ constexpr bool fwd_persistent_pays(int head_dim, bool masked, int64_t seqlen_k) 
   return seqlen_k <= (masked ? fwd_masked_persistent_max_keys(head_dim) : kFwdPersistentMaxKeys);
 }
 
+// Persistent CTAs that walk several tiles (a CTA per SM, fwd_persistent_pays), overlapped schedule: whether a tile's
+// last P.V GEMM and its epilogue wait for the next tile's first S GEMM, so that the P.V runs on the tensor cores under
+// that S GEMM and the next tile's first softmax instead of alone at the tile's end (at 512 keys, hd 128, a tile paid
+// ~1.9 key blocks' time beyond its own: 444 TFLOP/s against ~650 at 16k). With kFwdDoubleQ (fwd_kernel.h
+// fwd_q_stages) the next tile's Q has its own slot. Predicted +10-15 % at 512 keys; measured on the H200 (bf16,
+// twenty-seventh session, docs/perf_log.md), as the ratio to cuDNN in the same process: hd 128 512 0.85 -> 0.88,
+// causal 0.71 -> 0.75, 2k 0.97 -> 0.98; hd 64 512 0.88 -> 0.91, causal and 2k unchanged. Not at hd 256: the carried
+// tile's state beside 128 O registers spilled (16 bytes), and its A/B there was within the noise; hd 192 (compiled
+// without spill) is not yet run on the GPU. One-tile launches (longer keys) run the kernel without it: carrying there
+// measured 3-7 % slower at 8k in one A/B, no more than that A/B's order bias (perf log), so not taken where it
+// cannot pay.
+constexpr bool fwd_carries_tile_tail(int head_dim) { return head_dim <= 128; }
+constexpr bool kFwdDoubleQ = true;
+
 // How many column groups of a key block share one group of FMA-pipe exponentials (fwd_kernel.h softmax_step): 0,
 // all on the MUFU unit. HOPPER_NOTES.md section 7 measured 15.8 exp/clk/SM on MUFU alone and 20.6 with one polynomial
 // for three MUFU ops, so 4 was predicted to lift the exp-bound hd 64 forward 10-20 %; measured on the H200 (bf16,
