@@ -36,14 +36,23 @@ def kernels(sass: str) -> dict[str, list[tuple[int, str, str]]]:
     return out
 
 
+MATRIX_OPS = ("HMMA", "HGMMA")  # mma.sync (sm80) and wgmma (sm90)
+
+
 def hottest_loop(code: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
-    best: list[tuple[int, str, str]] = []
+    """The innermost loop (no back edge inside it) with the most matrix instructions: a Hopper kernel's tile loop
+    holds its key loop and the peeled first and last key blocks, so "most matrix instructions" alone picked it."""
+    loops = []
     for addr, op, args in code:
         target = re.search(r"0x([0-9a-f]+)", args)
         if op.startswith("BRA") and target and int(target.group(1), 16) < addr:
-            body = [ins for ins in code if int(target.group(1), 16) <= ins[0] <= addr]
-            if sum(o.startswith("HMMA") for _, o, _ in body) > sum(o.startswith("HMMA") for _, o, _ in best):
-                best = body
+            loops.append((int(target.group(1), 16), addr))
+    innermost = [(lo, hi) for lo, hi in loops if not any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in loops)]
+    best: list[tuple[int, str, str]] = []
+    for lo, hi in innermost:
+        body = [ins for ins in code if lo <= ins[0] <= hi]
+        if sum(o.startswith(MATRIX_OPS) for _, o, _ in body) > sum(o.startswith(MATRIX_OPS) for _, o, _ in best):
+            best = body
     return best
 
 
