@@ -177,6 +177,18 @@ def test_persistent_ctas_walk_many_tiles(forced, seqlens, causal, head_dim):
     _check_forward(*_qkv(3, sq, sk, 48, 8, head_dim, torch.bfloat16), causal=causal)
 
 
+@pytest.mark.parametrize("feature", ["window", "softcap", "alibi"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_persistent_ctas_walk_many_tiles_with_features(forced, feature, head_dim):
+    """The carrying kernel's local-mask and general (softcap / ALiBi) forms over more tiles than SMs."""
+    mask = "local" if feature == "window" else "none"
+    _require(torch.bfloat16, head_dim, mask)
+    q, k, v = _qkv(3, 300, 517, 48, 8, head_dim, torch.bfloat16, scale=3.0)
+    _check_forward(q, k, v, window_size=(100, 37) if feature == "window" else (-1, -1),
+                   softcap=15.0 if feature == "softcap" else 0.0,
+                   alibi_slopes=torch.rand(3, 48, device="cuda") * 0.3 if feature == "alibi" else None)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_varlen_many_sequences(forced, causal, head_dim):
