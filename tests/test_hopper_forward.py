@@ -167,7 +167,7 @@ def test_varlen(forced, causal, window, head_dim):
 
 @pytest.mark.parametrize("seqlens", [(300, 517), (517, 300), (129, 1000)])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
 def test_persistent_ctas_walk_many_tiles(forced, seqlens, causal, head_dim):
     """More tiles than SMs, so a persistent CTA walks several: each tile's last P.V and epilogue run in the next
     tile's first key block (fwd_tile_config.h fwd_carries_tile_tail), Q alternates between two slots, and causal
@@ -178,7 +178,7 @@ def test_persistent_ctas_walk_many_tiles(forced, seqlens, causal, head_dim):
 
 
 @pytest.mark.parametrize("feature", ["window", "softcap", "alibi"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 192])
 def test_persistent_ctas_walk_many_tiles_with_features(forced, feature, head_dim):
     """The carrying kernel's local-mask and general (softcap / ALiBi) forms over more tiles than SMs."""
     mask = "local" if feature == "window" else "none"

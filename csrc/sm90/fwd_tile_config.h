@@ -44,9 +44,11 @@ constexpr int64_t kFwdPersistentMaxKeys = 2048;
 // Masked (causal) calls, best of three rounds one tile per CTA -> a CTA per SM (nineteenth session, forced Hopper,
 // bf16 TFLOP/s): hd 64 512 155 -> 199, 2k 308 -> 346; hd 128 512 216 -> 242 but 2k 458 -> 426; hd 256 512 250 ->
 // 204, 2k 474 -> 456 (so hd 256 keeps the one-tile kernel). At 4k / 16k one CTA per tile in the persistent kernel
-// ran as the one-tile kernel (hd 128 554 / 555, hd 64 376 / 377 at 4k). 0: never a CTA per SM.
+// ran as the one-tile kernel (hd 128 554 / 555, hd 64 376 / 377 at 4k). With the carried tile tail
+// (fwd_carries_tile_tail), hd 128 causal, 15 heads, ratio to cuDNN in the same process (twenty-eighth session): 1k
+// 0.77 -> 0.81 (327 -> 340 TFLOP/s), 2k 0.87 -> 0.87, so a CTA per SM up to 1k. 0: never a CTA per SM.
 constexpr int64_t fwd_masked_persistent_max_keys(int head_dim) {
-  return head_dim == 64 ? 2048 : (head_dim == 128 ? 512 : 0);
+  return head_dim == 64 ? 2048 : (head_dim == 128 ? 1024 : 0);
 }
 
 constexpr bool fwd_persistent_pays(int head_dim, bool masked, int64_t seqlen_k) {
@@ -60,11 +62,11 @@ constexpr bool fwd_persistent_pays(int head_dim, bool masked, int64_t seqlen_k) 
 // fwd_q_stages) the next tile's Q has its own slot. Predicted +10-15 % at 512 keys; measured on the H200 (bf16,
 // twenty-seventh session, docs/perf_log.md), as the ratio to cuDNN in the same process: hd 128 512 0.85 -> 0.88,
 // causal 0.71 -> 0.75, 2k 0.97 -> 0.98; hd 64 512 0.88 -> 0.91, causal and 2k unchanged. Not at hd 256: the carried
-// tile's state beside 128 O registers spilled (16 bytes), and its A/B there was within the noise; hd 192 (compiled
-// without spill) is not yet run on the GPU. One-tile launches (longer keys) run the kernel without it: carrying there
-// measured 3-7 % slower at 8k in one A/B, no more than that A/B's order bias (perf log), so not taken where it
-// cannot pay.
-constexpr bool fwd_carries_tile_tail(int head_dim) { return head_dim <= 128; }
+// tile's state beside 128 O registers spilled (16 bytes), and its A/B there was within the noise. hd 192 (no spill;
+// 10 heads, non-causal, twenty-eighth session): 512 0.83 -> 0.88, 1k 0.87 -> 0.93, 2k 0.94 -> 1.00 (617 -> 646
+// TFLOP/s). One-tile launches (longer keys) run the kernel without it: carrying there measured 3-7 % slower at 8k in
+// one A/B, no more than that A/B's order bias (perf log), so not taken where it cannot pay.
+constexpr bool fwd_carries_tile_tail(int head_dim) { return head_dim <= 192; }
 constexpr bool kFwdDoubleQ = true;
 
 // How many column groups of a key block share one group of FMA-pipe exponentials (fwd_kernel.h softmax_step): 0,
