@@ -7,7 +7,6 @@
 # also checked against the fp64 reference, so the subset is an ordinary part of the CUDA suite as well (marker:
 # sanitize).
 import functools
-import os
 
 import pytest
 import torch
@@ -139,12 +138,7 @@ def test_stmatrix_backward_stores(head_dim):
 @pytest.mark.parametrize("head_dim, causal", [(64, False), (128, True), (256, False)])
 def test_deterministic_backward(head_dim, causal):
     """deterministic=True: on the Hopper path up to hd 128 the ordered dQ (writer warps, counters in the workspace,
-    rotated walks when unmasked), above it the per-CTA accumulators; GQA, ragged blocks, several key blocks.
-    racecheck (tools/sanitize.sh names the tool) reports the hd 64 writers' loads of the consumers' staging tiles,
-    which bar.arrive / bar.sync handoffs order (csrc/sm90/bwd_ordered_dq.h): that case runs under memcheck and
-    synccheck until the handoff is one racecheck follows."""
-    if head_dim == 64 and os.environ.get("FLASH_ATTN_SANITIZE_TOOL") == "racecheck":
-        pytest.skip("racecheck does not follow the ordered dQ's arrive-based handoff at hd 64 (bwd_ordered_dq.h)")
+    rotated walks when unmasked), above it the per-CTA accumulators; GQA, ragged blocks, several key blocks."""
     _run_dense((2, 131, 300, 4, 2, head_dim), True, causal=causal, deterministic=True)
 
 

@@ -30,10 +30,10 @@ __global__ void __launch_bounds__(kRowwiseThreads) bwd_preprocess_kernel(const B
   float* stats = w.stats == nullptr ? nullptr
                                     : w.stats + h * w.stats_head_stride +
                                           bwd_stats_block0(si.global_q_row0, b) * 2 * kBwdStatsRows;
-  // The CTA of the sequence's last row pads its last statistics block: rows past the end see no key (LSE +inf,
-  // P = 0) and add nothing (D = 0).
+  // The CTA of the sequence's last row pads its last statistics blocks (bwd_stats_padded_rows): rows past the end
+  // see no key (LSE +inf, P = 0) and add nothing (D = 0).
   if (stats != nullptr && blockIdx.x == (si.seqlen_q - 1) / kRowwiseRows) {
-    const int64_t padded = (si.seqlen_q + kBwdStatsRows - 1) / kBwdStatsRows * kBwdStatsRows;
+    const int64_t padded = bwd_stats_padded_rows(si.seqlen_q);
     for (int64_t r = si.seqlen_q + threadIdx.x; r < padded; r += kRowwiseThreads) {
       float* block = stats + r / kBwdStatsRows * 2 * kBwdStatsRows;
       block[r % kBwdStatsRows] = INFINITY;

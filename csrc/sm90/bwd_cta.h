@@ -81,7 +81,7 @@ struct BwdCta {
     map_batch = varlen ? 0 : batch;
     workspace = bwd_workspace(bp, DqLayout::kRows);
     global_q_row0 = varlen ? sequence.q_row0 : static_cast<int64_t>(batch) * p.shape.seqlen_q;
-    stat_blocks = workspace.stats + bwd_stats_block0(global_q_row0, batch) * 2 * kBlockM;
+    stat_blocks = workspace.stats + bwd_stats_block0(global_q_row0, batch) * 2 * kBwdStatsRows;
     dq_split = bp.deterministic && !args.dq_ordered ? blockIdx.x : 0;
     const int head_split = static_cast<int>(blockIdx.x) % args.head_splits;
     first_block = static_cast<int>(blockIdx.x) / args.head_splits;

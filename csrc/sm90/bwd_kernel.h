@@ -41,10 +41,14 @@ struct BwdSmemLayout {
   static constexpr int kSegments = kHeadDim / kSegmentElems;
   static constexpr int kKvBytes = kBlockN * kHeadDim * 2;   // K (or V)
   static constexpr int kRowsBytes = kBlockM * kHeadDim * 2;  // one stage of Q (or dO)
-  static constexpr int kDsBytes = kBlockN * kBlockM * 2;     // one dS^T tile: a 128-byte line of queries per key
-  static constexpr int kStatFloats = 2 * kBlockM;            // LSE (log2 units) then D of one step
+  // One dS^T tile: block_m / 64 segments of block_n 128-byte lines (a key's 64 queries each).
+  static constexpr int kDsSegmentBytes = kBlockN * kSegmentBytes;
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;
+  // LSE (log2 units) then D of each 64-row statistics block of the step (bwd_workspace.h block_stats).
+  static constexpr int kStatFloats = 2 * kBlockM;
   static constexpr int kStatBytes = kStatFloats * 4;
-  static constexpr int kDqStageFloats = kBlockM * kSegmentElems;  // a consumer's dQ: 64 columns x block_m rows
+  static constexpr int kDqRows = bwd_dq_rows(kHeadDim, kBlockM);
+  static constexpr int kDqStageFloats = kDqRows * kSegmentElems;  // a consumer's dQ: 64 columns x kDqRows rows
   static constexpr int kK = 0;
   static constexpr int kV = kK + kKvBytes;
   static constexpr int kQ = kV + kKvBytes;
@@ -57,12 +61,13 @@ struct BwdSmemLayout {
   static constexpr int kBarrierCount = 2 + 4 * kStages;
   static constexpr int kBytes = kBarriers + kBarrierCount * 8;
   static constexpr int kLaunchBytes = kBytes + static_cast<int>(ptx::kSwizzleAtomBytes);
-  static_assert(kBlockM * 2 == kSegmentBytes, "a dS^T line is one 128-byte swizzled line of block_m queries");
+  static_assert(kBlockM % kSegmentElems == 0, "a key's dS^T queries are whole 128-byte swizzled lines of 64");
   static_assert(kRowsBytes % ptx::kSwizzleAtomBytes == 0 && kKvBytes % ptx::kSwizzleAtomBytes == 0 &&
                     kDsBytes % ptx::kSwizzleAtomBytes == 0,
                 "every tile starts on a swizzle atom");
   static_assert(kLaunchBytes <= kMaxSmemPerBlock, "the tiles must fit the shared memory a block may opt into");
-  static_assert(kBlockM == kBwdStatsRows, "a step's statistics are one block of the workspace's (bwd_workspace.h)");
+  static_assert(kBlockM % kBwdStatsRows == 0 && kBlockM <= kBwdStatsSequenceRows,
+                "a step's statistics are whole blocks of the workspace's, inside its sequence's (bwd_workspace.h)");
   static_assert(kStats % 16 == 0 && kStatBytes % 16 == 0, "bulk copies move whole 16-byte units");
 };
 
@@ -81,11 +86,17 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Layout = BwdSmemLayout<kHeadDim, kBlockM, kBlockN, kStages>;
   using Slot = RingSlot<kStages>;
-  constexpr bool kColumnHalves = bwd_dq_column_halves(kHeadDim);
+  constexpr BwdDqSplit kDqSplit = bwd_dq_split(kHeadDim, kBlockM);
+  constexpr bool kColumnHalves = kDqSplit == BwdDqSplit::kColumnHalves;
+  constexpr bool kRowHalves = kDqSplit == BwdDqSplit::kRowHalves;
+  constexpr bool kOwnKeys = kDqSplit == BwdDqSplit::kOwnKeys;
   constexpr bool kPrefetchScores = bwd_prefetches_scores(kHeadDim, kGeneral);
   constexpr int kDqColumns = kColumnHalves ? kHeadDim / kBwdConsumerWarpgroups : kHeadDim;
-  constexpr int kDqKeys = kColumnHalves ? kBlockN : kBwdRowsPerConsumer;
+  constexpr int kDqKeys = kOwnKeys ? kBwdRowsPerConsumer : kBlockN;
+  constexpr int kDqRows = Layout::kDqRows;
+  constexpr int kStatRows = static_cast<int>(kBwdStatsRows);
   static_assert(kDqColumns == kSegmentElems, "each consumer's dQ columns are one 64-column segment of K");
+  static_assert(kDqRows == kBwdRowsPerConsumer, "a consumer's dQ is one m64 accumulator");
 
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = align_dynamic_smem(smem_raw);
@@ -148,9 +159,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
                                                     ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes);
   const uint64_t v_rows_desc = ptx::smem_descriptor(v_tile + consumer * kBwdRowsPerConsumer * kSegmentBytes,
                                                     ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes);
-  // B operand of dQ: K read MN-major (head-dim columns contiguous), this consumer's columns and keys.
-  const int dq_key0 = kColumnHalves ? 0 : consumer * kBwdRowsPerConsumer;
+  // B operand of dQ: K read MN-major (head-dim columns contiguous), this consumer's columns and keys; with row halves
+  // its dQ rows are the step's query rows dq_row0 ... + 63.
+  const int dq_key0 = kOwnKeys ? consumer * kBwdRowsPerConsumer : 0;
   const int dq_segment = kColumnHalves ? consumer : 0;
+  const int dq_row0 = kRowHalves ? consumer * kBwdRowsPerConsumer : 0;
   // The accumulator's rows are the head dim rounded up to 32 (bwd_padded_head_dim), narrower than the bucket below
   // a multiple of 64 (hd 32: 32 of 64 columns, hd 96: 96 of 128): the slot groups past a row's end are not added.
   // Adding them (zeros) ran over the last row into the next allocation: an illegal address at hd 32, 4 x 64 heads x
@@ -171,8 +184,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   const float softcap_log2 = static_cast<float>(p.softcap * kLog2e);
   // The dq accumulator this consumer adds into: 0, or in deterministic calls the CTA's own (its consumer's own with
   // own-keys dQ, where both would add into the same elements: bwd_dq_accumulators_per_cta).
-  const int64_t dq_accumulator =
-      bp.deterministic && !args.dq_ordered ? cta.dq_split * bwd_dq_accumulators_per_cta(kHeadDim) + (kColumnHalves ? 0 : consumer) : 0;
+  const int64_t dq_accumulator = bp.deterministic && !args.dq_ordered
+                                     ? cta.dq_split * bwd_dq_accumulators_per_cta(kHeadDim) + (kOwnKeys ? consumer : 0)
+                                     : 0;
   int ring = 0;       // Q / dO ring iterations, counted across key blocks (as the producer counts them)
   int loaded_kv = 0;  // key blocks whose K / V this consumer waited for
 
@@ -234,6 +248,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
         // published by a named barrier before the GEMMs, they held ~12 % of the stall samples (ncu, hd 128 and 64,
         // 4k, seventeenth session).
         const float* step_stats = stats + slot.stage * Layout::kStatFloats;
+        // The LSE of query column 8j + quad_col + e % 2 of the step, in its 64-row statistics block (D: + kStatRows).
+        auto stat_of = [&](int j, int e) {
+          return (8 * j) / kStatRows * 2 * kStatRows + (8 * j) % kStatRows + quad_col + (e % 2);
+        };
 
         const uint8_t* q_slot = q_tiles + slot.stage * Layout::kRowsBytes;
         const uint8_t* do_slot = do_tiles + slot.stage * Layout::kRowsBytes;
@@ -247,7 +265,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
         // ones wait for both and do both in one pass, so softcap's derivative 1 - tanh^2 needs no registers of its own
         // (stored, it spilled 156 bytes at hd 128).
         auto probability = [&](int j, int e, float score, float& derivative) {
-          const int col = 8 * j + quad_col + (e % 2);
+          const int col = stat_of(j, e);
           float prob;
           if constexpr (kGeneral) {
             float z;
@@ -285,7 +303,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
           }
         };
         auto score_gradient = [&](int j, int e, float prob, float d_prob, float derivative) {
-          return prob * (d_prob - step_stats[kBlockM + 8 * j + quad_col + (e % 2)]) * derivative;
+          return prob * (d_prob - step_stats[kStatRows + stat_of(j, e)]) * derivative;
         };
         if constexpr (kGeneral) {
           ptx::warpgroup_wait<0>();
@@ -332,34 +350,38 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
         issue_pv<T, kHeadDim, kBlockM>(
             dk, ds_frag, ptx::smem_descriptor(q_slot, kBlockM * kSegmentBytes, ptx::kSwizzleAtomBytes));
 
-        // dS^T into its shared tile: line = key row of the block, 64 queries per line, 128-byte swizzle. One
-        // stmatrix.x4 per 16 queries (4 instead of 16 32-bit stores a thread): matrix i holds key rows + 8 (i % 2) and
-        // the 8-query chunk 2k + i / 2, i.e. ds_frag[k][i]; lane l gives row l % 8 of matrix l / 8.
+        // dS^T into its shared tile: line = key row of the block, 64 queries per line (queries 64s ... in segment s),
+        // 128-byte swizzle. One stmatrix.x4 per 16 queries (4 instead of 16 32-bit stores a thread): matrix i holds key
+        // rows + 8 (i % 2) and the 8-query chunk 2 (k % 4) + i / 2 of segment k / 4, i.e. ds_frag[k][i]; lane l gives
+        // row l % 8 of matrix l / 8.
         uint8_t* ds_tile = ds_tiles + (ring % 2) * Layout::kDsBytes;
         {
+          constexpr int kStepsPerSegment = kSegmentElems / 16;
           const int matrix = lane / 8;
           const int line = consumer * kBwdRowsPerConsumer + warp * kRowsPerWarp + lane % 8 + kSecondRow * (matrix % 2);
 #pragma unroll
           for (int k = 0; k < kBlockM / 16; ++k) {
-            const int chunk = (2 * k + matrix / 2) ^ (line % 8);
-            ptx::stmatrix_x4(ds_tile + line * kSegmentBytes + chunk * 16, ds_frag[k][0], ds_frag[k][1], ds_frag[k][2],
-                             ds_frag[k][3]);
+            const int chunk = (2 * (k % kStepsPerSegment) + matrix / 2) ^ (line % 8);
+            ptx::stmatrix_x4(ds_tile + (k / kStepsPerSegment) * Layout::kDsSegmentBytes + line * kSegmentBytes + chunk * 16,
+                             ds_frag[k][0], ds_frag[k][1], ds_frag[k][2], ds_frag[k][3]);
           }
         }
         ptx::fence_proxy_async_shared();
         // The previous step's dQ boxes have been read out of this consumer's staging tile before any of its threads
         // passes the barrier (and, after the dQ GEMM, writes the tile again); long done by now, a step later.
         if (own_reductions && thread == 0) ptx::bulk_wait_group_read<0>();
-        if constexpr (kColumnHalves) {
+        if constexpr (!kOwnKeys) {
           ptx::named_barrier_sync(kBwdSharedDsBarrier, kBwdConsumerWarpgroups * ptx::kWarpgroupThreads);
         } else {
           ptx::named_barrier_sync(kBwdOwnDsBarrier + consumer, ptx::kWarpgroupThreads);
         }
-        // dQ (block_m x this consumer's 64 columns) = dS.K over kDqKeys keys: A = dS^T read M-major, B = K MN-major.
+        // dQ (this consumer's 64 rows x 64 columns) = dS.K over kDqKeys keys: A = dS^T read M-major (the segment of
+        // its rows), B = K MN-major.
         float dq[kDqColumns / 2];
         {
-          const uint64_t ds_desc = ptx::smem_descriptor(ds_tile + dq_key0 * kSegmentBytes, kBlockN * kSegmentBytes,
-                                                        ptx::kSwizzleAtomBytes);
+          const uint64_t ds_desc = ptx::smem_descriptor(
+              ds_tile + (dq_row0 / kSegmentElems) * Layout::kDsSegmentBytes + dq_key0 * kSegmentBytes,
+              Layout::kDsSegmentBytes, ptx::kSwizzleAtomBytes);
           ptx::warpgroup_fence();
 #pragma unroll
           for (int kk = 0; kk < kDqKeys / 16; ++kk) {
@@ -382,7 +404,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
         // dQ in the fp32 accumulator's order (DqLayout::kRows, columns interleaved by dq_slot): a thread's columns 8j +
         // quad_col + e of j = 2g, 2g + 1 are slots 4 (lane % 4) .. + 3 of slot group g, one 16-byte value.
         if (bulk_dq) {
-          // Staged as boxes of 16 columns x block_m dense rows (a warp's 8 rows x 64 bytes per store: conflict-free),
+          // Staged as boxes of 16 columns x kDqRows dense rows (a warp's 8 rows x 64 bytes per store: conflict-free),
           // then added by the TMA unit. Rows past the sequence hold zeros (P = 0 there), so a box reaching into the
           // next sequence's or head's rows adds nothing; rows and columns past the map's end are skipped.
           if (args.dq_ordered && (kBwdDqFirstStepHandoff || i > 0)) {
@@ -393,7 +415,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
             const int row = warp * kRowsPerWarp + lane / kQuadLanes + kSecondRow * r;
 #pragma unroll
             for (int g = 0; g < kDqColumns / kDqSlotGroup; ++g) {
-              float* box = dq_stage + g * kBlockM * kDqSlotGroup;
+              float* box = dq_stage + g * kDqRows * kDqSlotGroup;
               *reinterpret_cast<float4*>(box + row * kDqSlotGroup + 2 * quad_col) = make_float4(
                   dq[8 * g + 2 * r], dq[8 * g + 2 * r + 1], dq[8 * g + 4 + 2 * r], dq[8 * g + 4 + 2 * r + 1]);
             }
@@ -406,11 +428,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
           }
           if (own_reductions && thread == 0) {
             const int row = static_cast<int>((dq_accumulator * p.shape.nheads_q + head) * workspace.dq_head_rows +
-                                             global_q_row0 + q0);
+                                             global_q_row0 + q0 + dq_row0);
 #pragma unroll
             for (int g = 0; g < kDqColumns / kDqSlotGroup; ++g) {
               if (g < dq_groups) {
-                ptx::bulk_reduce_add_2d(&args.dq_map.map, dq_stage + g * kBlockM * kDqSlotGroup,
+                ptx::bulk_reduce_add_2d(&args.dq_map.map, dq_stage + g * kDqRows * kDqSlotGroup,
                                         dq_segment * kSegmentElems + g * kDqSlotGroup, row);
               }
             }
@@ -421,7 +443,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
               workspace.dq_accum + dq_accumulator * workspace.dq_split_stride + head * workspace.dq_head_stride;
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
-            const int64_t q = q0 + warp * kRowsPerWarp + lane / kQuadLanes + kSecondRow * r;
+            const int64_t q = q0 + dq_row0 + warp * kRowsPerWarp + lane / kQuadLanes + kSecondRow * r;
             if (q >= seqlen_q) continue;
             float* dq_row = dq_head + (global_q_row0 + q) * workspace.dq_row_stride + dq_segment * kSegmentElems;
 #pragma unroll

@@ -100,7 +100,7 @@ void run_bwd(const BwdParams& params, void* stream) {
   if (bulk && dq_rows > 0 && dq_rows < kMaxDqRows) {
     encode_fp32_map_2d(args.dq_map, workspace.dq_accum, static_cast<uint64_t>(workspace.dq_row_stride),
                        static_cast<uint64_t>(dq_rows), static_cast<uint64_t>(workspace.dq_row_stride) * sizeof(float),
-                       kDqSlotGroup, kTile.block_m);
+                       kDqSlotGroup, bwd_dq_rows(kHeadDim, kTile.block_m));
   }
   args.dq_ordered = ordered;
   if (ordered) {

@@ -19,9 +19,9 @@
 namespace flash::sm90 {
 
 // Two writers, so that one waits for its reductions to complete (the counter may advance only then) while the other
-// takes the next step (not measured against one writer). The producer warpgroup's last warp could be a third: hd 64's
-// deterministic backward, whose steps are half as long, ran at 0.60-0.68x of the default with two (twenty-third
-// session; written for an A/B, not run).
+// takes the next step (not measured against one writer). A third (the producer warpgroup's last warp) measured no
+// change at hd 64 (twenty-sixth session), whose deterministic backward ran at 0.50-0.68x of the default on 64-row
+// steps and at 0.95-1.0x on 128-row ones (twenty-eighth session).
 constexpr int kBwdDqWriters = 2;
 constexpr int kBwdDqFirstWriterWarp = 1;  // of the producer warpgroup (warp 0's first thread loads the tiles)
 static_assert(kBwdDqFirstWriterWarp + kBwdDqWriters <= ptx::kWarpgroupThreads / kWarpSize,
@@ -36,9 +36,9 @@ constexpr int kBwdDqThirdFullBarrier = 1;   // 1 and 2: the wide kernel's and th
 constexpr int kBwdDqThirdEmptyBarrier = 6;  // 6 and 7
 constexpr int kBwdDqHandoffThreads = ptx::kWarpgroupThreads + kWarpSize;
 // Whether step 0's staging tiles go through the empty handoff too (writer 0 arrives at once, the consumers wait).
-// Without it each empty barrier has one writer for the whole CTA (step i + 1's frees come from step i's writer), which
-// may be what racecheck needs to follow the handoff at hd 64 (bwd_kernel.h, twenty-third session: with writer 0 at
-// step 0 and writer 1 later on the same barrier, ~8k hazards remained with synced handoffs). Written, not run.
+// Without it each empty barrier has one writer for the whole CTA (step i + 1's frees come from step i's writer): the
+// twenty-third session's guess for racecheck's hazards at hd 64, which were the own-keys sum's instead (clean with row
+// halves, twenty-eighth session), so the handoff stays as it is.
 constexpr bool kBwdDqFirstStepHandoff = true;
 // Polls of a counter before a writer gives up with a trap (a missing add would otherwise hang the GPU): ~20 s.
 constexpr int64_t kBwdDqMaxPolls = int64_t{1} << 25;
@@ -90,14 +90,18 @@ __device__ __forceinline__ void pass_dq_turn(int* counter) {
 }
 
 // Runs on every lane of writer `writer` (0 .. kBwdDqWriters - 1), which takes the steps i with i % kBwdDqWriters ==
-// writer. Layout: the kernel's BwdSmemLayout (the consumers' staging tiles, box g of 16 columns x kBlockM rows at g *
-// kBlockM * kDqSlotGroup floats).
+// writer. Layout: the kernel's BwdSmemLayout (the consumers' staging tiles, box g of 16 columns x kDqRows rows at g *
+// kDqRows * kDqSlotGroup floats).
 template <typename Layout, int kHeadDim, int kBlockM, int kBlockN>
 __device__ __forceinline__ void write_ordered_dq(const BwdKernelArgs& args, const BwdCta<kBlockM, kBlockN>& cta,
                                                  uint8_t* smem, int writer) {
-  constexpr bool kColumnHalves = bwd_dq_column_halves(kHeadDim);
+  constexpr BwdDqSplit kDqSplit = bwd_dq_split(kHeadDim, kBlockM);
+  constexpr bool kColumnHalves = kDqSplit == BwdDqSplit::kColumnHalves;
+  constexpr bool kRowHalves = kDqSplit == BwdDqSplit::kRowHalves;
   constexpr int kDqColumns = kColumnHalves ? kHeadDim / kBwdConsumerWarpgroups : kHeadDim;
-  constexpr int kTilesOut = kColumnHalves ? kBwdConsumerWarpgroups : 1;
+  constexpr int kDqRows = Layout::kDqRows;
+  // Column or row halves: each consumer's tile goes out (at its columns or its rows); own keys: one summed tile.
+  constexpr int kTilesOut = kDqSplit == BwdDqSplit::kOwnKeys ? 1 : kBwdConsumerWarpgroups;
   const int lane = threadIdx.x % kWarpSize;
   const BwdWorkspace& workspace = cta.workspace;
   float* stage = reinterpret_cast<float*>(smem + Layout::kDqStage);
@@ -117,13 +121,12 @@ __device__ __forceinline__ void write_ordered_dq(const BwdKernelArgs& args, cons
       for (int c = 0; c < kBwdConsumerWarpgroups; ++c) {
         ptx::named_barrier_sync(dq_handoff_barrier(kBwdDqFullBarrier, i, c), kBwdDqHandoffThreads);
       }
-      if constexpr (!kColumnHalves) {
-        // Own keys: both consumers hold all columns over their own 64 keys; consumer 1's tile is added into consumer
-        // 0's (always in this order) and that one tile goes out. racecheck reports these loads against the consumers'
-        // staging stores (hd 64, twenty-third session), which the handoff barriers order (bar.arrive orders a thread's
-        // prior accesses for the barrier's participants); with bar.sync on both sides it still reported ~8k of the
-        // ~290k hazards, and the hd 64 deterministic backward lost 11 %, so the handoff stays arrive-based
-        // (docs/perf_log.md, twenty-third session).
+      if constexpr (kDqSplit == BwdDqSplit::kOwnKeys) {
+        // Own keys (no table entry since hd 64 steps over 128 rows; kept for bwd_tile_config's A/Bs): both consumers
+        // hold all columns over their own 64 keys; consumer 1's tile is added into consumer 0's (always in this order)
+        // and that one tile goes out. racecheck reported these loads against the consumers' staging stores (hd 64 on
+        // 64-row steps, twenty-third session), which the arrive-based handoff barriers order; with row halves nothing
+        // is summed here and racecheck is clean (twenty-eighth session).
         float4* into = reinterpret_cast<float4*>(stage);
         const float4* from = reinterpret_cast<const float4*>(stage + Layout::kDqStageFloats);
         for (int k = lane; k < Layout::kDqStageFloats / 4; k += kWarpSize) {
@@ -140,12 +143,14 @@ __device__ __forceinline__ void write_ordered_dq(const BwdKernelArgs& args, cons
         const int row = static_cast<int>(head * workspace.dq_head_rows + cta.global_q_row0 +
                                          static_cast<int64_t>(m_block) * kBlockM);
         for (int t = 0; t < kTilesOut; ++t) {
+          const int column0 = kColumnHalves ? t * kSegmentElems : 0;
+          const int row0 = kRowHalves ? t * kDqRows : 0;
           // Columns past the accumulator's rows (a head dim below its bucket) are not added (bwd_kernel.h dq_groups).
-          const int64_t columns = workspace.dq_row_stride - t * kSegmentElems;
+          const int64_t columns = workspace.dq_row_stride - column0;
           const int groups = static_cast<int>((columns < kDqColumns ? columns : kDqColumns) / kDqSlotGroup);
           for (int g = 0; g < groups; ++g) {
-            ptx::bulk_reduce_add_2d(&args.dq_map.map, stage + t * Layout::kDqStageFloats + g * kBlockM * kDqSlotGroup,
-                                    t * kSegmentElems + g * kDqSlotGroup, row);
+            ptx::bulk_reduce_add_2d(&args.dq_map.map, stage + t * Layout::kDqStageFloats + g * kDqRows * kDqSlotGroup,
+                                    column0 + g * kDqSlotGroup, row + row0);
           }
         }
         ptx::bulk_commit_group();

@@ -22,16 +22,36 @@ struct BwdTileConfig {
 // from registers.
 constexpr int kBwdMaxNarrowHeadDim = 128;
 constexpr int kBwdWideHeadDim = 256;
+// hd 64 steps over 128 query rows (FA3's 128 x 128 tile there): a 64-row step has half the GEMM work of hd 128's for
+// the same barriers, waits and handoffs, and ran at 0.75-0.82x of cuDNN (351 against 458 TFLOP/s at 16k) where hd 128
+// ran 0.91-0.95x. A 128-row step is hd 128's GEMM work (S^T / dP^T 64 x 128 accumulators, 64 registers each) with
+// twice its exponentials. Measured on the H200 (bf16, 32 heads, best of 2 rounds, twenty-eighth session), 64 -> 128
+// rows, ratio to cuDNN in the same process: 512 0.77 -> 0.85, 2k 0.82 -> 0.91, 8k 0.86 -> 1.00, 16k 0.85 -> 0.99
+// (381 -> 444 TFLOP/s); causal 0.71 / 0.74 / 0.83 / 0.84 -> 0.74 / 0.83 / 0.96 / 0.96; GQA 32/8 4k 0.86 -> 1.01;
+// deterministic 16k 224 -> 448 (the writers no longer sum two consumers' tiles: row halves, bwd_dq_split).
+constexpr int kBwdWideStepMaxHeadDim = 64;
 constexpr BwdTileConfig bwd_tile_config(int head_dim) {
   if (head_dim > kBwdMaxNarrowHeadDim) return BwdTileConfig{64, kBwdRowsPerConsumer, 2};
-  return BwdTileConfig{64, kBwdRowsPerConsumer * kBwdConsumerWarpgroups, 2};
+  const int block_m = head_dim <= kBwdWideStepMaxHeadDim ? 2 * kBwdRowsPerConsumer : kBwdRowsPerConsumer;
+  return BwdTileConfig{block_m, kBwdRowsPerConsumer * kBwdConsumerWarpgroups, 2};
 }
 
-// How the two consumers share dQ = dS.K of a query block. Column halves (hd 128): each computes 64 columns over all
-// block_n keys, reading both consumers' dS^T (a named barrier between them); the reductions into the fp32 accumulator
-// are one tile's worth. Own keys (hd 64, where a 32-column half is no whole 128-byte swizzle line): each computes all
-// columns over its own 64 keys, no barrier, twice the reductions.
-constexpr bool bwd_dq_column_halves(int head_dim) { return head_dim >= 128; }
+// How the two consumers share dQ = dS.K of a query block (bwd_kernel.h):
+//   kColumnHalves (hd 128): each computes 64 columns over all block_n keys, reading both consumers' dS^T (a named
+//                  barrier between them); the reductions into the fp32 accumulator are one tile's worth.
+//   kOwnKeys (64-row steps below hd 128, where a 32-column half is no whole 128-byte swizzle line): each computes all
+//                  columns over its own 64 keys, no barrier, twice the reductions.
+//   kRowHalves (128-row steps): each computes its 64 of the step's query rows, all columns, over all block_n keys
+//                  (both consumers' dS^T, a named barrier); one tile's worth of reductions.
+enum class BwdDqSplit { kColumnHalves, kOwnKeys, kRowHalves };
+constexpr BwdDqSplit bwd_dq_split(int head_dim, int block_m) {
+  if (block_m == 2 * kBwdRowsPerConsumer) return BwdDqSplit::kRowHalves;
+  return head_dim >= 128 ? BwdDqSplit::kColumnHalves : BwdDqSplit::kOwnKeys;
+}
+// Rows of a consumer's dQ tile (its staging tile's, and the dq accumulator map's box rows).
+constexpr int bwd_dq_rows(int head_dim, int block_m) {
+  return bwd_dq_split(head_dim, block_m) == BwdDqSplit::kRowHalves ? kBwdRowsPerConsumer : block_m;
+}
 
 // Whether a consumer issues the next step's S^T GEMM as soon as this step's dV, dK and dQ GEMMs are done, before its
 // dQ reductions: the tensor cores then work through the reductions (on the critical path otherwise; at hd 128 16k,
@@ -50,10 +70,13 @@ constexpr bool bwd_prefetches_scores(int head_dim, bool general) {
 // dq accumulators of a deterministic CTA (BwdParams::dq_splits counts every CTA's): the own-keys split gives each
 // consumer its own, since both add into the same elements; ordered instead (consumer 0, a __threadfence, then consumer
 // 1, every step), hd 64 ran at 0.48-0.76x of the default backward (eighteenth session; the grid's waves are the other
-// suspect, dispatch/sm90_policy.h sm90_bwd_dq_splits). Column halves and the wide kernel add disjoint columns into
-// one.
+// suspect, dispatch/sm90_policy.h sm90_bwd_dq_splits). Column and row halves and the wide kernel add disjoint
+// elements into one.
 constexpr int bwd_dq_accumulators_per_cta(int head_dim) {
-  return head_dim <= kBwdMaxNarrowHeadDim && !bwd_dq_column_halves(head_dim) ? kBwdConsumerWarpgroups : 1;
+  return head_dim <= kBwdMaxNarrowHeadDim &&
+                 bwd_dq_split(head_dim, bwd_tile_config(head_dim).block_m) == BwdDqSplit::kOwnKeys
+             ? kBwdConsumerWarpgroups
+             : 1;
 }
 
 // Whether dQ leaves a step through a shared staging tile and bulk tensor reductions (one thread issues 4 boxes of 16

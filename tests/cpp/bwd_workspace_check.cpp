@@ -86,14 +86,15 @@ void check_dq_splits(const flash::BwdParams& p, int num_sms) {
   }
 }
 
-// Sequence b's statistics blocks (bwd_stats_block0 on, one per kBwdStatsRows rows, bwd_kernel.h's bulk copies)
-// stay inside a head's stats_head_stride and after the previous sequence's.
+// Sequence b's statistics blocks (bwd_stats_block0 on, one per kBwdStatsRows rows of its length rounded up to
+// kBwdStatsSequenceRows: what a 128-row query block's bulk copy reads, bwd_kernel.h) stay inside a head's
+// stats_head_stride and after the previous sequence's.
 void check_stat_blocks(const flash::BwdParams& p, const flash::BwdWorkspace& w, const std::vector<int64_t>& lengths) {
   const int64_t block_floats = 2 * flash::kBwdStatsRows;
   int64_t row0 = 0;
   int64_t next_free = 0;  // the first block the next sequence may use
   for (size_t b = 0; b < lengths.size(); ++b) {
-    const int64_t blocks = (lengths[b] + flash::kBwdStatsRows - 1) / flash::kBwdStatsRows;
+    const int64_t blocks = flash::bwd_stats_padded_rows(lengths[b]) / flash::kBwdStatsRows;
     const int64_t first = flash::bwd_stats_block0(row0, static_cast<int64_t>(b));
     if (blocks > 0 && first < next_free) fail("statistics blocks of two sequences overlap", p, first, next_free);
     if ((first + blocks) * block_floats > w.stats_head_stride) {

@@ -164,8 +164,10 @@ int main() {
         mask.window_right = random() % 3 == 0 ? flash::kUnboundedWindow : static_cast<int64_t>(random() % 400);
     }
     check(mask, sq, sk, 128, block_ns[random() % 6]);
-    // The backward's blocks: 64 query rows, 128 keys (narrow kernel) or 64 (wide), 1-3 heads of a group per walk.
-    check_dq_order(mask, sq, sk, 64, random() % 2 == 0 ? 128 : 64, 1 + random() % 3, random() % 2 == 0);
+    // The backward's blocks: 64 query rows (hd 64: 128, sm90/bwd_tile_config.h), 128 keys (narrow kernel) or 64
+    // (wide), 1-3 heads of a group per walk.
+    const int block_m = random() % 2 == 0 ? 64 : 128;
+    check_dq_order(mask, sq, sk, block_m, random() % 2 == 0 ? 128 : 64, 1 + random() % 3, random() % 2 == 0);
     ++cases;
   }
   std::printf("%d cases, %d failures\n", cases, failures);

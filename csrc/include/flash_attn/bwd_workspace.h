@@ -51,12 +51,21 @@ FLASH_HOST_DEVICE constexpr int64_t dq_offset(DqLayout layout, int64_t row, int6
 }
 
 // BwdParams::block_stats: per q head, blocks of kBwdStatsRows LSE values (log2 units) then the same rows' D, so one
-// 512-byte bulk copy brings a query block's statistics. Sequence b's rows start at block bwd_stats_block0 (the
-// workspace row plus a block per earlier sequence, rounded down), so no two sequences share a block; rows past a
-// sequence's end in its last block hold LSE +inf (P = 0) and D = 0.
+// 512-byte bulk copy brings a 64-row query block's statistics, and two adjacent blocks a 128-row one's. Sequence b's
+// rows start at block bwd_stats_block0 (the workspace row plus kBwdStatsSequenceRows per earlier sequence, rounded
+// down to a multiple of kBwdStatsSequenceRows), so no two sequences share a block and a sequence's 128-row query
+// blocks are whole block pairs; rows past a sequence's end, up to its next multiple of kBwdStatsSequenceRows, hold
+// LSE +inf (P = 0) and D = 0.
 constexpr int64_t kBwdStatsRows = 64;
+constexpr int64_t kBwdStatsSequenceRows = 128;  // the longest query block a backward kernel reads (bwd_tile_config)
+constexpr int64_t kBwdStatsBlocksPerSequenceUnit = kBwdStatsSequenceRows / kBwdStatsRows;
 FLASH_HOST_DEVICE constexpr int64_t bwd_stats_block0(int64_t global_q_row0, int64_t batch_index) {
-  return (global_q_row0 + kBwdStatsRows * batch_index) / kBwdStatsRows;
+  return (global_q_row0 + kBwdStatsSequenceRows * batch_index) / kBwdStatsSequenceRows *
+         kBwdStatsBlocksPerSequenceUnit;
+}
+// A sequence's rows with statistics: its length rounded up to kBwdStatsSequenceRows (the rest padded as above).
+FLASH_HOST_DEVICE constexpr int64_t bwd_stats_padded_rows(int64_t seqlen_q) {
+  return (seqlen_q + kBwdStatsSequenceRows - 1) / kBwdStatsSequenceRows * kBwdStatsSequenceRows;
 }
 
 FLASH_HOST_DEVICE int64_t bwd_padded_head_dim(int64_t head_dim) {
@@ -150,9 +159,11 @@ FLASH_HOST_DEVICE BwdWorkspace bwd_workspace(const BwdParams& params, DqLayout l
   float* dkv = w.dq_accum == nullptr ? nullptr : w.dq_accum + params.dq_splits * pair_split_stride;
   w.dk_accum = w.dkv_floats > 0 ? dkv : nullptr;
   w.dv_accum = w.dkv_floats > 0 && dkv != nullptr ? dkv + w.dkv_floats : nullptr;
-  // Block bwd_stats_block0(row0, b) + ceil(length / kBwdStatsRows) - 1 of a sequence is below
-  // ceil(total_q / kBwdStatsRows) + batch, for any rows inside total_q (varlen rows are clamped to it).
-  const int64_t stats_blocks = (params.total_q + kBwdStatsRows - 1) / kBwdStatsRows + s.batch + 1;
+  // With U = kBwdStatsSequenceRows and B = kBwdStatsBlocksPerSequenceUnit, a sequence's last block,
+  // bwd_stats_block0(row0, b) + B ceil(length / U) - 1, is at most B (total_q / U + b + 1) - 1, below
+  // B (ceil(total_q / U) + batch + 1) for any rows inside total_q (varlen rows are clamped to it).
+  const int64_t stats_blocks =
+      kBwdStatsBlocksPerSequenceUnit * ((params.total_q + kBwdStatsSequenceRows - 1) / kBwdStatsSequenceRows + s.batch + 1);
   w.stats_head_stride = params.block_stats ? stats_blocks * 2 * kBwdStatsRows : 0;
   w.stats = params.block_stats && dkv != nullptr ? dkv + 2 * w.dkv_floats : nullptr;
   w.semaphore_head_stride = params.block_stats && params.deterministic ? stats_blocks : 0;
