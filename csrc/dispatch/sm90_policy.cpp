@@ -101,9 +101,12 @@ bool sm90_bwd_pays(const BwdParams& p) {
   // Above hd 128 the wide kernel (bwd_wide_kernel.h; eighteenth session sweep, 4 x 4k, TFLOP/s, Hopper / portable,
   // causal after the slash): hd 160 250 / 182, 224 / 170; hd 192 265 / 199, 242 / 189; hd 224 275 / 190, 254 / 179;
   // hd 256 301 / 254, 278 / 240. Its plain calls take the same rules as the narrow kernel's.
+  // hd 32 (the 64 bucket at 32 of 64 columns) since hd 64 steps over 128 query rows (twenty-eighth session, 64 heads,
+  // Hopper forced / portable, 512 / 2k / 8k): 136 / 134, 203 / 188, 232 / 206; causal 71 / 81, 146 / 151, 201 / 195,
+  // so unmasked calls only.
   if (p.fwd.softcap > 0.0 || p.fwd.mask.alibi_slopes != nullptr) return true;
   constexpr int64_t kMinPlainHeadDim = 33;
-  return p.fwd.shape.head_dim >= kMinPlainHeadDim;
+  return p.fwd.shape.head_dim >= kMinPlainHeadDim || mask_kind(p.fwd.mask) == MaskKind::kNone;
 }
 
 int64_t sm90_bwd_head_splits(const BwdParams& p, int num_sms) {
