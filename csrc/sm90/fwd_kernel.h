@@ -65,9 +65,8 @@ struct FwdSmemLayout {
 // for them beside the K / V rings, so the producer loads the next tile's Q while the current tile's key blocks still
 // read theirs; with one it may load it only once the current tile's last S GEMM is done, about one key block before
 // the consumers wait for it.
-template <int kHeadDim, int kBlockN, int kStages, bool kCarry>
+template <int kHeadDim, int kBlockM, int kBlockN, int kStages, bool kCarry>
 constexpr int fwd_q_stages() {
-  constexpr int kBlockM = kRowsPerConsumer * kConsumerWarpgroups;
   constexpr int kTwoQBytes = 2 * kBlockM * kHeadDim * 2 + 2 * kStages * kBlockN * kHeadDim * 2 +
                              (4 + 4 * kStages) * 8 + static_cast<int>(ptx::kSwizzleAtomBytes);
   return kCarry && kFwdDoubleQ && kTwoQBytes <= kMaxSmemPerBlock ? 2 : 1;
@@ -324,14 +323,15 @@ __device__ __forceinline__ void zero_all(float (&values)[kCount]) {
 // kCarry (CTAs that walk several tiles, overlapped schedule): a tile's last P.V and epilogue run under the next tile's
 // first S GEMM and softmax (fwd_carries_tile_tail). Otherwise one tile per CTA from the grid coordinates.
 // kPolyEvery: softmax_step's share of exponentials on the FMA pipe (0: none).
-template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool kGeneral, int kBlockN, int kStages,
-          bool kPersistent, int kPolyEvery, bool kCarry>
-__global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_constant__ FwdKernelArgs args) {
+template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool kGeneral, int kBlockM, int kBlockN,
+          int kStages, bool kPersistent, int kPolyEvery, bool kCarry>
+__global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __grid_constant__ FwdKernelArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(kConsumerWarpgroups == 2 || kSchedule != FwdSchedule::kPingpong, "ping-pong pairs two warpgroups");
+  constexpr int kConsumers = kBlockM / kRowsPerConsumer;
+  static_assert(kBlockM % kRowsPerConsumer == 0, "one 64-row slice per consumer warpgroup");
+  static_assert(kConsumers == 2 || kSchedule != FwdSchedule::kPingpong, "ping-pong pairs two warpgroups");
   static_assert(!kCarry || (kPersistent && kSchedule == FwdSchedule::kOverlap), "carrying needs tiles to walk");
-  constexpr int kBlockM = kRowsPerConsumer * kConsumerWarpgroups;
-  constexpr int kQStages = fwd_q_stages<kHeadDim, kBlockN, kStages, kCarry>();
+  constexpr int kQStages = fwd_q_stages<kHeadDim, kBlockM, kBlockN, kStages, kCarry>();
   using Layout = FwdSmemLayout<kHeadDim, kBlockM, kBlockN, kStages, kQStages>;
   constexpr int kSegments = Layout::kSegments;
   using Slot = RingSlot<kStages>;
@@ -358,11 +358,11 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
   if (!kPersistent && !plan_tile<kMask, kPersistent, kBlockM, kBlockN>(args, 0).has_rows) return;
 
   if (threadIdx.x == 0) {
-    init_pipeline_barriers(q_full, q_empty, k_full, v_full, k_empty, v_empty, kStages, kConsumerWarpgroups,
-                           kConsumerWarpgroups, kConsumerWarpgroups);
+    init_pipeline_barriers(q_full, q_empty, k_full, v_full, k_empty, v_empty, kStages, kConsumers, kConsumers,
+                           kConsumers);
     for (int q = 1; q < kQStages; ++q) {
       ptx::mbarrier_init(&q_full[q], 1);
-      ptx::mbarrier_init(&q_empty[q], kConsumerWarpgroups);
+      ptx::mbarrier_init(&q_empty[q], kConsumers);
     }
     ptx::fence_barrier_init();
   }
@@ -414,7 +414,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) fwd_kernel(const __grid_consta
     return;
   }
 
-  ptx::claim_registers<kConsumerRegisters>();
+  ptx::claim_registers<consumer_registers(kConsumers)>();
   const int consumer = warpgroup - 1;
   const int thread = threadIdx.x % ptx::kWarpgroupThreads;
   const int warp = thread / kWarpSize;

@@ -81,26 +81,27 @@ template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool 
           bool kPersistent, int kPolyEvery, bool kCarry>
 void launch_fwd_kernel(FwdKernelArgs& args, int64_t ctas, cudaStream_t stream) {
   using Layout = FwdSmemLayout<kHeadDim, kTile.block_m, kTile.block_n, kTile.stages,
-                               fwd_q_stages<kHeadDim, kTile.block_n, kTile.stages, kCarry>()>;
-  auto kernel = fwd_kernel<T, kHeadDim, kMask, kSchedule, kGeneral, kTile.block_n, kTile.stages, kPersistent,
-                           kPolyEvery, kCarry>;
+                               fwd_q_stages<kHeadDim, kTile.block_m, kTile.block_n, kTile.stages, kCarry>()>;
+  auto kernel = fwd_kernel<T, kHeadDim, kMask, kSchedule, kGeneral, kTile.block_m, kTile.block_n, kTile.stages,
+                           kPersistent, kPolyEvery, kCarry>;
+  constexpr int kThreads = fwd_threads(kTile.block_m);
   // Above 48 KB of dynamic shared memory a kernel must opt in.
   static const cudaError_t opt_in =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::kLaunchBytes);
   require_smem_opt_in(opt_in, Layout::kLaunchBytes, "forward");
   if constexpr (kPersistent) {
-    kernel<<<static_cast<unsigned>(ctas), kFwdThreads, Layout::kLaunchBytes, stream>>>(args);
+    kernel<<<static_cast<unsigned>(ctas), kThreads, Layout::kLaunchBytes, stream>>>(args);
   } else {
     const AttentionShape& shape = args.params.shape;
     const dim3 grid(args.num_m_blocks, static_cast<unsigned>(shape.nheads_q), static_cast<unsigned>(shape.batch));
-    kernel<<<grid, kFwdThreads, Layout::kLaunchBytes, stream>>>(args);
+    kernel<<<grid, kThreads, Layout::kLaunchBytes, stream>>>(args);
   }
 }
 
 template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool kGeneral, FwdTileConfig kTile,
           bool kPersistent, int kPolyEvery>
 void launch_fwd(FwdKernelArgs& args, cudaStream_t stream) {
-  static_assert(kTile.block_m == kRowsPerConsumer * kConsumerWarpgroups, "one 64-row slice per consumer warpgroup");
+  static_assert(kTile.block_m % kRowsPerConsumer == 0, "one 64-row slice per consumer warpgroup");
   if constexpr (kPersistent) {
     // A CTA per SM (each holds a whole SM's shared memory) striding over the tiles, or one CTA per tile
     // (fwd_persistent_pays). CTAs that walk several tiles carry each tile's tail into the next

@@ -1,6 +1,6 @@
 // Tile sizes of the Hopper forward kernel (fwd_kernel.h), one constexpr function per head-dim bucket: a CTA is one
-// producer warpgroup (TMA) and kConsumerWarpgroups x 64 query rows of wgmma consumers, K and V pass through rings of
-// `stages` slots. Shared memory bounds block_n: Q + 2 stages x (K + V) must fit the 227 KB a block may opt into.
+// producer warpgroup (TMA) and block_m / 64 consumer warpgroups of 64 query rows (wgmma), K and V pass through rings
+// of `stages` slots. Shared memory bounds block_n: Q + 2 stages x (K + V) must fit the 227 KB a block may opt into.
 #pragma once
 
 #include "flash_attn/params.h"
@@ -8,8 +8,21 @@
 namespace flash::sm90 {
 
 constexpr int kRowsPerConsumer = 64;   // wgmma M: one consumer warpgroup owns 64 query rows
-constexpr int kConsumerWarpgroups = 2;
-constexpr int kFwdThreads = (kConsumerWarpgroups + 1) * 128;
+constexpr int kConsumerWarpgroups = 2;  // above hd 64 (fwd_consumer_warpgroups)
+constexpr int fwd_threads(int block_m) { return (block_m / kRowsPerConsumer + 1) * 128; }
+
+// hd 64 runs three consumer warpgroups (FA3's and ThunderKittens' 192-row tile there): its softmax's exponentials
+// take as long on the MUFU unit as its GEMMs on the tensor cores (HOPPER_NOTES.md section 7), so a third warp per SM
+// sub-partition keeps one softmax running while the other two wait for their GEMMs. setmaxnreg then gives a consumer
+// thread 160 registers (kernel_common.h consumer_registers; no spill, key loop 799 -> 838 instructions, most of them
+// register moves). Measured on the H200 (bf16, 32 heads, twenty-eighth session), two -> three, ratio to cuDNN in the
+// same process: 2k / 4k / 8k / 16k 0.94 / 0.91 / 0.92 / 0.95 -> 1.00 / 0.96 / 1.05 / 1.02 (16k 473 -> 502 TFLOP/s);
+// causal 0.87 / 0.86 / 0.92 / 0.98 -> 0.90 / 0.87 / 0.98 / 1.06; 512 and 1k level (a 192-row tile pads 512 rows to
+// 576).
+constexpr int kFwdSmallHeadDimConsumers = 3;
+constexpr int fwd_consumer_warpgroups(int head_dim) {
+  return head_dim <= 64 ? kFwdSmallHeadDimConsumers : kConsumerWarpgroups;
+}
 
 // How a consumer warpgroup orders its GEMMs and its softmax (fwd_kernel.h):
 //   kSerial:   S = Q.K^T, softmax, O += P.V, one after the other; the two warpgroups overlap only each other.
@@ -94,7 +107,7 @@ constexpr FwdSchedule fwd_schedule(int head_dim) {
 // block_n: hd 64 and 128 take 128 keys (S = 64 accumulator registers per thread); hd 192 and 256 take 112 and 80,
 // the most that fits beside a 128-row Q tile in 2 stages (FA3's sizes, HOPPER_NOTES.md section 1.2).
 constexpr FwdTileConfig fwd_tile_config(int head_dim) {
-  const int block_m = kRowsPerConsumer * kConsumerWarpgroups;
+  const int block_m = kRowsPerConsumer * fwd_consumer_warpgroups(head_dim);
   if (head_dim <= 128) return FwdTileConfig{block_m, 128, 2};
   if (head_dim <= 192) return FwdTileConfig{block_m, 112, 2};
   return FwdTileConfig{block_m, 80, 2};

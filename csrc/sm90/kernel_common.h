@@ -22,6 +22,14 @@ constexpr int kMaxSmemPerBlock = 232448;  // the 227 KB an sm90 block may opt in
 // (consumers) = 64,512.
 constexpr int kProducerRegisters = 24;
 constexpr int kConsumerRegisters = 240;
+// The same split for `consumers` consumer warpgroups: what is left of each thread slot's 65536 / 128 registers after
+// the producer's, shared out in setmaxnreg's multiples of 8 (2: 240, 3: 160).
+constexpr int kRegistersPerThreadSlot = 65536 / 128;
+constexpr int kRegisterGranule = 8;
+constexpr int consumer_registers(int consumers) {
+  return (kRegistersPerThreadSlot - kProducerRegisters) / consumers / kRegisterGranule * kRegisterGranule;
+}
+static_assert(consumer_registers(2) == kConsumerRegisters, "two consumers take the split above");
 
 constexpr int kSegmentElems = 64;  // head-dim columns per TMA box and per 128-byte swizzled line
 constexpr int kSegmentBytes = 128;
