@@ -62,25 +62,28 @@ template <DType D, int H, FwdTileConfig... kOthers>
 void add_head_dim(std::map<Key, Launch>& table) {
   if constexpr (kOnlyHeadDim == 0 || kOnlyHeadDim == H) {
     constexpr FwdTileConfig kPolicy = flash::sm90::fwd_tile_config(H);
+    // Local masks may take another tile (fwd_tile_config); ping-pong pairs two consumers (128 rows) at any policy.
+    constexpr FwdTileConfig kLocalPolicy = flash::sm90::fwd_tile_config(H, MaskKind::kLocal);
+    constexpr FwdTileConfig kPair{2 * flash::sm90::kRowsPerConsumer, kPolicy.block_n, kPolicy.stages};
     add_variant<D, H, MaskKind::kNone, FwdSchedule::kSerial, kPolicy>(table);
     add_variant<D, H, MaskKind::kCausal, FwdSchedule::kSerial, kPolicy>(table);
-    add_variant<D, H, MaskKind::kLocal, FwdSchedule::kSerial, kPolicy>(table);
+    add_variant<D, H, MaskKind::kLocal, FwdSchedule::kSerial, kLocalPolicy>(table);
     add_variant<D, H, MaskKind::kNone, FwdSchedule::kOverlap, kPolicy>(table);
     add_variant<D, H, MaskKind::kCausal, FwdSchedule::kOverlap, kPolicy>(table);
-    add_variant<D, H, MaskKind::kLocal, FwdSchedule::kOverlap, kPolicy>(table);
-    add_variant<D, H, MaskKind::kNone, FwdSchedule::kPingpong, kPolicy>(table);
-    add_variant<D, H, MaskKind::kCausal, FwdSchedule::kPingpong, kPolicy>(table);
-    add_variant<D, H, MaskKind::kLocal, FwdSchedule::kPingpong, kPolicy>(table);
+    add_variant<D, H, MaskKind::kLocal, FwdSchedule::kOverlap, kLocalPolicy>(table);
+    add_variant<D, H, MaskKind::kNone, FwdSchedule::kPingpong, kPair>(table);
+    add_variant<D, H, MaskKind::kCausal, FwdSchedule::kPingpong, kPair>(table);
+    add_variant<D, H, MaskKind::kLocal, FwdSchedule::kPingpong, kPair>(table);
     add_variant<D, H, MaskKind::kNone, FwdSchedule::kOverlap, kPolicy, true>(table);
     add_variant<D, H, MaskKind::kCausal, FwdSchedule::kOverlap, kPolicy, true>(table);
-    add_variant<D, H, MaskKind::kLocal, FwdSchedule::kOverlap, kPolicy, true>(table);
-    add_variant<D, H, MaskKind::kNone, FwdSchedule::kPingpong, kPolicy, true>(table);
-    add_variant<D, H, MaskKind::kCausal, FwdSchedule::kPingpong, kPolicy, true>(table);
+    add_variant<D, H, MaskKind::kLocal, FwdSchedule::kOverlap, kLocalPolicy, true>(table);
+    add_variant<D, H, MaskKind::kNone, FwdSchedule::kPingpong, kPair, true>(table);
+    add_variant<D, H, MaskKind::kCausal, FwdSchedule::kPingpong, kPair, true>(table);
     // A quarter and a half of the exponentials on the FMA pipe (exp2_polynomial).
-    add_variant<D, H, MaskKind::kNone, FwdSchedule::kPingpong, kPolicy, false, 4>(table);
-    add_variant<D, H, MaskKind::kCausal, FwdSchedule::kPingpong, kPolicy, false, 4>(table);
-    add_variant<D, H, MaskKind::kNone, FwdSchedule::kPingpong, kPolicy, false, 2>(table);
-    add_variant<D, H, MaskKind::kCausal, FwdSchedule::kPingpong, kPolicy, false, 2>(table);
+    add_variant<D, H, MaskKind::kNone, FwdSchedule::kPingpong, kPair, false, 4>(table);
+    add_variant<D, H, MaskKind::kCausal, FwdSchedule::kPingpong, kPair, false, 4>(table);
+    add_variant<D, H, MaskKind::kNone, FwdSchedule::kPingpong, kPair, false, 2>(table);
+    add_variant<D, H, MaskKind::kCausal, FwdSchedule::kPingpong, kPair, false, 2>(table);
     add_variant<D, H, MaskKind::kNone, FwdSchedule::kOverlap, kPolicy, false, 4>(table);
     (add_variant<D, H, MaskKind::kNone, FwdSchedule::kOverlap, kOthers>(table), ...);
     (add_variant<D, H, MaskKind::kCausal, FwdSchedule::kOverlap, kOthers>(table), ...);

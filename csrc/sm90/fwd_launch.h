@@ -127,7 +127,7 @@ void launch_fwd(FwdKernelArgs& args, cudaStream_t stream) {
 // kSchedule, kTile, kPersistent and kPolyEvery: the policies' (fwd_schedule, fwd_tile_config, fwd_persistent,
 // fwd_poly_exp_every) unless a caller compares others (tools/sm90_fwd_check.cu).
 template <DType kDType, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule = fwd_schedule(kHeadDim),
-          FwdTileConfig kTile = fwd_tile_config(kHeadDim), bool kPersistent = fwd_persistent(kHeadDim, kMask),
+          FwdTileConfig kTile = fwd_tile_config(kHeadDim, kMask), bool kPersistent = fwd_persistent(kHeadDim, kMask),
           int kPolyEvery = fwd_poly_exp_every(kHeadDim)>
 void run_fwd(const FwdParams& params, void* stream) {
   using T = Element<kDType>;

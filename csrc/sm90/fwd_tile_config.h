@@ -18,10 +18,13 @@ constexpr int fwd_threads(int block_m) { return (block_m / kRowsPerConsumer + 1)
 // register moves). Measured on the H200 (bf16, 32 heads, twenty-eighth session), two -> three, ratio to cuDNN in the
 // same process: 2k / 4k / 8k / 16k 0.94 / 0.91 / 0.92 / 0.95 -> 1.00 / 0.96 / 1.05 / 1.02 (16k 473 -> 502 TFLOP/s);
 // causal 0.87 / 0.86 / 0.92 / 0.98 -> 0.90 / 0.87 / 0.98 / 1.06; 512 and 1k level (a 192-row tile pads 512 rows to
-// 576).
+// 576). Beyond the table (one round, 2k / 8k, two -> three): GQA 32/8 445 / 446 -> 466 / 489, causal 362 / 423 -> 358
+// / 454; softcap 301 / 311 -> 331 / 357; ALiBi 333 / 340 -> 402 / 429; but a sliding window (seqlen_k / 8 keys) 323 /
+// 410 -> 316 / 418 and with causal 242 / 352 -> 214 / 356: a 192-row tile's band of keys is wider than a 128-row
+// one's by the same window, so local masks keep two.
 constexpr int kFwdSmallHeadDimConsumers = 3;
-constexpr int fwd_consumer_warpgroups(int head_dim) {
-  return head_dim <= 64 ? kFwdSmallHeadDimConsumers : kConsumerWarpgroups;
+constexpr int fwd_consumer_warpgroups(int head_dim, MaskKind mask) {
+  return head_dim <= 64 && mask != MaskKind::kLocal ? kFwdSmallHeadDimConsumers : kConsumerWarpgroups;
 }
 
 // How a consumer warpgroup orders its GEMMs and its softmax (fwd_kernel.h):
@@ -106,8 +109,8 @@ constexpr FwdSchedule fwd_schedule(int head_dim) {
 // Head dims are the kernel table's buckets that are whole 64-element TMA segments (64, 128, 192, 256).
 // block_n: hd 64 and 128 take 128 keys (S = 64 accumulator registers per thread); hd 192 and 256 take 112 and 80,
 // the most that fits beside a 128-row Q tile in 2 stages (FA3's sizes, HOPPER_NOTES.md section 1.2).
-constexpr FwdTileConfig fwd_tile_config(int head_dim) {
-  const int block_m = kRowsPerConsumer * fwd_consumer_warpgroups(head_dim);
+constexpr FwdTileConfig fwd_tile_config(int head_dim, MaskKind mask = MaskKind::kNone) {
+  const int block_m = kRowsPerConsumer * fwd_consumer_warpgroups(head_dim, mask);
   if (head_dim <= 128) return FwdTileConfig{block_m, 128, 2};
   if (head_dim <= 192) return FwdTileConfig{block_m, 112, 2};
   return FwdTileConfig{block_m, 80, 2};
