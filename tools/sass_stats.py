@@ -40,20 +40,29 @@ MATRIX_OPS = ("HMMA", "HGMMA")  # mma.sync (sm80) and wgmma (sm90)
 
 
 def hottest_loop(code: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
-    """The innermost loop (no back edge inside it) with the most matrix instructions: a Hopper kernel's tile loop
-    holds its key loop and the peeled first and last key blocks, so "most matrix instructions" alone picked it."""
+    """The innermost loop holding matrix instructions (no such loop inside it) with the most of them: a Hopper
+    kernel's tile loop holds its key loop and the peeled first and last key blocks, so "most matrix instructions"
+    alone picked it; and the backward's step loop holds mbarrier wait loops without any, so "innermost" alone picked
+    one of those."""
     loops = []
     for addr, op, args in code:
         target = re.search(r"0x([0-9a-f]+)", args)
         if op.startswith("BRA") and target and int(target.group(1), 16) < addr:
             loops.append((int(target.group(1), 16), addr))
-    innermost = [(lo, hi) for lo, hi in loops if not any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in loops)]
-    best: list[tuple[int, str, str]] = []
-    for lo, hi in innermost:
-        body = [ins for ins in code if lo <= ins[0] <= hi]
-        if sum(o.startswith(MATRIX_OPS) for _, o, _ in body) > sum(o.startswith(MATRIX_OPS) for _, o, _ in best):
-            best = body
-    return best
+
+    def matrix_ops(lo: int, hi: int) -> int:
+        return sum(lo <= a <= hi and o.startswith(MATRIX_OPS) for a, o, _ in code)
+
+    def crosses_shorter(lo: int, hi: int) -> bool:
+        """Overlaps a shorter loop without holding it: an out-of-line retry path (e.g. an mbarrier wait's, placed
+        after the kernel's body) branching back into a loop, not a loop of its own."""
+        return any((a < lo <= b < hi or lo < a <= hi < b) and b - a < hi - lo for a, b in loops)
+
+    with_mma = [(lo, hi) for lo, hi in loops if matrix_ops(lo, hi) > 0 and not crosses_shorter(lo, hi)]
+    innermost = [(lo, hi) for lo, hi in with_mma
+                 if not any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in with_mma)]
+    best = max(innermost, key=lambda loop: matrix_ops(*loop), default=None)
+    return [] if best is None else [ins for ins in code if best[0] <= ins[0] <= best[1]]
 
 
 def main() -> None:
