@@ -58,6 +58,31 @@ FLASH_HOST_DEVICE QueryRows rows_seeing_keys(const MaskParams& mask, int64_t key
   return rows;
 }
 
+// The query rows that see key `key`: none past seqlen_k, so (query, key) is visible exactly when the query lies in
+// them (the backward's per-element mask of one key row).
+FLASH_HOST_DEVICE QueryRows rows_seeing_key(const MaskParams& mask, int64_t key, int64_t offset, int64_t seqlen_q,
+                                            int64_t seqlen_k) {
+  if (key >= seqlen_k) return QueryRows{0, 0};
+  return rows_seeing_keys(mask, key, key + 1, offset, seqlen_q);
+}
+
+// [lo, hi): the columns of a block's `width` columns, counted from column0, that lie in [begin, end), clamped to [0,
+// width] so that they fit 32-bit registers. A thread's per-element mask is then two 32-bit compares of each
+// element's compile-time column offset, instead of 64-bit compares of its absolute column (two ISETP each).
+struct LocalRange {
+  int lo;
+  int hi;
+};
+FLASH_HOST_DEVICE LocalRange local_range(int64_t begin, int64_t end, int64_t column0, int width) {
+  const int64_t lo = begin - column0;
+  const int64_t hi = end - column0;
+  return LocalRange{static_cast<int>(lo < 0 ? 0 : (lo > width ? width : lo)),
+                    static_cast<int>(hi < 0 ? 0 : (hi > width ? width : hi))};
+}
+FLASH_HOST_DEVICE bool in_local_range(const LocalRange& range, int column) {
+  return column >= range.lo && column < range.hi;
+}
+
 // One key block's backward work: its keys, the query blocks that see them, and the (query head, query block) steps.
 struct BwdBlock {
   int64_t key0;

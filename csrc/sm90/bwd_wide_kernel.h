@@ -270,6 +270,23 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
           return prob * (d_prob - step_stats[kBlockM + query0 + 8 * j + quad_col + (e % 2)]) * derivative;
         };
         auto apply_mask = [&](auto&... arrays) {
+          if constexpr (kBwdMasksByLocalRange) {
+            LocalRange range[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              const QueryRows seen = rows_seeing_key(p.mask, keys[r], offset, seqlen_q, seqlen_k);
+              range[r] = local_range(seen.begin, seen.end, q0 + query0 + quad_col, kQueries);
+            }
+#pragma unroll
+            for (int j = 0; j < kQueries / 8; ++j) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const bool visible = in_local_range(range[e / 2], 8 * j + (e % 2));
+                ((arrays[4 * j + e] = visible ? arrays[4 * j + e] : 0.f), ...);
+              }
+            }
+            return;
+          }
 #pragma unroll
           for (int j = 0; j < kQueries / 8; ++j) {
 #pragma unroll

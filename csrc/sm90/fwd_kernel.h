@@ -85,6 +85,18 @@ struct ConsumerRows {
 // column 8j + 2 (lane % 4) + e of the block.
 template <int kBlockN>
 __device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], const ConsumerRows& rows, int64_t col0) {
+  if constexpr (kFwdMasksByLocalRange) {
+    const LocalRange range[2] = {local_range(rows.keys[0].begin, rows.keys[0].end, col0, kBlockN),
+                                 local_range(rows.keys[1].begin, rows.keys[1].end, col0, kBlockN)};
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (!in_local_range(range[e / 2], 8 * j + (e % 2))) s[4 * j + e] = -INFINITY;
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll

@@ -83,6 +83,14 @@ constexpr bool fwd_persistent_pays(int head_dim, bool masked, int64_t seqlen_k) 
 // TFLOP/s). One-tile launches (longer keys) run the kernel without it: carrying there measured 3-7 % slower at 8k in
 // one A/B, no more than that A/B's order bias (perf log), so not taken where it cannot pay.
 constexpr bool fwd_carries_tile_tail(int head_dim) { return head_dim <= 192; }
+
+// Whether a masked key block's per-element test compares each score's compile-time column with the row's visible keys
+// as a 32-bit range local to the block (block_ranges.h local_range) instead of its 64-bit absolute column with the
+// key range (four ISETP a score, run on every masked block: 1 of 2.5 blocks a causal tile has at 512 keys). ptxas, hd
+// 128 causal key loop: 869 -> 742 instructions (ISETP 258 -> 146), carrying 874 -> 733. Predicted: causal 512 / 1k
+// +3-6 %. Written after the twenty-eighth session's last device call; its host checker
+// (tests/cpp/sm90_block_ranges_check.cpp) passes, the kernels with it have not run: off until their tests and an A/B.
+constexpr bool kFwdMasksByLocalRange = false;
 constexpr bool kFwdDoubleQ = true;
 
 // How many column groups of a key block share one group of FMA-pipe exponentials (fwd_kernel.h softmax_step): 0,

@@ -31,6 +31,39 @@ void fail(const char* what, int64_t sq, int64_t sk, const MaskParams& m, int64_t
   }
 }
 
+// The kernels' per-element masks by local ranges (local_range): a forward row's visible keys and a backward key
+// row's seeing queries, each relative to a block's first column as a thread holds it (column0 = block start + its
+// quad offset), must accept exactly the visible (query, key) pairs of the block's columns.
+void check_local_ranges(const MaskParams& mask, int64_t sq, int64_t sk, int width, std::mt19937& random) {
+  const int64_t offset = flash::diagonal_offset(mask, sq, sk);
+  for (int sample = 0; sample < 40; ++sample) {
+    const int64_t row = static_cast<int64_t>(random() % (sq + 64));   // rows and keys past the sequences too
+    const int64_t key = static_cast<int64_t>(random() % (sk + 64));
+    const int quad = 2 * static_cast<int>(random() % 4);
+    const int64_t key_block0 = static_cast<int64_t>(random() % (sk / width + 2)) * width;
+    const int64_t query_block0 = static_cast<int64_t>(random() % (sq / width + 2)) * width;
+    // Forward: row `row` against the keys of a block (the kernel drops rows past seqlen_q at the epilogue).
+    flash::KeyRange keys = flash::visible_keys(mask, row, offset, sk);
+    if (keys.end > sk) keys.end = sk;
+    const flash::sm90::LocalRange fwd = flash::sm90::local_range(keys.begin, keys.end, key_block0 + quad, width);
+    for (int c = 0; c + quad < width; ++c) {
+      const int64_t col = key_block0 + quad + c;
+      if (flash::sm90::in_local_range(fwd, c) != sees(mask, row, col, offset, sk)) {
+        fail("forward local range", sq, sk, mask, row, col);
+      }
+    }
+    // Backward: key `key` against the queries of a block (rows past seqlen_q see nothing).
+    const flash::sm90::QueryRows rows = flash::sm90::rows_seeing_key(mask, key, offset, sq, sk);
+    const flash::sm90::LocalRange bwd = flash::sm90::local_range(rows.begin, rows.end, query_block0 + quad, width);
+    for (int c = 0; c + quad < width; ++c) {
+      const int64_t q = query_block0 + quad + c;
+      if (flash::sm90::in_local_range(bwd, c) != (q < sq && sees(mask, q, key, offset, sk))) {
+        fail("backward local range", sq, sk, mask, q, key);
+      }
+    }
+  }
+}
+
 void check(const MaskParams& mask, int64_t sq, int64_t sk, int block_m, int block_n) {
   const int64_t offset = flash::diagonal_offset(mask, sq, sk);
   const bool masked_kind = flash::mask_kind(mask) != flash::MaskKind::kNone;
@@ -168,6 +201,7 @@ int main() {
     // (wide), 1-3 heads of a group per walk.
     const int block_m = random() % 2 == 0 ? 64 : 128;
     check_dq_order(mask, sq, sk, block_m, random() % 2 == 0 ? 128 : 64, 1 + random() % 3, random() % 2 == 0);
+    check_local_ranges(mask, sq, sk, block_ns[random() % 6], random);
     ++cases;
   }
   std::printf("%d cases, %d failures\n", cases, failures);
