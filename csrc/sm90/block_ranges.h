@@ -1,8 +1,8 @@
 // Which blocks the Hopper kernels visit under a mask (common/mask.h's rule), host/device so that
 // tests/test_sm90_block_ranges.py can check them against brute force on CPU: the key blocks a tile of query rows sees
 // and those it sees whole (no mask needed), the query blocks that see a block of keys, and whether a (query block, key
-// block) pair needs the per-element mask. visible_keys' begin and end never decrease with the row, so a tile's first
-// and last rows bound every row in between.
+// block) pair needs the per-element mask, and that mask's 32-bit ranges local to a block. visible_keys' begin and end
+// never decrease with the row, so a tile's first and last rows bound every row in between.
 #pragma once
 
 #include <cstdint>
