@@ -565,6 +565,13 @@ def training_problems(args) -> list:
             for causal in causal_values:
                 for seqlen in args.seqlens:
                     batch = args.batch if args.batch else max(1, args.tokens // seqlen)
+                    if args.doc_len:  # one varlen batch of the same tokens, in documents of doc_len
+                        tokens = batch * seqlen
+                        problems.append(
+                            Problem(args.device, DTYPES[dtype_name], 1, nheads, nheads_k, tokens, tokens, headdim,
+                                    causal, feature="varlen", doc_len=args.doc_len)
+                        )
+                        continue
                     problems.append(
                         Problem(args.device, DTYPES[dtype_name], batch, nheads, nheads_k, seqlen, seqlen, headdim,
                                 causal, feature=args.feature)
@@ -838,6 +845,11 @@ def parse_args(argv=None):
         "--feature", choices=SWEEP_FEATURES, default="none",
         help="the training shapes with softcap, a window or ALiBi (as --sweep adds them; SDPA peers run none)",
     )
+    parser.add_argument(
+        "--doc-len", type=int, default=0,
+        help="the training shapes as one varlen batch of the same tokens in documents of this many tokens (as "
+        "--sweep's varlen rows, at any --headdim; SDPA peers run none)",
+    )
     parser.add_argument("--quick", action="store_true", help="a few shapes, for a smoke test")
     parser.add_argument(
         "--sweep", action="store_true",
@@ -848,6 +860,9 @@ def parse_args(argv=None):
 
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available here; use --device cpu")
+    if args.doc_len < 0 or (args.doc_len and args.feature != "none"):
+        parser.error(f"--doc-len must be positive and without --feature; got --doc-len {args.doc_len} "
+                     f"--feature {args.feature}")
     args.dtypes = parse_list(args.dtype, str)
     unknown = [d for d in args.dtypes if d not in DTYPES]
     if unknown:
