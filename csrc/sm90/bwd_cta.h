@@ -190,6 +190,29 @@ __device__ __forceinline__ void produce_bwd_tiles(const BwdKernelArgs& args, con
   }
 }
 
+// The backward's per-element mask by local ranges (bwd_tile_config.h kBwdMasksByLocalRange): register 4j + 2r + e of
+// each array holds key row keys[r] and query column0 + 8j + e of the step (column0: its first query plus the thread's
+// quad offset); scores whose query does not see the key become 0.
+template <int kColumns, typename... Arrays>
+__device__ __forceinline__ void zero_unseen_scores(const MaskParams& mask, const int64_t (&keys)[2], int64_t offset,
+                                                   int64_t seqlen_q, int64_t seqlen_k, int64_t column0,
+                                                   Arrays&... arrays) {
+  LocalRange range[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const QueryRows seen = rows_seeing_key(mask, keys[r], offset, seqlen_q, seqlen_k);
+    range[r] = local_range(seen.begin, seen.end, column0, kColumns);
+  }
+#pragma unroll
+  for (int j = 0; j < kColumns / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const bool visible = in_local_range(range[e / 2], 8 * j + (e % 2));
+      ((arrays[4 * j + e] = visible ? arrays[4 * j + e] : 0.f), ...);
+    }
+  }
+}
+
 // dK = softmax_scale * sum dS^T.Q and dV = sum P^T.dO of a consumer's kColumns columns from column0, for its two key
 // rows `keys` (register 4j + 2r + e: key keys[r], column column0 + 8j + quad_col + e; zeros where no query saw the
 // keys). Split over query heads (head_splits > 1), added into the workspace's fp32 accumulators (rows: the dense or

@@ -291,20 +291,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
         // 128 4k, sixteenth session).
         auto apply_mask = [&](auto&... arrays) {
           if constexpr (kBwdMasksByLocalRange) {
-            LocalRange range[2];
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              const QueryRows seen = rows_seeing_key(p.mask, keys[r], offset, seqlen_q, seqlen_k);
-              range[r] = local_range(seen.begin, seen.end, q0 + quad_col, kBlockM);
-            }
-#pragma unroll
-            for (int j = 0; j < kBlockM / 8; ++j) {
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                const bool visible = in_local_range(range[e / 2], 8 * j + (e % 2));
-                ((arrays[4 * j + e] = visible ? arrays[4 * j + e] : 0.f), ...);
-              }
-            }
+            zero_unseen_scores<kBlockM>(p.mask, keys, offset, seqlen_q, seqlen_k, q0 + quad_col, arrays...);
             return;
           }
 #pragma unroll
