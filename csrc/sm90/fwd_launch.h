@@ -101,7 +101,6 @@ void launch_fwd_kernel(FwdKernelArgs& args, int64_t ctas, cudaStream_t stream) {
 template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool kGeneral, FwdTileConfig kTile,
           bool kPersistent, int kPolyEvery>
 void launch_fwd(FwdKernelArgs& args, cudaStream_t stream) {
-  static_assert(kTile.block_m % kRowsPerConsumer == 0, "one 64-row slice per consumer warpgroup");
   if constexpr (kPersistent) {
     // A CTA per SM (each holds a whole SM's shared memory) striding over the tiles, or one CTA per tile
     // (fwd_persistent_pays). CTAs that walk several tiles carry each tile's tail into the next
