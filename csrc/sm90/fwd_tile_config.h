@@ -88,9 +88,10 @@ constexpr bool fwd_carries_tile_tail(int head_dim) { return head_dim <= 192; }
 // as a 32-bit range local to the block (block_ranges.h local_range) instead of its 64-bit absolute column with the
 // key range (four ISETP a score, run on every masked block: 1 of 2.5 blocks a causal tile has at 512 keys). ptxas, hd
 // 128 causal key loop: 869 -> 742 instructions (ISETP 258 -> 146), carrying 874 -> 733. Predicted: causal 512 / 1k
-// +3-6 %. Written after the twenty-eighth session's last device call; its host checker
-// (tests/cpp/sm90_block_ranges_check.cpp) passes, the kernels with it have not run: off until their tests and an A/B.
-constexpr bool kFwdMasksByLocalRange = false;
+// +3-6 %. Measured (twenty-ninth session, two calls, 5 rounds, causal TFLOP/s off -> on): hd 128 512 250 / 251 ->
+// 253 / 260, 2k 439 / 454 -> 453 / 464, 4k 553 -> 564; hd 256 512 242 / 228 -> 250 / 247; hd 64 2k 356 -> 368,
+// 512 and 1k level (+-2 %, this tool's spread). tests/test_hopper_forward.py passes with it (fp16 and bf16).
+constexpr bool kFwdMasksByLocalRange = true;
 constexpr bool kFwdDoubleQ = true;
 
 // How many column groups of a key block share one group of FMA-pipe exponentials (fwd_kernel.h softmax_step): 0,
