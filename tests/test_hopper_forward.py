@@ -14,7 +14,7 @@ from flash_attn import flash_attn_func, flash_attn_with_kvcache
 from flash_attn._native import C
 from flash_attn.flash_attn_interface import _flash_attn_forward, _flash_attn_varlen_forward
 from flash_attn.reference import attention_ref, attention_varlen_ref
-from helpers import assert_close_fa, randn, reference_pair, varlen_tensors
+from helpers import assert_close_fa, cuda_kernel_names, randn, reference_pair, varlen_tensors
 
 HOPPER_ARCH = 90
 SWITCH = "FLASH_ATTN_HOPPER"
@@ -285,3 +285,16 @@ def test_switch_off_and_bad_value(monkeypatch):
     monkeypatch.setenv(SWITCH, "sometimes")
     with pytest.raises((RuntimeError, ValueError), match=SWITCH):
         flash_attn_func(q, k, v)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_auto_takes_unmasked_small_head_dims(monkeypatch, causal):
+    """Under FLASH_ATTN_HOPPER=1 unmasked hd 32 calls of 512+ keys run the Hopper forward (the 64 bucket's three consumer
+    warpgroups beat the portable kernel there) and causal ones the portable kernel (sm90_policy.cpp sm90_fwd_pays)."""
+    _require(torch.bfloat16, 32, "causal" if causal else "none")
+    q, k, v = _qkv(1, 1024, 1024, 4, 4, 32, torch.bfloat16)
+    monkeypatch.setenv(SWITCH, "1")
+    call = lambda: flash_attn_func(q, k, v, causal=causal)
+    call()
+    names = cuda_kernel_names(call)
+    assert any("sm90::" in name for name in names) == (not causal), names

@@ -71,8 +71,12 @@ const char* sm90_fwd_declines(const FwdParams& p) {
 
 bool sm90_fwd_pays(const FwdParams& p) {
   // Measured on the H200, bf16, Hopper / portable TFLOP/s (docs/perf_log.md, fifteenth session):
-  // - head dims up to 32 pad to 64 columns and lose everywhere: 4k keys 225 / 238, causal 198 / 214; 512 keys 153 /
-  //   177;
+  // - head dims up to 32 pad to 64 columns: on two consumer warpgroups they lost everywhere (4k keys 225 / 238, causal
+  //   198 / 214; 512 keys 153 / 177); on the 64 bucket's three (twenty-ninth session, hd 32, 64 heads) unmasked calls
+  //   win at every length, 512 / 1k / 2k / 4k / 8k / 16k keys 186 / 174, 211 / 200, 247 / 221, 248 / 236, 262 / 245,
+  //   265 / 251 (GQA 64/8 2k / 8k 246 / 238, 264 / 250; fp16 8k 264 / 245), while causal ones lose up to 4k (512 107 /
+  //   121, 1k 141 / 163, 4k 202 / 215) and win at 8k / 16k (235 / 226, 255 / 232): unmasked calls only, as in the
+  //   backward;
   // - at head dims up to 64 a tile of short keys is a few key blocks, and the portable kernel's smaller tiles win
   //   against one CTA per tile: masked 1k 236 / 265, 2k 313 / 303; non-causal 512 keys 276 / 285 too, but with a CTA
   //   per SM striding over the tiles (fwd_persistent_pays, eighteenth session) 345 / 287, 1k 403 / 312;
@@ -84,9 +88,9 @@ bool sm90_fwd_pays(const FwdParams& p) {
   constexpr int64_t kSmallHeadDim = 64;
   constexpr int64_t kMinKeysSmallHeadDim = 512;
   constexpr int64_t kMinKeysSmallHeadDimMasked = 1025;
-  if (p.shape.head_dim <= kPaddedHeadDim) return false;
   if (p.shape.head_dim > kSmallHeadDim) return true;
   const bool masked = mask_kind(p.mask) != MaskKind::kNone;
+  if (p.shape.head_dim <= kPaddedHeadDim && masked) return false;
   return p.shape.seqlen_k >= (masked ? kMinKeysSmallHeadDimMasked : kMinKeysSmallHeadDim);
 }
 
