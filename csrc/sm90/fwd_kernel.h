@@ -24,6 +24,7 @@
 #include "sm90/block_ranges.h"
 #include "sm90/fwd_tile_config.h"
 #include "sm90/kernel_common.h"
+#include "sm90/tile_order.h"
 
 namespace flash::sm90 {
 
@@ -222,14 +223,13 @@ struct FwdTile {
 
 // Tile `index` of the launch: the grid coordinates of a one-tile CTA, or, for persistent CTAs, a linear index: query
 // block fastest (concurrent CTAs share a head's K/V in L2) without a mask or with one CTA per tile; with fewer CTAs,
-// causal / local tiles longest first (query blocks from the last down, across every head and batch entry).
+// causal / local tiles longest first (tile_order.h masked_tile_at).
 template <MaskKind kMask, bool kPersistent, int kBlockM, int kBlockN>
 __device__ __forceinline__ FwdTile plan_tile(const FwdKernelArgs& args, int64_t index) {
   const FwdParams& p = args.params;
   FwdTile tile;
   if constexpr (kPersistent) {
     const int64_t heads = p.shape.nheads_q;
-    const int64_t heads_batches = heads * p.shape.batch;
     if constexpr (kMask == MaskKind::kNone) {
       tile.m_block = static_cast<int>(index % args.num_m_blocks);
       const int64_t rest = index / args.num_m_blocks;
@@ -244,18 +244,11 @@ __device__ __forceinline__ FwdTile plan_tile(const FwdKernelArgs& args, int64_t 
       tile.head = static_cast<int>(rest % heads);
       tile.batch = static_cast<int>(rest / heads);
     } else {
-      // Masked tiles shrink from the first rank to the last: a CTA takes ranks i, 2G - 1 - i, 2G + i, ... of G CTAs
-      // (odd whole rounds reversed), so a heavy tile pairs with a light one; a last, partial round keeps the plain
-      // order, so every rank is still taken once.
-      const int64_t ctas = gridDim.x;
-      const int64_t round_start = index / ctas * ctas;
-      if ((index / ctas) % 2 == 1 && round_start + ctas <= args.num_tiles) {
-        index = round_start + ctas - 1 - (index - round_start);
-      }
-      tile.m_block = args.num_m_blocks - 1 - static_cast<int>(index / heads_batches);
-      const int64_t rest = index % heads_batches;
-      tile.head = static_cast<int>(rest % heads);
-      tile.batch = static_cast<int>(rest / heads);
+      const MaskedTile masked = masked_tile_at(index, gridDim.x, args.num_tiles, args.num_m_blocks,
+                                               kFwdMaskedTilesInChunks);
+      tile.m_block = masked.m_block;
+      tile.head = static_cast<int>(masked.head_batch % heads);
+      tile.batch = static_cast<int>(masked.head_batch / heads);
     }
   } else {
     (void)index;

@@ -67,6 +67,14 @@ constexpr int64_t fwd_masked_persistent_max_keys(int head_dim) {
   return head_dim == 64 ? 2048 : (head_dim == 128 ? 1024 : 0);
 }
 
+// Whether persistent CTAs walk masked tiles in chunks of the head-major order (tile_order.h masked_tile_at) instead of
+// longest first across every head. ncu, hd 128 causal, 16k tokens, ours / cuDNN (twenty-ninth session): 512 keys
+// 131.8 / 103.1 us reading 398 / 201 MB from DRAM, 1k 194.8 / 160.7 us reading 633 / 201 MB: each head's K / V came
+// from DRAM again for each of its query blocks, a round of CTAs apart. In chunks of two rounds the K / V the CTAs
+// share (~17 MB at hd 128) stays in L2. Predicted: DRAM reads down to ~210 MB, causal 512 / 1k +5-15 %. Written after
+// the twenty-ninth session's last device call: host-checked (tests/test_sm90_tile_order.py), not yet run on the GPU.
+constexpr bool kFwdMaskedTilesInChunks = false;
+
 constexpr bool fwd_persistent_pays(int head_dim, bool masked, int64_t seqlen_k) {
   return seqlen_k <= (masked ? fwd_masked_persistent_max_keys(head_dim) : kFwdPersistentMaxKeys);
 }
