@@ -1,8 +1,9 @@
 // Check of csrc/sm90/tile_order.h on random launches (no GPU: the order is host/device), run by
 // tests/test_sm90_tile_order.py. For each (CTAs, query blocks, head-batches) and both orders: every rank maps to a
 // distinct tile in range; CTA c's work (its ranks c, c + G, ..., each tile weighing its causal key blocks, m + 1) is
-// within one longest tile (or 1 %) of the mean; and in chunks, each two rounds of ranks touch at most the head-batches of
-// four rounds' worth of tiles. Prints one line per failure and a summary; exits 1 on any failure.
+// within one longest tile (or 1 %) of the mean; and in chunks, each chunk's tiles come from a run of head-batches
+// no longer than its tiles spread over whole head-batches, plus one. Prints one line per failure and a summary;
+// exits 1 on any failure.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -52,14 +53,16 @@ void check(int64_t ctas, int m_blocks, int64_t head_batches, bool chunks) {
   for (int64_t first = 0; first < tiles; first += chunk) {
     int64_t lo = head_batches;
     int64_t hi = -1;
-    const int64_t last_chunk = tiles / chunk <= 1 || first / chunk >= tiles / chunk - 1;
+    const bool last_chunk = tiles / chunk <= 1 || first / chunk >= tiles / chunk - 1;
     const int64_t end = last_chunk ? tiles : first + chunk;
     for (int64_t rank = first; rank < end; ++rank) {
       const flash::sm90::MaskedTile t = flash::sm90::masked_tile_at(rank, ctas, tiles, m_blocks, chunks);
       lo = t.head_batch < lo ? t.head_batch : lo;
       hi = t.head_batch > hi ? t.head_batch : hi;
     }
-    if (hi - lo + 1 > (end - first + m_blocks - 1) / m_blocks + 1) fail("chunk spread", ctas, m_blocks, head_batches, chunks, first);
+    if (hi - lo + 1 > (end - first + m_blocks - 1) / m_blocks + 1) {
+      fail("chunk spread", ctas, m_blocks, head_batches, chunks, first);
+    }
     if (last_chunk) break;
   }
 }
