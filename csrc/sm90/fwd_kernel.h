@@ -224,7 +224,7 @@ struct FwdTile {
 // Tile `index` of the launch: the grid coordinates of a one-tile CTA, or, for persistent CTAs, a linear index: query
 // block fastest (concurrent CTAs share a head's K/V in L2) without a mask or with one CTA per tile; with fewer CTAs,
 // causal / local tiles longest first (tile_order.h masked_tile_at).
-template <MaskKind kMask, bool kPersistent, int kBlockM, int kBlockN>
+template <int kHeadDim, MaskKind kMask, bool kPersistent, int kBlockM, int kBlockN>
 __device__ __forceinline__ FwdTile plan_tile(const FwdKernelArgs& args, int64_t index) {
   const FwdParams& p = args.params;
   FwdTile tile;
@@ -245,7 +245,7 @@ __device__ __forceinline__ FwdTile plan_tile(const FwdKernelArgs& args, int64_t 
       tile.batch = static_cast<int>(rest / heads);
     } else {
       const MaskedTile masked = masked_tile_at(index, gridDim.x, args.num_tiles, args.num_m_blocks,
-                                               kFwdMaskedTilesInChunks);
+                                               fwd_masked_tiles_in_chunks(kHeadDim));
       tile.m_block = masked.m_block;
       tile.head = static_cast<int>(masked.head_batch % heads);
       tile.batch = static_cast<int>(masked.head_batch / heads);
@@ -360,7 +360,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
   const int64_t tile_count = kPersistent ? args.num_tiles : 1;
   const int64_t tile_stride = kPersistent ? gridDim.x : 1;
   const int64_t tile_first = kPersistent ? blockIdx.x : 0;
-  if (!kPersistent && !plan_tile<kMask, kPersistent, kBlockM, kBlockN>(args, 0).has_rows) return;
+  if (!kPersistent && !plan_tile<kHeadDim, kMask, kPersistent, kBlockM, kBlockN>(args, 0).has_rows) return;
 
   if (threadIdx.x == 0) {
     init_pipeline_barriers(q_full, q_empty, k_full, v_full, k_empty, v_empty, kStages, kConsumers, kConsumers,
@@ -383,7 +383,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
     int ring = 0;
     int loaded_q = 0;
     for (int64_t index = tile_first; index < tile_count; index += tile_stride) {
-      const FwdTile tile = plan_tile<kMask, kPersistent, kBlockM, kBlockN>(args, index);
+      const FwdTile tile = plan_tile<kHeadDim, kMask, kPersistent, kBlockM, kBlockN>(args, index);
       if (tile.n_max <= tile.n_min) continue;  // no rows, or no key any row sees: the consumers write O = 0
       const int kv_head = tile.head / args.heads_per_kv;
       const int map_batch = varlen ? 0 : tile.batch;  // varlen maps are (head dim, head, total rows, 1)
@@ -465,7 +465,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
   };
 
   for (int64_t index = tile_first; index < tile_count; index += tile_stride) {
-    const FwdTile tile = plan_tile<kMask, kPersistent, kBlockM, kBlockN>(args, index);
+    const FwdTile tile = plan_tile<kHeadDim, kMask, kPersistent, kBlockM, kBlockN>(args, index);
     if (!tile.has_rows) continue;
     const int64_t seqlen_q = tile.sequence.seqlen_q;
     const int64_t seqlen_k = tile.sequence.seqlen_k;

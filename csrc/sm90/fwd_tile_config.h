@@ -62,18 +62,22 @@ constexpr int64_t kFwdPersistentMaxKeys = 2048;
 // 204, 2k 474 -> 456 (so hd 256 keeps the one-tile kernel). At 4k / 16k one CTA per tile in the persistent kernel
 // ran as the one-tile kernel (hd 128 554 / 555, hd 64 376 / 377 at 4k). With the carried tile tail
 // (fwd_carries_tile_tail), hd 128 causal, 15 heads, ratio to cuDNN in the same process (twenty-eighth session): 1k
-// 0.77 -> 0.81 (327 -> 340 TFLOP/s), 2k 0.87 -> 0.87, so a CTA per SM up to 1k. 0: never a CTA per SM.
+// 0.77 -> 0.81 (327 -> 340 TFLOP/s), 2k 0.87 -> 0.87. With the chunked order (fwd_masked_tiles_in_chunks), hd 128
+// causal 2k one tile per CTA -> a CTA per SM 441-449 -> 479 in both rounds (thirtieth session); hd 256 with chunks
+// 512 / 1k 234 / 378 -> 235 / 364-377, no gain, so it stays one tile per CTA. 0: never a CTA per SM.
 constexpr int64_t fwd_masked_persistent_max_keys(int head_dim) {
-  return head_dim == 64 ? 2048 : (head_dim == 128 ? 1024 : 0);
+  return head_dim == 64 || head_dim == 128 ? 2048 : 0;
 }
 
 // Whether persistent CTAs walk masked tiles in chunks of the head-major order (tile_order.h masked_tile_at) instead of
 // longest first across every head. ncu, hd 128 causal, 16k tokens, ours / cuDNN (twenty-ninth session): 512 keys
 // 131.8 / 103.1 us reading 398 / 201 MB from DRAM, 1k 194.8 / 160.7 us reading 633 / 201 MB: each head's K / V came
-// from DRAM again for each of its query blocks, a round of CTAs apart. In chunks of two rounds the K / V the CTAs
-// share (~17 MB at hd 128) stays in L2. Predicted: DRAM reads down to ~210 MB, causal 512 / 1k +5-15 %. Written after
-// the twenty-ninth session's last device call: host-checked (tests/test_sm90_tile_order.py), not yet run on the GPU.
-constexpr bool kFwdMaskedTilesInChunks = false;
+// from DRAM again for each of its query blocks, a round of CTAs apart; in chunks of two rounds the K / V the CTAs
+// share (~17 MB at hd 128) stays in L2. Predicted causal 512 / 1k +5-15 %. Measured (thirtieth session, two rounds,
+// bf16 TFLOP/s old -> chunks): hd 128 1k 344-347 -> 374-385, 512 247-249 -> 248-255, 2k (with a CTA per SM there)
+// 441-449 -> 479; hd 64 512 / 1k level, 2k 363-366 -> 345-349, so hd 64 keeps the old order (its 192-row tiles give
+// a CTA ~2 tiles at 2k, where the old order's tighter balance counts more than its K / V traffic).
+constexpr bool fwd_masked_tiles_in_chunks(int head_dim) { return head_dim == 128; }
 
 constexpr bool fwd_persistent_pays(int head_dim, bool masked, int64_t seqlen_k) {
   return seqlen_k <= (masked ? fwd_masked_persistent_max_keys(head_dim) : kFwdPersistentMaxKeys);

@@ -29,10 +29,10 @@ FLASH_HOST_DEVICE int64_t chunk_tiles_from(int64_t m, int64_t m_blocks, int64_t 
 // the next (a last, partial round keeps the plain order and every rank is still taken once).
 // in_chunks false: longest first across every head-batch (query blocks from the last down); each head's K / V is then
 // read once per query block, a round apart.
-// in_chunks true (kFwdMaskedTilesInChunks): the head-major order cut into chunks of two rounds (2G tiles; the last
-// chunk also takes the remainder), each chunk's tiles longest first. The CTAs of two rounds then share the K / V of
-// about 2G / num_m_blocks head-batches (~17 MB at hd 128), which stay in L2 for all their query blocks, and the
-// pairing still evens out the work: a chunk's weights fall from its first rank to its last, and the remainder's
+// in_chunks true (fwd_tile_config.h fwd_masked_tiles_in_chunks): the head-major order cut into chunks of two rounds (2G
+// tiles; the last chunk also takes the remainder), each chunk's tiles longest first. The CTAs of two rounds then share
+// the K / V of about 2G / num_m_blocks head-batches (~17 MB at hd 128), which stay in L2 for all their query blocks,
+// and the pairing still evens out the work: a chunk's weights fall from its first rank to its last, and the remainder's
 // lightest tiles run last (on 300 random launches the busiest CTA was within 0.43 of a longest tile of the order
 // above).
 FLASH_HOST_DEVICE MaskedTile masked_tile_at(int64_t rank, int64_t ctas, int64_t num_tiles, int num_m_blocks,
