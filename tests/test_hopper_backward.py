@@ -132,6 +132,32 @@ def test_varlen(forced, causal, head_dim):
                  lambda *x, **kw: attention_varlen_ref(*x, cu_q.cpu(), cu_k.cpu(), causal=causal, **kw)[:2])
 
 
+# Grids of more (key block, KV head, batch entry) items than SMs, where bwd_tile_config.h bwd_key_blocks_per_cta may
+# give each CTA several key blocks (blocks x, x + grid, ...; K / V of the next loaded under the current one's last
+# steps). Ragged sequences so that blocks end mid-block, causal with more query rows than keys, a window, GQA, the
+# general kernel, and varlen with empty sequences.
+@pytest.mark.parametrize("case", ["none", "causal", "causal_long_q", "window", "gqa", "softcap", "varlen"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_many_key_blocks(forced, case, head_dim):
+    mask = {"none": "none", "gqa": "none", "softcap": "none", "window": "local"}.get(case, "causal")
+    _require(torch.bfloat16, head_dim, mask)
+    if case == "varlen":
+        seqlens_q = [257, 0, 31, 300, 129, 5, 200, 64, 1, 290, 17, 133]
+        seqlens_k = [520, 9, 0, 290, 129, 77, 128, 255, 1, 300, 40, 517]
+        q, k, v, cu_q, cu_k = varlen_tensors(seqlens_q, seqlens_k, 8, 8, head_dim, torch.bfloat16, "cuda",
+                                             requires_grad=True)
+        dout = randn(*q.shape, dtype=torch.bfloat16, device="cuda")
+        out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), causal=True)
+        _check_grads(out, (q, k, v), dout,
+                     lambda *x, **kw: attention_varlen_ref(*x, cu_q.cpu(), cu_k.cpu(), causal=True, **kw)[:2])
+        return
+    sq = 389 if case == "causal_long_q" else 257
+    heads = (16, 4) if case == "gqa" else (8, 8)
+    kwargs = {"none": {}, "gqa": {}, "softcap": {"softcap": 30.0}, "window": {"window_size": (100, 37)}}.get(
+        case, {"causal": True})
+    _dense(24 if case == "gqa" else 12, sq, 520, heads[0], heads[1], head_dim, **kwargs)
+
+
 @pytest.mark.parametrize("feature", ["softcap", "alibi", "both"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])

@@ -116,17 +116,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
 
   const BwdParams& bp = args.params;
   const FwdParams& p = bp.fwd;
-  const BwdCta<kBlockM, kBlockN> cta(args);
-  const int kv_head = cta.kv_head;
-  const int batch = cta.batch;
-  const Sequence& sequence = cta.sequence;
-  const int64_t seqlen_q = sequence.seqlen_q;
-  const int64_t seqlen_k = sequence.seqlen_k;
-  const int64_t offset = cta.offset;
-  const bool varlen = cta.varlen;
-  const BwdWorkspace& workspace = cta.workspace;
-  const int64_t global_q_row0 = cta.global_q_row0;
-
   if (threadIdx.x == 0) {
     // q_empty: every consumer thread arrives, since each read the stage's statistics block with plain loads; one
     // arrival per consumer after a named barrier orders them too, but racecheck does not follow that order and
@@ -140,10 +129,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   if (warpgroup == 0) {
     ptx::release_registers<kProducerRegisters>();
     if (threadIdx.x == 0) {
-      produce_bwd_tiles(args, cta, ring_tiles);
+      produce_bwd_tiles(args, BwdCta<kBlockM, kBlockN>(args), ring_tiles);
     } else if (args.dq_ordered) {
       const int writer = static_cast<int>(threadIdx.x) / kWarpSize - kBwdDqFirstWriterWarp;
-      if (writer >= 0 && writer < kBwdDqWriters) write_ordered_dq<Layout, kHeadDim>(args, cta, smem, writer);
+      if (writer >= 0 && writer < kBwdDqWriters) {
+        write_ordered_dq<Layout, kHeadDim>(args, BwdCta<kBlockM, kBlockN>(args), smem, writer);
+      }
     }
     return;
   }
@@ -169,7 +160,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   // Adding them (zeros) ran over the last row into the next allocation: an illegal address at hd 32, 4 x 64 heads x
   // 4k (H200, sixteenth session).
   const int dq_groups = static_cast<int>(
-      std::min<int64_t>(kDqColumns, workspace.dq_row_stride - dq_segment * kSegmentElems) / kDqSlotGroup);
+      std::min<int64_t>(kDqColumns, bwd_workspace(bp, DqLayout::kRows).dq_row_stride - dq_segment * kSegmentElems) /
+      kDqSlotGroup);
   float* dq_stage = reinterpret_cast<float*>(smem + Layout::kDqStage) + consumer * Layout::kDqStageFloats;
   const bool bulk_dq = args.dq_map.enabled;
   // Deterministic calls with ordered dQ: the writer warp (bwd_ordered_dq.h) issues the staged tiles' reductions.
@@ -182,13 +174,24 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   const bool has_softcap = p.softcap > 0.0;
   const float tanh_scale = has_softcap ? static_cast<float>(p.softmax_scale / p.softcap) : 0.f;
   const float softcap_log2 = static_cast<float>(p.softcap * kLog2e);
+  int ring = 0;       // Q / dO ring iterations, counted across key blocks (as the producer counts them)
+  int loaded_kv = 0;  // key blocks whose K / V this consumer waited for
+
+  // The CTA's key blocks and sequence, built by each warpgroup after its setmaxnreg rather than once before the
+  // warpgroups split: +3-5 % on the causal hd 128 backward (thirtieth session), its fields no longer live across the
+  // barrier setup and the producer's branch.
+  const BwdCta<kBlockM, kBlockN> cta(args);
+  const int batch = cta.batch;
+  const int64_t seqlen_q = cta.sequence.seqlen_q;
+  const int64_t seqlen_k = cta.sequence.seqlen_k;
+  const int64_t offset = cta.offset;
+  const int64_t global_q_row0 = cta.global_q_row0;
+  const BwdWorkspace& workspace = cta.workspace;
   // The dq accumulator this consumer adds into: 0, or in deterministic calls the CTA's own (its consumer's own with
   // own-keys dQ, where both would add into the same elements: bwd_dq_accumulators_per_cta).
   const int64_t dq_accumulator = bp.deterministic && !args.dq_ordered
                                      ? cta.dq_split * bwd_dq_accumulators_per_cta(kHeadDim) + (kOwnKeys ? consumer : 0)
                                      : 0;
-  int ring = 0;       // Q / dO ring iterations, counted across key blocks (as the producer counts them)
-  int loaded_kv = 0;  // key blocks whose K / V this consumer waited for
 
   for (int n_block = cta.first_block; n_block < args.num_n_blocks; n_block += cta.block_stride) {
     const BwdBlock block = cta.plan(p.mask, n_block);
