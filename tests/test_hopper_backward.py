@@ -132,10 +132,9 @@ def test_varlen(forced, causal, head_dim):
                  lambda *x, **kw: attention_varlen_ref(*x, cu_q.cpu(), cu_k.cpu(), causal=causal, **kw)[:2])
 
 
-# Grids of more (key block, KV head, batch entry) items than SMs, where bwd_tile_config.h bwd_key_blocks_per_cta may
-# give each CTA several key blocks (blocks x, x + grid, ...; K / V of the next loaded under the current one's last
-# steps). Ragged sequences so that blocks end mid-block, causal with more query rows than keys, a window, GQA, the
-# general kernel, and varlen with empty sequences.
+# Grids of more CTAs than SMs (several waves, as real batches run; the other tests' grids are one wave or less),
+# ragged so that sequences end mid-block: causal with more query rows than keys, a window, GQA, the general kernel,
+# and varlen with empty sequences. The thirtieth session's persistent and two-blocks-per-CTA forms ran these too.
 @pytest.mark.parametrize("case", ["none", "causal", "causal_long_q", "window", "gqa", "softcap", "varlen"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_many_key_blocks(forced, case, head_dim):

@@ -137,19 +137,9 @@ void run_bwd(const BwdParams& params, void* stream) {
           "flash_attn internal error: a deterministic Hopper backward needs dq_splits a multiple of the accumulators "
           "per CTA (dispatch/sm90_policy.h sm90_bwd_dq_splits); got " + std::to_string(params.dq_splits));
     }
-    int64_t ctas_x = params.deterministic && !ordered
-                         ? std::min<int64_t>(params.dq_splits / kAccumulatorsPerCta, key_blocks)
-                         : key_blocks * args.head_splits;
-    // Several key blocks per CTA (bwd_key_blocks_per_cta) where the grid keeps enough CTAs per SM.
-    const int walk = bwd_key_blocks_per_cta(kHeadDim, shape.seqlen_k);
-    if (walk > 1 && !params.deterministic && !split_heads) {
-      int device = 0;
-      cudaGetDevice(&device);
-      const int64_t walked = (key_blocks + walk - 1) / walk;
-      if (walked * shape.nheads_k * shape.batch >= kBwdWalkMinCtasPerSm * device_attributes(device).num_sms) {
-        ctas_x = walked;
-      }
-    }
+    const int64_t ctas_x = params.deterministic && !ordered
+                               ? std::min<int64_t>(params.dq_splits / kAccumulatorsPerCta, key_blocks)
+                               : key_blocks * args.head_splits;
     if (split_heads) rowwise::zero_dkv_accumulators(params, s);
     const dim3 grid(static_cast<unsigned>(ctas_x), static_cast<unsigned>(shape.nheads_k), batch);
     if (fwd_needs_general_kernel(p)) {

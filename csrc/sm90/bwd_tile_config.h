@@ -139,19 +139,6 @@ constexpr bool bwd_orders_dq(int head_dim) {
   return kBwdDeterministicDqOrdered && (head_dim <= kBwdMaxNarrowHeadDim || kBwdDeterministicDqOrderedWide);
 }
 
-// Key blocks a CTA walks (blocks x, x + gridDim.x, ...: bwd_kernel.h's block loop) in calls that are not
-// deterministic and not split over query heads, with at most kBwdWalkMaxKeys keys and at least kBwdWalkMinCtasPerSm
-// CTAs per SM left: the next block's K / V load under the current block's last steps and dK / dV stores, and half the
-// CTA prologues. (A persistent form, CTAs walking (key block, KV head, batch) items, held each item's fields in local
-// memory, 264 -> 736 bytes of spill stores at hd 128 causal, 13 local loads per step, and ran 9-15 % slower at hd 128
-// at every length: thirtieth session, docs/perf_log.md.) 1: one key block per CTA.
-constexpr int kBwdKeyBlocksPerCta = 1;
-constexpr int64_t kBwdWalkMaxKeys = 2048;
-constexpr int kBwdWalkMinCtasPerSm = 2;
-constexpr int bwd_key_blocks_per_cta(int head_dim, int64_t seqlen_k) {
-  return head_dim <= kBwdMaxNarrowHeadDim && seqlen_k <= kBwdWalkMaxKeys ? kBwdKeyBlocksPerCta : 1;
-}
-
 // Whether a masked step's per-element test compares each score's compile-time query column with the queries that see
 // its key row, as a 32-bit range local to the step (block_ranges.h rows_seeing_key, local_range), instead of
 // recomputing each query's visible keys in 64 bits, which runs on every masked step (4 of the 10 steps of a causal
