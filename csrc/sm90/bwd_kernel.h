@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   }
   __syncthreads();
 
-  const int warpgroup = threadIdx.x / ptx::kWarpgroupThreads;
+  const int warpgroup = ptx::warpgroup_index();
   if (warpgroup == 0) {
     ptx::release_registers<kProducerRegisters>();
     if (threadIdx.x == 0) {

@@ -373,7 +373,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
   }
   __syncthreads();
 
-  const int warpgroup = threadIdx.x / ptx::kWarpgroupThreads;
+  const int warpgroup = ptx::warpgroup_index();
   if (warpgroup == 0) {
     // Producer: one thread. Q of the q-th loaded tile into Q slot q % kQStages once the consumers released that
     // slot's previous tile; K[j] and V[j] of ring iteration i (counted across tiles) into slot i % kStages once

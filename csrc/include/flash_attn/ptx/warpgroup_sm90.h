@@ -25,6 +25,20 @@ constexpr uint32_t kDescriptorFieldMask = 0x3FFF;
 constexpr int kDescriptorLboShift = 16;
 constexpr int kDescriptorSboShift = 32;
 constexpr uint64_t kDescriptorSwizzle128B = uint64_t{1} << 62;
+constexpr unsigned kFullWarpMask = 0xffffffffu;
+
+// Whether warpgroup_index() reads the index from lane 0 of the warp: the compiler then knows the value is the same
+// across the warp, so the shared-memory descriptors built from it stay in uniform registers (from threadIdx.x
+// directly, each wgmma's descriptor is added up in vector registers and moved into uniform ones before the
+// instruction). ptxas + cuobjdump (tools/sass_stats.py, thirtieth session): the hd 128 causal backward's step loop 1,097
+// -> 937 instructions (R2UR 60 -> 4, IMAD 163 -> 94). Compiled only: off until timed and tested on the GPU.
+constexpr bool kWarpgroupIndexFromShuffle = false;
+
+// The calling thread's warpgroup; every lane of the warp must call it together (all do, before any branch).
+__device__ __forceinline__ int warpgroup_index() {
+  const int index = static_cast<int>(threadIdx.x) / kWarpgroupThreads;
+  return kWarpgroupIndexFromShuffle ? __shfl_sync(kFullWarpMask, index, 0) : index;
+}
 
 // The 64-bit wgmma descriptor of a 128B-swizzled operand at `smem` (its 1024-byte atom aligned, base offset 0):
 // `leading_bytes` between 64-element blocks along the strided dimension of an MN-major operand (unused for
