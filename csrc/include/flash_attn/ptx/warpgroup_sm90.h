@@ -36,7 +36,7 @@ constexpr bool kWarpgroupIndexFromShuffle = false;
 
 // The calling thread's warpgroup; every lane of the warp must call it together (all do, before any branch).
 __device__ __forceinline__ int warpgroup_index() {
-  const int index = static_cast<int>(threadIdx.x) / kWarpgroupThreads;
+  const int index = static_cast<int>(threadIdx.x / kWarpgroupThreads);
   return kWarpgroupIndexFromShuffle ? __shfl_sync(kFullWarpMask, index, 0) : index;
 }
 
