@@ -5,6 +5,10 @@
 # Usage: tools/ncu_compare.sh HEAD_DIM SEQLEN fwd|bwd [--causal]   (IMPLS="flash_attn_hopper sdpa_cudnn" compares the
 # Hopper kernels with cuDNN's; any of tools/profile_attention.py --impl)
 set -uo pipefail
+# The profiled script lives in tools/, so Python puts tools/ first on its path, not the tree: a tree built in place
+# (python3 setup.py build_ext --inplace, as tools/ab_bench.sh builds its variants) imports only with the tree on the
+# path (the thirtieth session's first ncu step found no flash_attn there).
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 HD="$1"; SEQLEN="$2"; DIR="$3"; shift 3
 if [ "$DIR" = bwd ]; then ours="regex:bwd_kernel"; fa2="regex:flash_bwd_dq_dk_dv"; else ours="regex:fwd_(persistent_)?kernel"; fa2="regex:flash_fwd_kernel"; fi
 # cuDNN's SDPA kernels on sm90 carry "sdpa" and "fprop" / "bprop" in their generated names.

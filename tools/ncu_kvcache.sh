@@ -4,6 +4,7 @@
 # appending call's extra microseconds read as "which kernel, and waiting on what". Needs ncu (GPU machine).
 # Usage: tools/ncu_kvcache.sh BATCH KV_LEN [--calls kvcache,paged256,...]
 set -uo pipefail
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # an in-place build of the tree imports (tools/ncu_compare.sh)
 METRICS="gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum"
 for r in long_scoreboard barrier wait short_scoreboard no_instruction; do
   METRICS+=",smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio"
