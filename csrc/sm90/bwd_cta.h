@@ -109,6 +109,26 @@ struct BwdCta {
   __device__ __forceinline__ static int step_block(const BwdBlock& block, int i) { return step_query_block(block, i); }
 };
 
+// A key block's steps in order, advanced by one per step (bwd_tile_config.h kBwdStepsByCounters) instead of dividing
+// the step index by m_count (BwdCta::step_head and step_block: a 32-bit division, ~40 instructions at each step's
+// start): step i's head is head0 + i / m_count and its query block m_min + (i % m_count + rotation) % m_count.
+struct BwdStepWalk {
+  int head;
+  int local;   // the query block less m_min
+  int walked;  // steps of the current head so far
+
+  __device__ __forceinline__ BwdStepWalk(int head0, int rotation) : head(head0), local(rotation), walked(0) {}
+
+  // m_count increments of `local` wrap it back to the rotation, so a new head starts where the last one did.
+  __device__ __forceinline__ void advance(int m_count) {
+    if (++local == m_count) local = 0;
+    if (++walked == m_count) {
+      walked = 0;
+      ++head;
+    }
+  }
+};
+
 // The shared-memory ring of a Layout (BwdSmemLayout or BwdWideSmemLayout): K and V of the key block, kStages slots of
 // Q (with its statistics block) and dO, and their mbarriers.
 template <typename Layout, int kStages>
