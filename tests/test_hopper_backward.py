@@ -67,6 +67,14 @@ def _dense(b, sq, sk, h, hk, d, dtype=torch.bfloat16, **kwargs):
     _check_grads(out, (q, k, v), dout, lambda *x, **kw: attention_ref(*x, **kwargs, **kw))
 
 
+def _varlen(seqlens_q, seqlens_k, h, hk, d, causal):
+    q, k, v, cu_q, cu_k = varlen_tensors(seqlens_q, seqlens_k, h, hk, d, torch.bfloat16, "cuda", requires_grad=True)
+    dout = randn(*q.shape, dtype=torch.bfloat16, device="cuda")
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), causal=causal)
+    _check_grads(out, (q, k, v), dout,
+                 lambda *x, **kw: attention_varlen_ref(*x, cu_q.cpu(), cu_k.cpu(), causal=causal, **kw)[:2])
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim", [32, 40, 64, 96, 100, 128, 160, 192, 200, 256])
 @pytest.mark.parametrize("causal", [False, True])
@@ -123,13 +131,7 @@ def test_packed_qkv_strides(forced):
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_varlen(forced, causal, head_dim):
     _require(torch.bfloat16, head_dim, "causal" if causal else "none")
-    seqlens_q, seqlens_k = [129, 0, 17, 300, 5], [200, 9, 0, 333, 128]
-    q, k, v, cu_q, cu_k = varlen_tensors(seqlens_q, seqlens_k, 4, 2, head_dim, torch.bfloat16, "cuda",
-                                         requires_grad=True)
-    dout = randn(*q.shape, dtype=torch.bfloat16, device="cuda")
-    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), causal=causal)
-    _check_grads(out, (q, k, v), dout,
-                 lambda *x, **kw: attention_varlen_ref(*x, cu_q.cpu(), cu_k.cpu(), causal=causal, **kw)[:2])
+    _varlen([129, 0, 17, 300, 5], [200, 9, 0, 333, 128], 4, 2, head_dim, causal)
 
 
 # Grids of more CTAs than SMs (several waves, as real batches run; the other tests' grids are one wave or less),
@@ -141,14 +143,8 @@ def test_many_key_blocks(forced, case, head_dim):
     mask = {"none": "none", "gqa": "none", "softcap": "none", "window": "local"}.get(case, "causal")
     _require(torch.bfloat16, head_dim, mask)
     if case == "varlen":
-        seqlens_q = [257, 0, 31, 300, 129, 5, 200, 64, 1, 290, 17, 133]
-        seqlens_k = [520, 9, 0, 290, 129, 77, 128, 255, 1, 300, 40, 517]
-        q, k, v, cu_q, cu_k = varlen_tensors(seqlens_q, seqlens_k, 8, 8, head_dim, torch.bfloat16, "cuda",
-                                             requires_grad=True)
-        dout = randn(*q.shape, dtype=torch.bfloat16, device="cuda")
-        out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), causal=True)
-        _check_grads(out, (q, k, v), dout,
-                     lambda *x, **kw: attention_varlen_ref(*x, cu_q.cpu(), cu_k.cpu(), causal=True, **kw)[:2])
+        _varlen([257, 0, 31, 300, 129, 5, 200, 64, 1, 290, 17, 133],
+                [520, 9, 0, 290, 129, 77, 128, 255, 1, 300, 40, 517], 8, 8, head_dim, True)
         return
     sq = 389 if case == "causal_long_q" else 257
     heads = (16, 4) if case == "gqa" else (8, 8)

@@ -245,7 +245,7 @@ __device__ __forceinline__ FwdTile plan_tile(const FwdKernelArgs& args, int64_t 
       tile.batch = static_cast<int>(rest / heads);
     } else {
       const MaskedTile masked = masked_tile_at(index, gridDim.x, args.num_tiles, args.num_m_blocks,
-                                               fwd_masked_tiles_in_chunks(kHeadDim));
+                                               fwd_masked_tiles_in_chunks(kHeadDim, kMask));
       tile.m_block = masked.m_block;
       tile.head = static_cast<int>(masked.head_batch % heads);
       tile.batch = static_cast<int>(masked.head_batch / heads);

@@ -108,8 +108,7 @@ void launch_fwd(FwdKernelArgs& args, cudaStream_t stream) {
     int device = 0;
     cudaGetDevice(&device);
     const int64_t sms = device_attributes(device).num_sms;
-    const bool masked = kMask != MaskKind::kNone;
-    const int64_t max_ctas = fwd_persistent_pays(kHeadDim, masked, args.params.shape.seqlen_k) ? sms : kMaxGridX;
+    const int64_t max_ctas = fwd_persistent_pays(kHeadDim, kMask, args.params.shape.seqlen_k) ? sms : kMaxGridX;
     const int64_t ctas = args.num_tiles < max_ctas ? args.num_tiles : max_ctas;
     constexpr bool kCanCarry = fwd_carries_tile_tail(kHeadDim) && kSchedule == FwdSchedule::kOverlap;
     if (kCanCarry && ctas < args.num_tiles) {

@@ -64,9 +64,11 @@ constexpr int64_t kFwdPersistentMaxKeys = 2048;
 // (fwd_carries_tile_tail), hd 128 causal, 15 heads, ratio to cuDNN in the same process (twenty-eighth session): 1k
 // 0.77 -> 0.81 (327 -> 340 TFLOP/s), 2k 0.87 -> 0.87. With the chunked order (fwd_masked_tiles_in_chunks), hd 128
 // causal 2k one tile per CTA -> a CTA per SM 441-449 -> 479 in both rounds (thirtieth session); hd 256 with chunks
-// 512 / 1k 234 / 378 -> 235 / 364-377, no gain, so it stays one tile per CTA. 0: never a CTA per SM.
-constexpr int64_t fwd_masked_persistent_max_keys(int head_dim) {
-  return head_dim == 64 || head_dim == 128 ? 2048 : 0;
+// 512 / 1k 234 / 378 -> 235 / 364-377, no gain, so it stays one tile per CTA. Windows (kLocal) keep hd 128's 1k,
+// where they were measured: the 2k step was timed on causal calls only. 0: never a CTA per SM.
+constexpr int64_t fwd_masked_persistent_max_keys(int head_dim, MaskKind mask) {
+  if (head_dim == 128) return mask == MaskKind::kCausal ? 2048 : 1024;
+  return head_dim == 64 ? 2048 : 0;
 }
 
 // Whether persistent CTAs walk masked tiles in chunks of the head-major order (tile_order.h masked_tile_at) instead of
@@ -76,11 +78,14 @@ constexpr int64_t fwd_masked_persistent_max_keys(int head_dim) {
 // share (~17 MB at hd 128) stays in L2. Predicted causal 512 / 1k +5-15 %. Measured (thirtieth session, two rounds,
 // bf16 TFLOP/s old -> chunks): hd 128 1k 344-347 -> 374-385, 512 247-249 -> 248-255, 2k (with a CTA per SM there)
 // 441-449 -> 479; hd 64 512 / 1k level, 2k 363-366 -> 345-349, so hd 64 keeps the old order (its 192-row tiles give
-// a CTA ~2 tiles at 2k, where the old order's tighter balance counts more than its K / V traffic).
-constexpr bool fwd_masked_tiles_in_chunks(int head_dim) { return head_dim == 128; }
+// a CTA ~2 tiles at 2k, where the old order's tighter balance counts more than its K / V traffic). Causal only: the
+// chunks' balance rests on causal tiles' weights, and windows were not timed in them.
+constexpr bool fwd_masked_tiles_in_chunks(int head_dim, MaskKind mask) {
+  return head_dim == 128 && mask == MaskKind::kCausal;
+}
 
-constexpr bool fwd_persistent_pays(int head_dim, bool masked, int64_t seqlen_k) {
-  return seqlen_k <= (masked ? fwd_masked_persistent_max_keys(head_dim) : kFwdPersistentMaxKeys);
+constexpr bool fwd_persistent_pays(int head_dim, MaskKind mask, int64_t seqlen_k) {
+  return seqlen_k <= (mask != MaskKind::kNone ? fwd_masked_persistent_max_keys(head_dim, mask) : kFwdPersistentMaxKeys);
 }
 
 // Persistent CTAs that walk several tiles (a CTA per SM, fwd_persistent_pays), overlapped schedule: whether a tile's
