@@ -128,12 +128,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
 
   const BwdParams& bp = args.params;
   const FwdParams& p = bp.fwd;
-  // Deterministic calls (cta.dq_split): the two consumers' dQ columns are disjoint, so no order between them is needed.
-  const BwdCta<kBlockM, kBlockN> cta(args);
-  const int64_t seqlen_q = cta.sequence.seqlen_q;
-  const int64_t seqlen_k = cta.sequence.seqlen_k;
-  const int64_t offset = cta.offset;
-  const BwdWorkspace& workspace = cta.workspace;
 
   const bool bulk_dq = args.dq_map.enabled;  // dQ by bulk reductions, staged in the Q and dO slots (below)
   // Deterministic calls with ordered dQ (bwd_tile_config.h; compiled out while kBwdDeterministicDqOrderedWide is off).
@@ -154,17 +148,27 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
   if (warpgroup == 0) {
     ptx::release_registers<kProducerRegisters>();
     if (threadIdx.x == 0) {
-      produce_bwd_tiles(args, cta, ring_tiles);
+      produce_bwd_tiles(args, BwdCta<kBlockM, kBlockN>(args), ring_tiles);
     } else if (dq_ordered) {
       const int writer = static_cast<int>(threadIdx.x) / kWarpSize - kBwdDqFirstWriterWarp;
       if (writer >= 0 && writer < kBwdDqWriters) {
-        write_ordered_dq_wide<Layout, kHeadDim, kBlockM, kBlockN, kStages>(args, cta, ring_tiles, writer);
+        write_ordered_dq_wide<Layout, kHeadDim, kBlockM, kBlockN, kStages>(args, BwdCta<kBlockM, kBlockN>(args),
+                                                                          ring_tiles, writer);
       }
     }
     return;
   }
 
   ptx::claim_registers<kConsumerRegisters>();
+  // The CTA's plan is built after setmaxnreg, in each warpgroup (as bwd_kernel.h): built once before the split it was
+  // live across it and spilled (hd 256 causal: 164 B, 11 local loads a step -> 0; with the step counters the loop
+  // 1,398 -> 1,075 instructions; timed with them: +3-6 % at 512-2k keys, thirty-first session).
+  // Deterministic calls (cta.dq_split): the two consumers' dQ columns are disjoint, so no order between them is needed.
+  const BwdCta<kBlockM, kBlockN> cta(args);
+  const int64_t seqlen_q = cta.sequence.seqlen_q;
+  const int64_t seqlen_k = cta.sequence.seqlen_k;
+  const int64_t offset = cta.offset;
+  const BwdWorkspace& workspace = cta.workspace;
   const int consumer = warpgroup - 1;
   const int thread = threadIdx.x % ptx::kWarpgroupThreads;
   const int warp = thread / kWarpSize;
