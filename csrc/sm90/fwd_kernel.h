@@ -570,16 +570,18 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
                                            : 2;
         ptx::mbarrier_wait_parity(&k_full[first.stage], first.parity);
         if (kPingpong) take_turn(consumer);
-        // The first block's S GEMM (issue_s), then the carried tile's last P.V under this block's softmax (softmax).
+        // The first block's S GEMM (issue_s), then the carried tile's last P.V under this block's softmax (pin_s:
+        // its registers read after the wait; softmax).
         // Each path ends with no GEMM in flight, and each S size runs its own copy of them: waits that differ between
         // paths which then merge, or GEMMs of different registers in flight where paths merge, made ptxas serialise
         // every wgmma of the kernel (C7515 / C7514: warpgroup.wait injected before each) and spill.
-        auto first_block = [&](auto issue_s, auto softmax) {
+        auto first_block = [&](auto issue_s, auto pin_s, auto softmax) {
           issue_s();
           if (finishes_carried) {
             ptx::mbarrier_wait_parity(&v_full[carried_v.stage], carried_v.parity);
             issue_pv<T, kHeadDim, kBlockN>(o, a, v_desc(carried_v));
             ptx::warpgroup_wait<1>();
+            pin_s();
             release(&k_empty[first.stage]);
             scores_done(n_max - 1);
             softmax();
@@ -591,6 +593,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
           } else {
             if (kPingpong) pass_turn(consumer);
             ptx::warpgroup_wait<0>();
+            pin_s();
             release(&k_empty[first.stage]);
             scores_done(n_max - 1);
             softmax();
@@ -598,8 +601,8 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
         };
         if (first_halves == 2) {
           first_block([&]() { issue_scores<T, kHeadDim, kBlockM, kBlockN>(s, q_tile_desc, k_desc(first)); },
+                      [&]() { pin_all(s); },
                       [&]() {
-                        pin_all(s);
                         prepare_scores(s, n_max - 1);
                         // O is 0 for this tile: no rescale
                         softmax_step<kBlockN, kPolyEvery>(s, rows, args.scale_log2, factor);
@@ -612,8 +615,8 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
                 [&]() {
                   issue_scores<T, kHeadDim, kBlockM, kBlockN / 2, kBlockN>(s_half, q_tile_desc, k_desc(first));
                 },
+                [&]() { pin_all(s_half); },
                 [&]() {
-                  pin_all(s_half);
                   const int64_t col0 = static_cast<int64_t>(n_max - 1) * kBlockN + quad_col;
                   mask_scores<kBlockN / 2>(s_half, rows, col0);
                   softmax_step<kBlockN / 2, kPolyEvery>(s_half, rows, args.scale_log2, factor);
@@ -622,7 +625,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
                 });
           } else {
             // No row of this consumer sees the block: no GEMM (an empty commit group keeps the waits' counts), P = 0.
-            first_block([&]() { ptx::warpgroup_commit(); }, [&]() { zero_all(s); });
+            first_block([&]() { ptx::warpgroup_commit(); }, [&]() {}, [&]() { zero_all(s); });
           }
         }
         zero_all(o);
