@@ -180,11 +180,10 @@ def test_persistent_ctas_walk_many_tiles(forced, seqlens, causal, head_dim):
 @pytest.mark.parametrize("shift", [-129, -64, -63, -1, 0, 1, 63, 64, 65, 191])
 @pytest.mark.parametrize("mask", ["causal", "local"])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_first_block_by_halves(forced, shift, mask, head_dim):
-    """A consumer whose 64 rows see only the lower half of the tile's first key block, or none of it (hd 64's
-    192-row tiles on 128-key blocks, rows past seqlen_q), runs that block's S GEMM and softmax on what it sees
-    (fwd_tile_config.h kFwdFirstBlockByHalves): the diagonal shifted by seqlen_k - seqlen_q across every 64-row
-    alignment, with more tiles than SMs (carried tiles) and with fewer."""
+def test_diagonal_alignments(forced, shift, mask, head_dim):
+    """The diagonal shifted by seqlen_k - seqlen_q across every 64-row alignment of the consumers' rows against the
+    128-key blocks (hd 64's 192-row tiles put a consumer's rows before, across or past a block's diagonal), with more
+    tiles than SMs (carried tiles) and with fewer."""
     _require(torch.bfloat16, head_dim, mask)
     window = (-1, 0) if mask == "causal" else (90, 3)
     for batch, heads, sq in ((3, 48, 450), (1, 2, 1000)):

@@ -109,19 +109,6 @@ __device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], const Consu
   }
 }
 
-// How much of the tile's first key block n_first (its highest) the 64 rows from row0 see, in halves of the block: 2
-// (some row sees a key of the upper half), 1 (keys of the lower half only), 0 (none, or no row below seqlen_q). The
-// rows' visible ranges rise with the row, so the last row's end bounds them all (block_ranges.h key_blocks_of_rows).
-template <int kBlockN>
-__device__ __forceinline__ int first_block_halves(const MaskParams& mask, int64_t row0, int64_t seqlen_q,
-                                                  int64_t seqlen_k, int64_t offset, int n_first) {
-  if (row0 >= seqlen_q) return 0;
-  constexpr int kHalf = kBlockN / 2;
-  const KeyBlocks halves = key_blocks_of_rows(mask, row0, kRowsPerConsumer, seqlen_q, seqlen_k, offset, kHalf);
-  const int seen = halves.n_max - 2 * n_first;
-  return seen <= 0 ? 0 : (seen == 1 ? 1 : 2);
-}
-
 // Online softmax of one key block: the max over raw scores (quad shuffles), the scale folded into the exponent (one
 // FFMA + ex2 per score), S replaced by P, the running sum rescaled; `factor` is what O must be multiplied by. A row
 // whose max is still -inf uses 0 in its place, so it gets P = 0 and factor 0, never NaN. kPolyEvery > 0: every
@@ -561,72 +548,32 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
         const Slot first(ring);
         const Slot carried_v(ring - 1);
         const bool finishes_carried = kCarry && carrying;
-        // kFwdFirstBlockByHalves: the first block's S GEMM and softmax over the columns this consumer's rows see;
-        // the P of the columns it skips is 0.
-        constexpr bool kByHalves = fwd_first_block_by_halves(kMask, kBlockN, kGeneral);
-        const int first_halves = kByHalves ? first_block_halves<kBlockN>(p.mask,
-                                                                         tile.row_first + consumer * kRowsPerConsumer,
-                                                                         seqlen_q, seqlen_k, tile.offset, n_max - 1)
-                                           : 2;
         ptx::mbarrier_wait_parity(&k_full[first.stage], first.parity);
         if (kPingpong) take_turn(consumer);
-        // The first block's S GEMM (issue_s), then the carried tile's last P.V under this block's softmax (pin_s:
-        // its registers read after the wait; softmax).
-        // Each path ends with no GEMM in flight, and each S size runs its own copy of them: waits that differ between
-        // paths which then merge, or GEMMs of different registers in flight where paths merge, made ptxas serialise
-        // every wgmma of the kernel (C7515 / C7514: warpgroup.wait injected before each) and spill.
-        auto first_block = [&](auto issue_s, auto pin_s, auto softmax) {
-          issue_s();
-          if (finishes_carried) {
-            ptx::mbarrier_wait_parity(&v_full[carried_v.stage], carried_v.parity);
-            issue_pv<T, kHeadDim, kBlockN>(o, a, v_desc(carried_v));
-            ptx::warpgroup_wait<1>();
-            pin_s();
-            release(&k_empty[first.stage]);
-            scores_done(n_max - 1);
-            softmax();
-            ptx::warpgroup_wait<0>();
-            pin_all(o);
-            release(&v_empty[carried_v.stage]);
-            write_output<T, kHeadDim>(args, carried_tile, carried_rows, o, lane);
-            carrying = false;
-          } else {
-            if (kPingpong) pass_turn(consumer);
-            ptx::warpgroup_wait<0>();
-            pin_s();
-            release(&k_empty[first.stage]);
-            scores_done(n_max - 1);
-            softmax();
-          }
+        issue_scores<T, kHeadDim, kBlockM, kBlockN>(s, q_tile_desc, k_desc(first));
+        auto first_softmax = [&]() {
+          pin_all(s);
+          release(&k_empty[first.stage]);
+          scores_done(n_max - 1);
+          prepare_scores(s, n_max - 1);
+          softmax_step<kBlockN, kPolyEvery>(s, rows, args.scale_log2, factor);  // O is 0 for this tile: no rescale
         };
-        if (first_halves == 2) {
-          first_block([&]() { issue_scores<T, kHeadDim, kBlockM, kBlockN>(s, q_tile_desc, k_desc(first)); },
-                      [&]() { pin_all(s); },
-                      [&]() {
-                        prepare_scores(s, n_max - 1);
-                        // O is 0 for this tile: no rescale
-                        softmax_step<kBlockN, kPolyEvery>(s, rows, args.scale_log2, factor);
-                      });
-        } else if constexpr (kByHalves) {
-          if (first_halves == 1) {
-            // Its own registers for the lower half's S (a view of s's first half spilled and serialised the GEMMs).
-            float s_half[kBlockN / 4];
-            first_block(
-                [&]() {
-                  issue_scores<T, kHeadDim, kBlockM, kBlockN / 2, kBlockN>(s_half, q_tile_desc, k_desc(first));
-                },
-                [&]() { pin_all(s_half); },
-                [&]() {
-                  const int64_t col0 = static_cast<int64_t>(n_max - 1) * kBlockN + quad_col;
-                  mask_scores<kBlockN / 2>(s_half, rows, col0);
-                  softmax_step<kBlockN / 2, kPolyEvery>(s_half, rows, args.scale_log2, factor);
-#pragma unroll
-                  for (int i = 0; i < kBlockN / 2; ++i) s[i] = i < kBlockN / 4 ? s_half[i] : 0.f;
-                });
-          } else {
-            // No row of this consumer sees the block: no GEMM (an empty commit group keeps the waits' counts), P = 0.
-            first_block([&]() { ptx::warpgroup_commit(); }, [&]() {}, [&]() { zero_all(s); });
-          }
+        // Each branch ends with no GEMM in flight: waits that differ between paths which then merge made ptxas
+        // serialise every wgmma of the kernel (C7515: warpgroup.wait injected before each).
+        if (finishes_carried) {
+          ptx::mbarrier_wait_parity(&v_full[carried_v.stage], carried_v.parity);
+          issue_pv<T, kHeadDim, kBlockN>(o, a, v_desc(carried_v));
+          ptx::warpgroup_wait<1>();
+          first_softmax();
+          ptx::warpgroup_wait<0>();
+          pin_all(o);
+          release(&v_empty[carried_v.stage]);
+          write_output<T, kHeadDim>(args, carried_tile, carried_rows, o, lane);
+          carrying = false;
+        } else {
+          if (kPingpong) pass_turn(consumer);
+          ptx::warpgroup_wait<0>();
+          first_softmax();
         }
         zero_all(o);
         pack_probs<T, kBlockN>(s, a);

@@ -109,18 +109,6 @@ constexpr bool fwd_carries_tile_tail(int head_dim) { return head_dim <= 192; }
 // 253 / 260, 2k 439 / 454 -> 453 / 464, 4k 553 -> 564; hd 256 512 242 / 228 -> 250 / 247; hd 64 2k 356 -> 368,
 // 512 and 1k level (+-2 %, this tool's spread). tests/test_hopper_forward.py passes with it (fp16 and bf16).
 constexpr bool kFwdMasksByLocalRange = true;
-
-// Whether a consumer of a masked tile sizes its first key block's S GEMM and softmax by the columns its own 64 rows
-// see (fwd_kernel.h first_block_halves): causal tiles at hd 128 give the upper consumer half of the diagonal block
-// (one of ~2.5 blocks a tile at 512 keys), and at hd 64 (192-row tiles on 128-key blocks) a consumer sees half or
-// none of it in 4.5 of a head's 27 consumer blocks at 512 keys. The lower consumer then runs ahead of the other,
-// so one's softmax falls under the other's GEMMs. Compiled only (thirty-first session): off until timed.
-constexpr bool kFwdFirstBlockByHalves = false;
-// Lean kernels on 128-key blocks only: a half of hd 192's and 256's blocks (56, 40 keys) has no wgmma wrapper here,
-// and the general hd 64 kernels spilled 116-312 bytes with it.
-constexpr bool fwd_first_block_by_halves(MaskKind mask, int block_n, bool general) {
-  return kFwdFirstBlockByHalves && mask != MaskKind::kNone && block_n == 128 && !general;
-}
 constexpr bool kFwdDoubleQ = true;
 
 // How many column groups of a key block share one group of FMA-pipe exponentials (fwd_kernel.h softmax_step): 0,

@@ -62,17 +62,15 @@ __device__ __forceinline__ void pin_all(float (&values)[kCount]) {
 
 // Issues s = A.B^T over the head dim for one warpgroup's 64 rows of A (one commit group), both operands K-major in
 // [segment][rows][64] tiles: the forward's S = Q.K^T, the backward's S^T = K.Q^T and dP^T = V.dO^T. k16 steps walk
-// 32 bytes along a 128-byte line, then jump to the next segment: kRowsA (the A tile's rows) or kRowsB (B's) x 128
-// bytes. kN < kRowsB: the product with B's first kN rows only.
-template <typename T, int kHeadDim, int kRowsA, int kN, int kRowsB = kN>
+// 32 bytes along a 128-byte line, then jump to the next segment: kRowsA (the A tile's rows) or kN (B's) x 128 bytes.
+template <typename T, int kHeadDim, int kRowsA, int kN>
 __device__ __forceinline__ void issue_scores(float (&s)[kN / 2], uint64_t a_desc, uint64_t b_desc) {
-  static_assert(kN <= kRowsB, "B's first kN rows");
   ptx::warpgroup_fence();
 #pragma unroll
   for (int kk = 0; kk < kHeadDim / 16; ++kk) {
     const uint32_t step = (kk % 4) * kK16Bytes;
     ptx::Wgmma<T, kN>::ss(s, ptx::advance_descriptor(a_desc, (kk / 4) * kRowsA * kSegmentBytes + step),
-                          ptx::advance_descriptor(b_desc, (kk / 4) * kRowsB * kSegmentBytes + step), kk > 0);
+                          ptx::advance_descriptor(b_desc, (kk / 4) * kN * kSegmentBytes + step), kk > 0);
   }
   ptx::warpgroup_commit();
 }
