@@ -547,48 +547,6 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
         // is on the tensor cores; O is rescaled once that P.V has landed. The first S is peeled, and with it the
         // carried tile's last P.V (kCarry); without kCarry the last P.V is peeled too.
         constexpr bool kPingpong = kSchedule == FwdSchedule::kPingpong;
-        if constexpr (kCarry && kFwdFirstBlockInLoop) {
-          // Every key block through one body (kFwdFirstBlockInLoop): block n's S GEMM with the previous block's P.V,
-          // which for the tile's first block is the carried tile's last; after it lands, the carried tile's epilogue
-          // and O = 0 there, a rescale elsewhere. On a CTA's first tile nothing is carried and that P.V reads this
-          // tile's Q slot instead of a V slot (a result O = 0 then discards): every path issues the same GEMMs, since
-          // a P.V behind a branch (or an empty commit group in its place) made ptxas serialise every wgmma (C7514)
-          // and spill 12-100 bytes.
-          static_assert(Layout::kQBytes >= Layout::kKvBytes, "a Q slot stands in for a V slot");
-          const uint64_t q_as_v_desc =
-              ptx::smem_descriptor(q_tiles + q_slot.stage * Layout::kQBytes, kBlockN * kSegmentBytes,
-                                   ptx::kSwizzleAtomBytes);
-          for (int n = n_max - 1; n >= n_min; --n, ++ring) {
-            const Slot slot(ring), previous(ring - 1);
-            const bool first_block = n == n_max - 1;
-            const bool has_previous = !first_block || carrying;
-            ptx::mbarrier_wait_parity(&k_full[slot.stage], slot.parity);
-            issue_scores<T, kHeadDim, kBlockM, kBlockN>(s, q_tile_desc, k_desc(slot));
-            if (has_previous) ptx::mbarrier_wait_parity(&v_full[previous.stage], previous.parity);
-            issue_pv<T, kHeadDim, kBlockN>(o, a, has_previous ? v_desc(previous) : q_as_v_desc);
-            ptx::warpgroup_wait<1>();
-            pin_all(s);
-            release(&k_empty[slot.stage]);
-            scores_done(n);
-            prepare_scores(s, n);
-            softmax_step<kBlockN, kPolyEvery>(s, rows, args.scale_log2, factor);
-            ptx::warpgroup_wait<0>();
-            pin_all(o);
-            if (has_previous) release(&v_empty[previous.stage]);
-            if (first_block) {
-              if (carrying) write_output<T, kHeadDim>(args, carried_tile, carried_rows, o, lane);
-              zero_all(o);
-            } else {
-              rescale_o<kHeadDim>(o, factor);
-            }
-            pack_probs<T, kBlockN>(s, a);
-          }
-          carrying = true;
-          carried_tile = output;
-          carried_rows = rows;
-          ++loaded_q;
-          continue;
-        }
         if (kPingpong && consumer == 1) pass_turn(consumer);  // warpgroup 0 takes the first turn
         const Slot first(ring);
         const Slot carried_v(ring - 1);

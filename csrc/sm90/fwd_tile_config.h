@@ -110,16 +110,12 @@ constexpr bool fwd_carries_tile_tail(int head_dim) { return head_dim <= 192; }
 // 512 and 1k level (+-2 %, this tool's spread). tests/test_hopper_forward.py passes with it (fp16 and bf16).
 constexpr bool kFwdMasksByLocalRange = true;
 
-// Two changes for the instruction cache (thirty-first session: ncu of hd 128 causal 512 keys, 12.8 % of our stall
-// samples "no instruction" on 128-byte boundaries against cuDNN's 1.2 %; our kernel 5,872 instructions, cuDNN's
-// 1,448). Compiled only: off until timed.
-// kFwdCausalMaskUpperOnly: a causal kernel's mask tests a score's column against the row's end only (its rows see
-// every key from 0, so the local range's lower bound is always 0): one ISETP a score instead of two, as cuDNN's.
-constexpr bool kFwdCausalMaskUpperOnly = false;
-// kFwdFirstBlockInLoop: carrying kernels run a tile's first key block through the key loop's own body, with the
-// carried tile's last P.V as its `previous` P.V and that tile's epilogue behind a branch, instead of a peeled copy of
-// the S GEMM, mask, softmax and epilogue: one mask and one softmax copy per kernel instead of two.
-constexpr bool kFwdFirstBlockInLoop = false;
+// Whether a causal kernel's mask tests a score's column against its row's end only: its rows see every key from 0,
+// so the local range's lower bound is always 0 (one ISETP a score instead of two, as cuDNN's kernel). H200, bf16,
+// three rounds against off (thirty-first session), causal TFLOP/s: hd 128 512 261 / 261, 1k 394 / 391, 2k 487 /
+// 486, 8k 603 / 626 (medians 593 / 599); hd 64 512 200 / 196, 2k 369 / 357, 8k 467 / 461: level to +3 %, kept for
+// the shorter masked blocks.
+constexpr bool kFwdCausalMaskUpperOnly = true;
 constexpr bool kFwdDoubleQ = true;
 
 // How many column groups of a key block share one group of FMA-pipe exponentials (fwd_kernel.h softmax_step): 0,
