@@ -338,7 +338,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
   constexpr int kConsumers = kBlockM / kRowsPerConsumer;
   static_assert(kBlockM % kRowsPerConsumer == 0, "one 64-row slice per consumer warpgroup");
   static_assert(kConsumers == 2 || kSchedule != FwdSchedule::kPingpong, "ping-pong pairs two warpgroups");
-  static_assert(!kCarry || (kPersistent && kSchedule == FwdSchedule::kOverlap), "carrying needs tiles to walk");
+  static_assert(!kCarry || (kPersistent && kSchedule != FwdSchedule::kSerial), "carrying needs tiles to walk");
   constexpr int kQStages = fwd_q_stages<kHeadDim, kBlockM, kBlockN, kStages, kCarry>();
   using Layout = FwdSmemLayout<kHeadDim, kBlockM, kBlockN, kStages, kQStages>;
   constexpr int kSegments = Layout::kSegments;
@@ -467,6 +467,8 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
     carrying = false;
   };
 
+  constexpr bool kCarriedPingpong = kCarry && kSchedule == FwdSchedule::kPingpong;
+  if (kCarriedPingpong && consumer == 1) pass_turn(consumer);  // warpgroup 0 takes the CTA's first turn
   for (int64_t index = tile_first; index < tile_count; index += tile_stride) {
     const FwdTile tile = plan_tile<kHeadDim, kMask, kPersistent, kBlockM, kBlockN>(args, index);
     if (!tile.has_rows) continue;
@@ -547,7 +549,9 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
         // is on the tensor cores; O is rescaled once that P.V has landed. The first S is peeled, and with it the
         // carried tile's last P.V (kCarry); without kCarry the last P.V is peeled too.
         constexpr bool kPingpong = kSchedule == FwdSchedule::kPingpong;
-        if (kPingpong && consumer == 1) pass_turn(consumer);  // warpgroup 0 takes the first turn
+        // Warpgroup 0 takes the first turn: per tile, or with kCarry once per CTA (below), since carried tiles have
+        // no turn of their own for the last P.V and so one turn per key block in either warpgroup.
+        if (kPingpong && !kCarry && consumer == 1) pass_turn(consumer);
         const Slot first(ring);
         const Slot carried_v(ring - 1);
         const bool finishes_carried = kCarry && carrying;
@@ -566,6 +570,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
         if (finishes_carried) {
           ptx::mbarrier_wait_parity(&v_full[carried_v.stage], carried_v.parity);
           issue_pv<T, kHeadDim, kBlockN>(o, a, v_desc(carried_v));
+          if (kPingpong) pass_turn(consumer);
           ptx::warpgroup_wait<1>();
           first_softmax();
           ptx::warpgroup_wait<0>();
@@ -622,6 +627,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
     if constexpr (!kCarry) write_output<T, kHeadDim>(args, output, rows, o, lane);
   }
   if (kCarry && carrying) finish_carried();
+  if (kCarriedPingpong && consumer == 0) take_turn(consumer);  // consumes warpgroup 1's last hand-over
 #else
   (void)args;
   __trap();

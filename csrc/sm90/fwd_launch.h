@@ -112,8 +112,8 @@ void launch_fwd(FwdKernelArgs& args, cudaStream_t stream) {
     const int64_t ctas = args.num_tiles < max_ctas ? args.num_tiles : max_ctas;
     constexpr bool kCanCarry = fwd_carries_tile_tail(kHeadDim) && kSchedule == FwdSchedule::kOverlap;
     if (kCanCarry && ctas < args.num_tiles) {
-      launch_fwd_kernel<T, kHeadDim, kMask, kSchedule, kGeneral, kTile, true, kPolyEvery, kCanCarry>(args, ctas,
-                                                                                                    stream);
+      launch_fwd_kernel<T, kHeadDim, kMask, fwd_carrying_schedule(kHeadDim, kMask), kGeneral, kTile, true, kPolyEvery,
+                        kCanCarry>(args, ctas, stream);
     } else {
       launch_fwd_kernel<T, kHeadDim, kMask, kSchedule, kGeneral, kTile, true, kPolyEvery, false>(args, ctas, stream);
     }

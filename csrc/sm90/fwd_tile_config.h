@@ -139,6 +139,17 @@ constexpr FwdSchedule fwd_schedule(int head_dim) {
   return FwdSchedule::kOverlap;
 }
 
+// The schedule of kernels that carry tile tails (fwd_carries_tile_tail): kPingpong where two consumers run
+// (kFwdPingpongWhenCarrying). cuDNN's hd 128 causal 512-key kernel ping-pongs its two consumer warpgroups through a
+// 256-thread named barrier and spends 34 % of its stall samples waiting on wgmma, ours 8 % (ncu, thirty-first
+// session): predicted +5-10 % at 512-1k keys, where a tile is 1-8 key blocks and both warpgroups now run their
+// softmax at the same time. Compiled only: off until timed.
+constexpr bool kFwdPingpongWhenCarrying = false;
+constexpr FwdSchedule fwd_carrying_schedule(int head_dim, MaskKind mask) {
+  return kFwdPingpongWhenCarrying && fwd_consumer_warpgroups(head_dim, mask) == 2 ? FwdSchedule::kPingpong
+                                                                                   : FwdSchedule::kOverlap;
+}
+
 // Head dims are the kernel table's buckets that are whole 64-element TMA segments (64, 128, 192, 256).
 // block_n: hd 64 and 128 take 128 keys (S = 64 accumulator registers per thread); hd 192 and 256 take 112 and 80,
 // the most that fits beside a 128-row Q tile in 2 stages (FA3's sizes, HOPPER_NOTES.md section 1.2).
