@@ -385,6 +385,24 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
     if (threadIdx.x != 0) return;
     int ring = 0;
     int loaded_q = 0;
+    // A key block's V by ring iteration and coordinates; with kFwdKeysBeforeValues issued after the next block's K.
+    struct KvBlock {
+      int ring;  // -1: none
+      int kv_head;
+      int row;
+      int batch;
+    };
+    auto load_v = [&](const KvBlock& block) {
+      const Slot slot(block.ring);
+      uint8_t* v_slot = v_tiles + slot.stage * Layout::kKvBytes;
+      ptx::mbarrier_wait_parity(&v_empty[slot.stage], slot.parity ^ 1);
+      ptx::mbarrier_arrive_expect_tx(&v_full[slot.stage], Layout::kKvBytes);
+      for (int seg = 0; seg < kSegments; ++seg) {
+        ptx::tma_load_4d(v_slot + seg * kBlockN * kSegmentBytes, &args.v_map, &v_full[slot.stage],
+                         seg * kSegmentElems, block.kv_head, block.row, block.batch);
+      }
+    };
+    KvBlock pending_v{-1, 0, 0, 0};
     for (int64_t index = tile_first; index < tile_count; index += tile_stride) {
       const FwdTile tile = plan_tile<kHeadDim, kMask, kPersistent, kBlockM, kBlockN>(args, index);
       if (tile.n_max <= tile.n_min) continue;  // no rows, or no key any row sees: the consumers write O = 0
@@ -404,21 +422,22 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
       for (int n = tile.n_max - 1; n >= tile.n_min; --n, ++ring) {
         const Slot slot(ring);
         uint8_t* k_slot = k_tiles + slot.stage * Layout::kKvBytes;
-        uint8_t* v_slot = v_tiles + slot.stage * Layout::kKvBytes;
         ptx::mbarrier_wait_parity(&k_empty[slot.stage], slot.parity ^ 1);
         ptx::mbarrier_arrive_expect_tx(&k_full[slot.stage], Layout::kKvBytes);
         for (int seg = 0; seg < kSegments; ++seg) {
           ptx::tma_load_4d(k_slot + seg * kBlockN * kSegmentBytes, &args.k_map, &k_full[slot.stage],
                            seg * kSegmentElems, kv_head, k_row0 + n * kBlockN, map_batch);
         }
-        ptx::mbarrier_wait_parity(&v_empty[slot.stage], slot.parity ^ 1);
-        ptx::mbarrier_arrive_expect_tx(&v_full[slot.stage], Layout::kKvBytes);
-        for (int seg = 0; seg < kSegments; ++seg) {
-          ptx::tma_load_4d(v_slot + seg * kBlockN * kSegmentBytes, &args.v_map, &v_full[slot.stage],
-                           seg * kSegmentElems, kv_head, k_row0 + n * kBlockN, map_batch);
+        const KvBlock block{ring, kv_head, k_row0 + n * kBlockN, map_batch};
+        if constexpr (kFwdKeysBeforeValues) {
+          if (pending_v.ring >= 0) load_v(pending_v);
+          pending_v = block;
+        } else {
+          load_v(block);
         }
       }
     }
+    if (kFwdKeysBeforeValues && pending_v.ring >= 0) load_v(pending_v);
     return;
   }
 

@@ -118,6 +118,12 @@ constexpr bool kFwdMasksByLocalRange = true;
 constexpr bool kFwdCausalMaskUpperOnly = true;
 constexpr bool kFwdDoubleQ = true;
 
+// Whether the producer loads key block i's K before block i - 1's V (the order the consumers use them: block i's S
+// GEMM is issued with block i - 1's P.V), so a K waits only for the S GEMMs that free its slot, not for the P.V that
+// frees the previous V's: at hd 128 causal 512 keys the wait on a tile's first K held 4.2 % of the stall samples
+// (ncu, thirty-first session). Compiled only: off until timed.
+constexpr bool kFwdKeysBeforeValues = false;
+
 // How many column groups of a key block share one group of FMA-pipe exponentials (fwd_kernel.h softmax_step): 0,
 // all on the MUFU unit. HOPPER_NOTES.md section 7 measured 15.8 exp/clk/SM on MUFU alone and 20.6 with one polynomial
 // for three MUFU ops, so 4 was predicted to lift the exp-bound hd 64 forward 10-20 %; measured on the H200 (bf16,
