@@ -1,5 +1,7 @@
 # Reads the per-instruction CSV of tools/ncu_source.sh: totals of warp-stall samples by reason, samples per opcode,
-# the SASS instructions that collect the most samples with their main reasons, and (--sass, the `nvdisasm -gi -c`
+# the SASS instructions that collect the most samples with their main reasons and how often each ran (x N: against
+# the launch's tiles x warps this tells a per-tile wait from a per-block one; a retry branch shows the mbarrier wait
+# before it), and (--sass, the `nvdisasm -gi -c`
 # listing of a cubin built here with the same nvcc and flags, so offsets match) the samples per CUDA source line.
 # Usage: python3 tools/ncu_hot_lines.py FILE.sass.csv [--top N] [--reason long_sb] [--sass LISTING]
 import argparse
@@ -9,6 +11,7 @@ import re
 import sys
 
 STALL_PREFIX = "stall_"
+WAIT_LOOKBACK = 6  # instructions between an mbarrier try-wait and the branch that retries it (ptxas schedules a few)
 
 
 def read(path: str):
@@ -92,13 +95,27 @@ def main() -> None:
         top = sorted(((v, h[len(STALL_PREFIX):]) for h, v in values.items()), reverse=True)[:3]
         return " ".join(f"{n}:{int(v)}" for v, n in top if v)
 
+    executed = "Instructions Executed"
+    position = {id(r): i for i, r in enumerate(rows)}
+
+    def barrier_wait(r) -> str:
+        """The mbarrier try-wait a few instructions before a branch (the branch that retries it), if any."""
+        if "BRA" not in r[src_col]:
+            return ""
+        i = position[id(r)]
+        for back in rows[max(0, i - WAIT_LOOKBACK):i][::-1]:
+            if "SYNCS.PHASECHK" in back[src_col]:
+                return "  after " + " ".join(back[src_col].split()[-2:])
+        return ""
+
     ranked = sorted(rows, key=lambda r: -num(r[key]))[: args.top]
     for r in ranked:
         s = num(r[key])
         if s == 0:
             break
-        print(f"  {100 * s / total:5.2f}%  {where(r)}  {r[src_col].strip()[:70]:<70}  "
-              + reasons_of({h: num(r[h]) for h in reasons}))
+        runs = f"x {int(num(r[executed]))}" if executed in r else ""
+        print(f"  {100 * s / total:5.2f}%  {where(r)}  {r[src_col].strip()[:70]:<70} {runs:>11}  "
+              + reasons_of({h: num(r[h]) for h in reasons}) + barrier_wait(r))
     if args.sass:
         per_line = collections.defaultdict(lambda: collections.Counter())
         for r in rows:
