@@ -109,9 +109,11 @@ struct BwdCta {
   __device__ __forceinline__ static int step_block(const BwdBlock& block, int i) { return step_query_block(block, i); }
 };
 
-// A key block's steps in order, advanced by one per step (bwd_tile_config.h kBwdStepsByCounters) instead of dividing
-// the step index by m_count (BwdCta::step_head and step_block: a 32-bit division, ~40 instructions at each step's
-// start): step i's head is head0 + i / m_count and its query block m_min + (i % m_count + rotation) % m_count.
+// A key block's steps in order, advanced by one per step, for the main kernel's consumers: BwdCta::step_head and
+// step_block (which the producer and the ordered-dQ writers use) divide the step index by m_count, ~40 instructions
+// at each step's start; step i's head is head0 + i / m_count and its query block m_min + (i % m_count + rotation) %
+// m_count. ptxas + cuobjdump, hd 128 causal step loop 937 -> 916 instructions; timed with the uniform warpgroup
+// index (warpgroup_sm90.h, thirty-first session): together +1-7 % at 512-2k keys at hd 64 / 128.
 struct BwdStepWalk {
   int head;
   int local;   // the query block less m_min

@@ -236,9 +236,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
       BwdStepWalk walk(cta.head0, block.rotation);
       for (int i = 0; i < steps; ++i, ++ring, walk.advance(m_count)) {
         const Slot slot(ring);
-        const int head = kBwdStepsByCounters ? walk.head : cta.step_head(i, m_count);
-        const int64_t q0 =
-            static_cast<int64_t>(kBwdStepsByCounters ? block.m_min + walk.local : cta.step_block(block, i)) * kBlockM;
+        const int head = walk.head;
+        const int64_t q0 = static_cast<int64_t>(block.m_min + walk.local) * kBlockM;
         const float alibi_slope_log2 =
             kGeneral && p.mask.alibi_slopes != nullptr
                 ? p.mask.alibi_slopes[batch * p.mask.alibi_batch_stride + head] * static_cast<float>(kLog2e)

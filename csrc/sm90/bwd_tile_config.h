@@ -139,13 +139,6 @@ constexpr bool bwd_orders_dq(int head_dim) {
   return kBwdDeterministicDqOrdered && (head_dim <= kBwdMaxNarrowHeadDim || kBwdDeterministicDqOrderedWide);
 }
 
-// Whether the consumers track each step's query head and block by counters (bwd_cta.h BwdStepWalk) instead of
-// dividing the step index by the block's query-block count: the division is ~40 (mostly uniform-datapath)
-// instructions at the start of every step. ptxas + cuobjdump, hd 128 causal step loop with kWarpgroupIndexFromShuffle:
-// 937 -> 916 instructions. Timed with the uniform warpgroup index (thirty-first session, docs/perf_log.md): together
-// the backward's 512-2k rows +1-7 % at hd 64 / 128 / 256.
-constexpr bool kBwdStepsByCounters = true;
-
 // Whether a masked step's per-element test compares each score's compile-time query column with the queries that see
 // its key row, as a 32-bit range local to the step (block_ranges.h rows_seeing_key, local_range), instead of
 // recomputing each query's visible keys in 64 bits, which runs on every masked step (4 of the 10 steps of a causal

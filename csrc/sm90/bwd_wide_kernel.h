@@ -161,8 +161,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
 
   ptx::claim_registers<kConsumerRegisters>();
   // The CTA's plan is built after setmaxnreg, in each warpgroup (as bwd_kernel.h): built once before the split it was
-  // live across it and spilled (hd 256 causal: 164 B, 11 local loads a step -> 0; with the step counters the loop
-  // 1,398 -> 1,075 instructions; timed with them: +3-6 % at 512-2k keys, thirty-first session).
+  // live across it and spilled (hd 256 causal: 164 B, 11 local loads a step -> 0; with the uniform warpgroup index
+  // the step loop 1,398 -> 1,075 instructions; the two timed together: +3-6 % at 512-2k keys, thirty-first session).
   // Deterministic calls (cta.dq_split): the two consumers' dQ columns are disjoint, so no order between them is needed.
   const BwdCta<kBlockM, kBlockN> cta(args);
   const int64_t seqlen_q = cta.sequence.seqlen_q;

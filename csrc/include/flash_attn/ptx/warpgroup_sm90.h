@@ -31,8 +31,8 @@ constexpr unsigned kFullWarpMask = 0xffffffffu;
 // across the warp, so the shared-memory descriptors built from it stay in uniform registers (from threadIdx.x
 // directly, each wgmma's descriptor is added up in vector registers and moved into uniform ones before the
 // instruction). ptxas + cuobjdump (tools/sass_stats.py, thirtieth session): the hd 128 causal backward's step loop 1,097
-// -> 937 instructions (R2UR 60 -> 4, IMAD 163 -> 94). Timed (thirty-first session, with kBwdStepsByCounters, two
-// calls): backward hd 64 / 128 / 256 +1-7 % at 512-2k keys, forward level (hd 256 +2-6 %).
+// -> 937 instructions (R2UR 60 -> 4, IMAD 163 -> 94). Timed (thirty-first session, with the backward's step
+// counters, bwd_cta.h BwdStepWalk; two calls): backward hd 64 / 128 / 256 +1-7 % at 512-2k keys, forward level.
 constexpr bool kWarpgroupIndexFromShuffle = true;
 
 // The calling thread's warpgroup; every lane of the warp must call it together (all do, before any branch).
