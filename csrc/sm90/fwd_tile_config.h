@@ -121,8 +121,10 @@ constexpr bool kFwdDoubleQ = true;
 // Whether the producer loads key block i's K before block i - 1's V (the order the consumers use them: block i's S
 // GEMM is issued with block i - 1's P.V), so a K waits only for the S GEMMs that free its slot, not for the P.V that
 // frees the previous V's: at hd 128 causal 512 keys the wait on a tile's first K held 4.2 % of the stall samples
-// (ncu, thirty-first session). Compiled only: off until timed.
-constexpr bool kFwdKeysBeforeValues = false;
+// (ncu, thirty-first session). H200, bf16, best of three rounds, on / off (thirty-second session; cuDNN in the same
+// process): hd 128 causal 512 266 / 250, 1k 402 / 387, 2k 507 / 477; hd 64 8k 525 / 498, 2k 468 / 456, causal level;
+// hd 192 4k 706 / 655 (two rounds). Together with kFwdPingpongWhenCarrying below.
+constexpr bool kFwdKeysBeforeValues = true;
 
 // How many column groups of a key block share one group of FMA-pipe exponentials (fwd_kernel.h softmax_step): 0,
 // all on the MUFU unit. HOPPER_NOTES.md section 7 measured 15.8 exp/clk/SM on MUFU alone and 20.6 with one polynomial
@@ -149,8 +151,11 @@ constexpr FwdSchedule fwd_schedule(int head_dim) {
 // (kFwdPingpongWhenCarrying). cuDNN's hd 128 causal 512-key kernel ping-pongs its two consumer warpgroups through a
 // 256-thread named barrier and spends 34 % of its stall samples waiting on wgmma, ours 8 % (ncu, thirty-first
 // session): predicted +5-10 % at 512-1k keys, where a tile is 1-8 key blocks and both warpgroups now run their
-// softmax at the same time. Compiled only: off until timed.
-constexpr bool kFwdPingpongWhenCarrying = false;
+// softmax at the same time. H200, bf16, best of three rounds (thirty-second session), with kFwdKeysBeforeValues /
+// both off (cuDNN): hd 128 512 473 / 449 (513), causal 512 274 / 250 (329), 1k 404 / 387 (425), 2k 512 / 477 (504),
+// 8k level; hd 192 causal 4k 613 / 552 (605), two rounds. Beyond the table at hd 128 (both on / off, 1k and 4k):
+// GQA 16/4 causal +5-8 %, varlen documents of 512 +5-6 %, softcap / ALiBi / window -1 to +8 %.
+constexpr bool kFwdPingpongWhenCarrying = true;
 constexpr FwdSchedule fwd_carrying_schedule(int head_dim, MaskKind mask) {
   return kFwdPingpongWhenCarrying && fwd_consumer_warpgroups(head_dim, mask) == 2 ? FwdSchedule::kPingpong
                                                                                    : FwdSchedule::kOverlap;
