@@ -12,7 +12,9 @@
 #        --graph, summarised by tools/ab_kvcache_summary.py; AB_KVCACHE_ARGS="--shapes 1:8192": its arguments)
 #        AB_BENCH_ARGS="..." (more bench_attention.py arguments, e.g. --deterministic) AB_HIDDEN=n (nheads = n / head
 #        dim; 2048 by default, so head dims that do not divide it, e.g. 96, need one: AB_HIDDEN=3072) AB_HEADS_K="1,0"
-#        (KV head counts, each timed in turn; 0 = MHA, the default)]
+#        (KV head counts, each timed in turn; 0 = MHA, the default) AB_ARG_SETS="--feature softcap;--doc-len 512"
+#        (beyond the table: each ;-separated set of bench_attention.py arguments timed after the plain run, in the same
+#        rounds and order; SDPA peers refuse the features, so those rows compare the variants with each other)]
 #        tools/ab_bench.sh   (build knobs FLASH_ATTN_* and REP_MS from the environment)
 set -uo pipefail
 # flash_attn.is_supported (which the benchmark and the tests ask) wants every mask kind: a build narrowed with
@@ -79,10 +81,16 @@ for r in $(seq "$ROUNDS"); do
     # An overlay may narrow its head dims with a file AB_HEADDIMS (e.g. a tile change that only hd 256 takes).
     hds="$HEADDIMS"; [ -f "$WORK/$name/AB_HEADDIMS" ] && hds=$(cat "$WORK/$name/AB_HEADDIMS")
     for hk in ${AB_HEADS_K//,/ }; do  # 0: as many KV heads as query heads
-      (cd "$WORK/$name" && python3 benchmarks/bench_attention.py --impls "$impls" --direction "$DIRECTION" \
-        --headdim "$hds" --seqlen "$SEQLENS" --causal both --rep-ms "$REP_MS" ${AB_HIDDEN:+--hidden "$AB_HIDDEN"} \
-        --heads-k "$hk" ${AB_BENCH_ARGS:-} --out "$OUT/r${r}_${name}_hk$hk.json" \
-        > "$OUT/r${r}_${name}_hk$hk.log" 2>&1) || echo "bench $name round $r heads_k $hk failed"
+      # Set 0 is the plain run; sets 1... are AB_ARG_SETS in turn (files r<round>_<variant>_hk<n>_s<set>).
+      IFS=';' read -r -a arg_sets <<< ";${AB_ARG_SETS:-}"
+      for s in "${!arg_sets[@]}"; do
+        [ "$s" -gt 0 ] && [ -z "${arg_sets[$s]// /}" ] && continue
+        tag="hk$hk"; [ "$s" -gt 0 ] && tag="hk${hk}_s$s"
+        (cd "$WORK/$name" && python3 benchmarks/bench_attention.py --impls "$impls" --direction "$DIRECTION" \
+          --headdim "$hds" --seqlen "$SEQLENS" --causal both --rep-ms "$REP_MS" ${AB_HIDDEN:+--hidden "$AB_HIDDEN"} \
+          --heads-k "$hk" ${AB_BENCH_ARGS:-} ${arg_sets[$s]} --out "$OUT/r${r}_${name}_$tag.json" \
+          > "$OUT/r${r}_${name}_$tag.log" 2>&1) || echo "bench $name round $r $tag (${arg_sets[$s]:-plain}) failed"
+      done
     done
     if [ "${AB_KVCACHE:-0}" = 1 ]; then
       (cd "$WORK/$name" && python3 benchmarks/bench_kvcache.py --graph --rep-ms "$REP_MS" ${AB_KVCACHE_ARGS:-} \
