@@ -1,5 +1,5 @@
-# The Hopper kernels' block ranges (csrc/sm90/block_ranges.h: the key blocks a query tile visits and those it needs no
-# mask for, the query blocks a key block visits, the backward's per-pair mask test) against brute force over every
+# The Hopper kernels' block ranges (csrc/sm90/block_ranges.h: the key blocks a query tile visits, each 64-row
+# consumer's share of them, and those it needs no mask for, the query blocks a key block visits, the backward's per-pair mask test) against brute force over every
 # (query, key) pair, on 600 random shapes with no mask, causal (bottom-right and top-left) and windows, and key blocks
 # of every width the kernels use; the backward's 16-byte dQ reductions against the accumulator's slot layout; and the
 # deterministic backward's dQ order (each adder of a query block waits for a distinct count: 0, 1, 2, ...). CPU

@@ -126,6 +126,16 @@ constexpr bool kFwdDoubleQ = true;
 // hd 192 4k 706 / 655 (two rounds). Together with kFwdPingpongWhenCarrying below.
 constexpr bool kFwdKeysBeforeValues = true;
 
+// Whether a consumer warpgroup passes over the key blocks its own 64 rows do not see (block_ranges.h
+// rows_key_block_end): it waits for each such block's K and V and releases them without a GEMM or a softmax, so the
+// tile's other consumers and the SM's tensor and MUFU units are not spent on scores that are all masked. hd 64's
+// 192-row tiles against 128-key blocks leave, of all consumer x key-block work, 26 / 25 / 10 / 3 % unseen at causal
+// 512 / 1k / 2k / 8k keys and 11 / 11 / 3 % at non-causal 512 / 1k / 2k (consumers past the last row); hd 192 (112
+// keys) 14 / 6 % causal 512 / 1k, hd 256 (80 keys) 11 / 6 %; hd 128 (128 x 128) none. A carried tile tail is finished
+// first where a consumer skips. Compiled only: off until timed (predicted +10-15 % at hd 64 causal 512-1k, the
+// entries furthest behind cuDNN: 0.75-0.78).
+constexpr bool kFwdSkipsUnseenKeyBlocks = false;
+
 // How many column groups of a key block share one group of FMA-pipe exponentials (fwd_kernel.h softmax_step): 0,
 // all on the MUFU unit. HOPPER_NOTES.md section 7 measured 15.8 exp/clk/SM on MUFU alone and 20.6 with one polynomial
 // for three MUFU ops, so 4 was predicted to lift the exp-bound hd 64 forward 10-20 %; measured on the H200 (bf16,
