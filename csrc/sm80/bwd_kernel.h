@@ -260,6 +260,7 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles>::k
   const float scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
   const float softcap = static_cast<float>(p.softcap);
   constexpr bool kModScores = kFeatures || kScoreMods;
+  constexpr bool kScoreModsByFeature = kScoreMods && kBwdScoreModsByFeature;
   const bool has_softcap = kModScores && p.softcap > 0.0;
   const float scale_over_cap = has_softcap ? static_cast<float>(p.softmax_scale / p.softcap) : 0.f;
   const bool has_alibi = kModScores && p.mask.alibi_slopes != nullptr;
@@ -483,6 +484,60 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles>::k
               acc_dp[mt][nt].reg[e] = prob * (acc_dp[mt][nt].reg[e] - delta_e);
             }
           }
+        }
+      } else if (kScoreModsByFeature) {
+        // The score-mods instantiation (softcap and / or ALiBi, no bias, dropout or dbias): one straight-line pass with
+        // softcap and one without, chosen once per block, in the log2 domain (log2 e folded into the constants); ALiBi
+        // in both, without a branch (slope 0 when absent), its distance from one conversion of the thread's base and
+        // compile-time offsets (bwd_common.h kBwdScoreModsByFeature).
+        const float slope_log2 =
+            has_alibi ? p.mask.alibi_slopes[b * p.mask.alibi_batch_stride + h] * static_cast<float>(kLog2e) : 0.f;
+        const float cap_log2 = softcap * static_cast<float>(kLog2e);
+        // |query + offset - key| = |distance0 + (nt * 8 + e % 2) - (mt * 16 + 8 * (e / 2))|: exact in fp32 below 2^24.
+        const float distance0 = static_cast<float>(m0 + s_query0 + 2 * t + offset - n0 - s_key0 - g);
+        auto mods_pass = [&](auto softcap_on) {
+          constexpr bool kSoftcap = decltype(softcap_on)::value;
+#pragma unroll
+          for (int mt = 0; mt < kSMT; ++mt) {
+#pragma unroll
+            for (int nt = 0; nt < kSNT; ++nt) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const int key_local = s_key0 + mt * kMmaM + g + 8 * (e / 2);
+                const int query_local = s_query0 + nt * kMmaN + 2 * t + (e % 2);
+                const float s = acc_s[mt][nt].reg[e];
+                float th = 0.f;
+                float z_log2;
+                if constexpr (kSoftcap) {
+                  th = fast_tanh(s * scale_over_cap);
+                  z_log2 = cap_log2 * th;
+                } else {
+                  z_log2 = s * scale_log2;
+                }
+                const float step = static_cast<float>(nt * kMmaN + e % 2 - mt * kMmaM - 8 * (e / 2));
+                z_log2 = fmaf(-slope_log2, fabsf(distance0 + step), z_log2);
+                float prob = exp2f(z_log2 - cur_lse[query_local] * static_cast<float>(kLog2e));
+                if (!full) {
+                  const int key = n0 + key_local;
+                  const int query = m0 + query_local;
+                  bool visible = query < seqlen_q && key < seqlen_k;
+                  if (kMask != MaskKind::kNone) {
+                    if (left_bounded) visible = visible && key >= query + offset - window_left;
+                    if (right_bounded) visible = visible && key <= query + offset + window_right;
+                  }
+                  prob = visible ? prob : 0.f;
+                }
+                const float dz = prob * (acc_dp[mt][nt].reg[e] - cur_delta[query_local]);
+                acc_s[mt][nt].reg[e] = prob;
+                acc_dp[mt][nt].reg[e] = kSoftcap ? dz * (1.f - th * th) : dz;
+              }
+            }
+          }
+        };
+        if (has_softcap) {
+          mods_pass(std::true_type{});
+        } else {
+          mods_pass(std::false_type{});
         }
       } else {
         const float alibi_slope = has_alibi ? p.mask.alibi_slopes[b * p.mask.alibi_batch_stride + h] : 0.f;
