@@ -113,6 +113,9 @@ def run(argv=None) -> list:
     parser.add_argument("--rep-ms", type=float, default=ba.DEFAULT_DO_BENCH_REP_MS)
     parser.add_argument("--reps", type=int, default=None)
     parser.add_argument("--graph", action="store_true", help="also time every call replayed from a CUDA graph")
+    parser.add_argument("--headdim", type=int, default=ba.DECODE_HEADDIM,
+                        help=f"head dim of q, k and v (default BENCHMARKS.md's {ba.DECODE_HEADDIM}; e.g. 256 for "
+                        "Gemma-class models)")
     parser.add_argument("--num-splits", default="",
                         help="comma list of num_splits values: also time the cache call with each (kvcache_s<n>)")
     parser.add_argument("--out", default=None)
@@ -131,7 +134,7 @@ def run(argv=None) -> list:
     with torch.no_grad():
         for batch, kv_len in shapes:
             p = ba.Problem(args.device, dtype, batch, ba.DECODE_HEADS_Q, ba.DECODE_HEADS_KV, ba.DECODE_QUERY_LEN,
-                           kv_len, ba.DECODE_HEADDIM, False)
+                           kv_len, args.headdim, False)
             q = torch.randn(batch, 1, p.nheads, p.headdim, device=p.device, dtype=dtype)
             k = torch.randn(batch, kv_len, p.nheads_k, p.headdim, device=p.device, dtype=dtype)
             v = torch.randn_like(k)
@@ -140,8 +143,8 @@ def run(argv=None) -> list:
             line = [f"b{batch:<3} kv{kv_len:<7}"]
             for name, call in {**ours, **peer_calls(p, q, k, v)}.items():
                 for mode in ("eager", "graph") if args.graph else ("eager",):
-                    row = {"impl": name, "mode": mode, "batch": batch, "kv_len": kv_len, "ms": None, "tbps": None,
-                           "error": None}
+                    row = {"impl": name, "mode": mode, "batch": batch, "kv_len": kv_len, "headdim": args.headdim,
+                           "ms": None, "tbps": None, "error": None}
                     try:
                         timed = call if mode == "eager" else graphed(call)
                         if mode == "eager" and name in ours and name not in ("func", "append_rotary"):

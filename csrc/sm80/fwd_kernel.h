@@ -117,6 +117,15 @@ constexpr bool kPagedIndexByLanes = true;
 // best of 2 interleaved rounds (twenty-second session A/B): 1 x 8k 23.7 -> 22.0, 16 x 8k 210.4 -> 143.3, 64 x 4k
 // 400.7 -> 264.1 (contiguous 20.5 / 136.7 / 250.2); page 256 and contiguous unchanged.
 constexpr bool kPagedRowsStepped = true;
+
+// Copies a thread's small-page loads (load_small_pages_by_lanes, both forms) unroll at once above
+// kPagedRowsFullUnrollMaxHeadDim (0: all). Fully unrolled, ptxas spilled the decode kernels with row pages (sm_90a,
+// bf16, split / key-warps tile: hd 256 1,140 / 0 bytes of spill stores, hd 224 588 / 512, and 20-145 local loads a key
+// block in their loops at hd 160-256, the survey in docs/perf_log.md, thirty-second session); 4 at a time, none at hd
+// 160-256 (hd 256 loop 2,613 -> 896 instructions). Compiled only: off until timed (benchmarks/bench_kvcache.py
+// --headdim 256, and 160 / 192 / 224).
+constexpr int kPagedRowsFullUnrollMaxHeadDim = 128;
+constexpr int kPagedRowsUnrollWide = 0;
 // Whether local (sliding-window) kernels test visibility against the two shifts of CtaWindow (two compares per score,
 // two ints live through the key loop) instead of the window's flags, bounds and offset. The lean hd 128 local kernel
 // spills 144 / 200 bytes (ptxas, sm_90a) where the causal one spills none, and a window cost the portable forward
@@ -355,17 +364,48 @@ __device__ __forceinline__ void load_small_pages_by_lanes(T* smem, const T* base
     const int thread_row = tid / kChunksPerRow;
     const int col = (tid % kChunksPerRow) * kChunkElems;
     const T* src = base;
-#pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      const int row = i * kRowsPerIter + thread_row;
-      if (((i * kRowsPerIter) & row_mask) < kRowsPerIter) {
-        const int page = __shfl_sync(0xffffffffu, lane_page, min(row, kRows - 1) >> shift);
-        src = base + page * page_stride + static_cast<int64_t>(row & row_mask) * row_stride + col;
-      } else {
-        src += kRowsPerIter * row_stride;
+    if constexpr (kHeadDim > kPagedRowsFullUnrollMaxHeadDim && kPagedRowsUnrollWide > 0) {
+#pragma unroll(kPagedRowsUnrollWide)
+      for (int i = 0; i < kIters; ++i) {
+        const int row = i * kRowsPerIter + thread_row;
+        if (((i * kRowsPerIter) & row_mask) < kRowsPerIter) {
+          const int page = __shfl_sync(0xffffffffu, lane_page, min(row, kRows - 1) >> shift);
+          src = base + page * page_stride + static_cast<int64_t>(row & row_mask) * row_stride + col;
+        } else {
+          src += kRowsPerIter * row_stride;
+        }
+        const bool valid = row < rows_valid && col < head_dim;
+        ptx::cp_async_16(smem + Layout::offset(row, col), valid ? src : base, valid);
       }
-      const bool valid = row < rows_valid && col < head_dim;
-      ptx::cp_async_16(smem + Layout::offset(row, col), valid ? src : base, valid);
+    } else {
+      // The same loop fully unrolled, as its own statement: one shared lambda body changed every paged decode
+      // kernel's SASS (ptxas).
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const int row = i * kRowsPerIter + thread_row;
+        if (((i * kRowsPerIter) & row_mask) < kRowsPerIter) {
+          const int page = __shfl_sync(0xffffffffu, lane_page, min(row, kRows - 1) >> shift);
+          src = base + page * page_stride + static_cast<int64_t>(row & row_mask) * row_stride + col;
+        } else {
+          src += kRowsPerIter * row_stride;
+        }
+        const bool valid = row < rows_valid && col < head_dim;
+        ptx::cp_async_16(smem + Layout::offset(row, col), valid ? src : base, valid);
+      }
+    }
+  } else if constexpr (kHeadDim > kPagedRowsFullUnrollMaxHeadDim && kPagedRowsUnrollWide > 0) {
+#pragma unroll(kPagedRowsUnrollWide)
+    for (int i = 0; i < kIters; ++i) {
+      const int c = tid + i * kThreads;
+      const int row = min(c / kChunksPerRow, kRows - 1);
+      const int page = __shfl_sync(0xffffffffu, lane_page, row >> shift);
+      if (kChunks % kThreads == 0 || c < kChunks) {
+        const int col = (c % kChunksPerRow) * kChunkElems;
+        const bool valid = row < rows_valid && col < head_dim;
+        const int64_t in_page = (row0 + row) & row_mask;
+        const T* src = valid ? base + page * page_stride + in_page * row_stride + col : base;
+        ptx::cp_async_16(smem + Layout::offset(row, col), src, valid);
+      }
     }
   } else {
 #pragma unroll
