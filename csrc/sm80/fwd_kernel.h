@@ -379,7 +379,7 @@ __device__ __forceinline__ void load_small_pages_by_lanes(T* smem, const T* base
       }
     } else {
       // The same loop fully unrolled, as its own statement: one shared lambda body changed every paged decode
-      // kernel's SASS (ptxas).
+      // kernel's SASS (ptxas). Once kPagedRowsUnrollWide is timed, one of the two forms goes.
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
         const int row = i * kRowsPerIter + thread_row;

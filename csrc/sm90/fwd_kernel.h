@@ -511,9 +511,9 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
 
     // kFwdSkipsUnseenKeyBlocks: blocks from n_seen up hold no key this consumer's rows see. It releases their K and V
     // as they land, taking its ping-pong turns empty, after finishing a carried tile (whose V slot the producer needs
-    // back first), and runs the key loop from n_seen - 1; with no block left it only releases the tile's Q slot. The
-    // carried tile is finished and the zero tile written at the same call sites as an empty tile's: a second copy of
-    // either spilled up to 428 bytes (ptxas, hd 64 / 128 carrying kernels).
+    // back first), and runs the key loop from n_seen - 1; with no block left it only releases the tile's Q slot. Each
+    // instantiation keeps one finish_carried call (below, or the empty tile's) and writes a skipped consumer's zero
+    // tile through the empty tile's path: second copies of either spilled up to 428 bytes (ptxas, hd 64 / 128).
     const int n_seen = kSkipsUnseen ? rows_key_block_end(p.mask, tile.row_first + consumer * kRowsPerConsumer,
                                                          kRowsPerConsumer, seqlen_q, seqlen_k, tile.offset, kBlockN,
                                                          n_min, tile.n_max)
