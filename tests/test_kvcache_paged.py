@@ -1,8 +1,8 @@
 # flash_attn_with_kvcache over a paged cache (block_table, any page size >= 1): the same outputs, softmax_lse and cache
 # contents as over the contiguous cache the pages spell out, bitwise (the kernel sees the same keys), on CPU and CUDA;
 # page sizes 1, 7 (not a power of two), 16, 64 and 256, lengths that are multiples of nothing, pages in shuffled order
-# with unused blocks between them, GQA, appends crossing page boundaries, causal and windowed, rotary; bad block
-# indices raise naming the argument.
+# with unused blocks between them, GQA, appends crossing page boundaries, causal and windowed, rotary, decode over
+# row-sized pages above head dim 128; bad block indices raise naming the argument.
 import pytest
 import torch
 
@@ -55,6 +55,40 @@ def test_paged_equals_contiguous(page_size, window, device):
     assert torch.equal(out, paged_out) and torch.equal(lse, paged_lse)
     assert torch.equal(k_pool[table.long()].flatten(1, 2), k_cache)
     assert torch.equal(v_pool[table.long()].flatten(1, 2), v_cache)
+
+
+WIDE_HEAD_DIMS = [160, 192, 224, 256]
+DECODE_WAVE_CTAS = 80  # decode CTAs (sequences x kv heads) that take the key-warps tile on an H200, as in test_kvcache.py
+
+
+@pytest.mark.parametrize("head_dim", WIDE_HEAD_DIMS)
+@pytest.mark.parametrize("page_size", [16, 7])
+@pytest.mark.parametrize("sequences", ["few", "wave"])
+def test_decode_over_row_pages_wide_head_dims(head_dim, page_size, sequences):
+    """Decode (one query row, GQA 8 / 2) over pages smaller than a key tile (loaded row by row) above head dim 128,
+    where the row-paged loads are unrolled by kPagedRowsUnrollWide (csrc/sm80/fwd_kernel.h): the same output and lse
+    as over the contiguous cache, bitwise, for few sequences (split tiles) and a wave of them (the key-warps tile),
+    lengths around the key-tile edges and one not a multiple of the page."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    require_supported("cuda", torch.bfloat16, head_dim, backward=False)
+    dtype, h, hk = torch.bfloat16, 8, 2
+    generator = torch.Generator().manual_seed(head_dim + page_size)
+    rows = page_size * (1040 // page_size)
+    edges = [0, 1, 63, 64, 129, 1001, rows - 1]
+    batch = len(edges) if sequences == "few" else DECODE_WAVE_CTAS // hk
+    lengths = torch.tensor([edges[i % len(edges)] for i in range(batch)], dtype=torch.int32, device="cuda")
+    q = randn(batch, 1, h, head_dim, dtype=dtype, device="cuda")
+    k_cache, v_cache = (randn(batch, rows, hk, head_dim, dtype=dtype, device="cuda") for _ in range(2))
+    k_pool, table = _paged(k_cache, page_size, 3, generator)
+    v_pool = torch.empty_like(k_pool)
+    v_pool[table.long().flatten()] = v_cache.reshape(-1, page_size, hk, head_dim)
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, causal=True,
+                                       return_softmax_lse=True)
+    paged, paged_lse = flash_attn_with_kvcache(q, k_pool, v_pool, cache_seqlens=lengths, block_table=table,
+                                               causal=True, return_softmax_lse=True)
+    assert not torch.isnan(paged).any()
+    assert torch.equal(out, paged) and torch.equal(lse, paged_lse)
 
 
 def test_paged_with_rotary(device):
