@@ -1,11 +1,10 @@
-# The Hopper kernels' block ranges (csrc/sm90/block_ranges.h: the key blocks a query tile visits, each 64-row
-# consumer's share of them, and those it needs no mask for, the query blocks a key block visits, the backward's
-# per-pair mask test) against brute force over every (query, key) pair, on 600 random shapes with no mask, causal
-# (bottom-right and top-left) and windows, and key blocks of every width the kernels use; the backward's 16-byte dQ
-# reductions against the accumulator's slot layout; and the deterministic backward's dQ order (each adder of a query
-# block waits for a distinct count: 0, 1, 2, ...). CPU only: the helpers are host/device, so the checker (tests/cpp/)
-# is compiled by the host C++ compiler here; a range that skips a visible key, or calls a block unmasked that holds a
-# masked key, fails.
+# The Hopper kernels' block ranges (csrc/sm90/block_ranges.h: the key blocks a query tile visits and those it needs no
+# mask for, the query blocks a key block visits, the backward's per-pair mask test) against brute force over every
+# (query, key) pair, on 600 random shapes with no mask, causal (bottom-right and top-left) and windows, and key blocks
+# of every width the kernels use; the backward's 16-byte dQ reductions against the accumulator's slot layout; and the
+# deterministic backward's dQ order (each adder of a query block waits for a distinct count: 0, 1, 2, ...). CPU
+# only: the helpers are host/device, so the checker (tests/cpp/) is compiled by the host C++ compiler here; a range
+# that skips a visible key, or calls a block unmasked that holds a masked key, fails.
 import pytest
 
 from helpers import HOST_COMPILER, ROOT, run_host_check

@@ -38,19 +38,6 @@ FLASH_HOST_DEVICE KeyBlocks key_blocks_of_rows(const MaskParams& mask, int64_t r
   return blocks;
 }
 
-// One consumer warpgroup's share of a tile's key blocks [n_min, n_max) (key_blocks_of_rows): its rows [row_first,
-// row_first + rows) see no key in blocks from the returned end up, which lies in [n_min, n_max]; n_min where the rows
-// lie past seqlen_q or see no key at all. visible_keys' end never decreases with the row, so the rows' last in the
-// sequence bounds them all (the forward's consumers pass over those blocks, fwd_kernel.h kFwdSkipsUnseenKeyBlocks).
-FLASH_HOST_DEVICE int rows_key_block_end(const MaskParams& mask, int64_t row_first, int rows, int64_t seqlen_q,
-                                         int64_t seqlen_k, int64_t offset, int block_n, int n_min, int n_max) {
-  if (row_first >= seqlen_q) return n_min;
-  const KeyBlocks own = key_blocks_of_rows(mask, row_first, rows, seqlen_q, seqlen_k, offset, block_n);
-  if (own.n_max <= own.n_min) return n_min;
-  const int end = own.n_max < n_max ? own.n_max : n_max;
-  return end > n_min ? end : n_min;
-}
-
 struct QueryRows {
   int64_t begin;  // rows [begin, end) hold every row that sees some key of the block
   int64_t end;

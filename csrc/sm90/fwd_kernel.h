@@ -385,7 +385,8 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
     if (threadIdx.x != 0) return;
     int ring = 0;
     int loaded_q = 0;
-    // A key block's V by ring iteration and coordinates; with kFwdKeysBeforeValues issued after the next block's K.
+    // A key block's V by ring iteration and coordinates; with fwd_keys_before_values issued after the next block's K.
+    constexpr bool kKeysBeforeValues = fwd_keys_before_values(kHeadDim);
     struct KvBlock {
       int ring;  // -1: none
       int kv_head;
@@ -429,7 +430,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
                            seg * kSegmentElems, kv_head, k_row0 + n * kBlockN, map_batch);
         }
         const KvBlock block{ring, kv_head, k_row0 + n * kBlockN, map_batch};
-        if constexpr (kFwdKeysBeforeValues) {
+        if constexpr (kKeysBeforeValues) {
           if (pending_v.ring >= 0) load_v(pending_v);
           pending_v = block;
         } else {
@@ -437,7 +438,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
         }
       }
     }
-    if (kFwdKeysBeforeValues && pending_v.ring >= 0) load_v(pending_v);
+    if (kKeysBeforeValues && pending_v.ring >= 0) load_v(pending_v);
     return;
   }
 
@@ -487,16 +488,13 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
   };
 
   constexpr bool kCarriedPingpong = kCarry && kSchedule == FwdSchedule::kPingpong;
-  // Skipping takes a turn per passed block; the per-tile ping-pong of kernels that do not carry hands its first turn
-  // over at the key loop's start, which a consumer with no block left never reaches, so those kernels do not skip.
-  constexpr bool kSkipsUnseen = kFwdSkipsUnseenKeyBlocks && (kCarry || kSchedule != FwdSchedule::kPingpong);
   if (kCarriedPingpong && consumer == 1) pass_turn(consumer);  // warpgroup 0 takes the CTA's first turn
   for (int64_t index = tile_first; index < tile_count; index += tile_stride) {
     const FwdTile tile = plan_tile<kHeadDim, kMask, kPersistent, kBlockM, kBlockN>(args, index);
     if (!tile.has_rows) continue;
     const int64_t seqlen_q = tile.sequence.seqlen_q;
     const int64_t seqlen_k = tile.sequence.seqlen_k;
-    const int n_min = tile.n_min;
+    const int n_min = tile.n_min, n_max = tile.n_max;
     const TileOutput output{tile.batch, tile.head, tile.sequence.q_row0, seqlen_q};
 
     ConsumerRows rows;
@@ -509,43 +507,11 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
       rows.sum[r] = 0.f;
     }
 
-    // kFwdSkipsUnseenKeyBlocks: blocks from n_seen up hold no key this consumer's rows see. It releases their K and V
-    // as they land, taking its ping-pong turns empty, after finishing a carried tile (whose V slot the producer needs
-    // back first), and runs the key loop from n_seen - 1; with no block left it only releases the tile's Q slot. Each
-    // instantiation keeps one finish_carried call (below, or the empty tile's) and writes a skipped consumer's zero
-    // tile through the empty tile's path: second copies of either spilled up to 428 bytes (ptxas, hd 64 / 128).
-    const int n_seen = kSkipsUnseen ? rows_key_block_end(p.mask, tile.row_first + consumer * kRowsPerConsumer,
-                                                         kRowsPerConsumer, seqlen_q, seqlen_k, tile.offset, kBlockN,
-                                                         n_min, tile.n_max)
-                                    : tile.n_max;
-    const bool skips = kSkipsUnseen && n_seen < tile.n_max;
-    const int n_max = skips ? n_seen : tile.n_max;
-    if (kSkipsUnseen && kCarry && carrying && (n_max <= n_min || skips)) finish_carried();
-    if (skips) {
-      for (int n = tile.n_max - 1; n >= n_seen; --n, ++ring) {
-        const Slot slot(ring);
-        ptx::mbarrier_wait_parity(&k_full[slot.stage], slot.parity);
-        release(&k_empty[slot.stage]);
-        ptx::mbarrier_wait_parity(&v_full[slot.stage], slot.parity);
-        release(&v_empty[slot.stage]);
-        if constexpr (kSchedule == FwdSchedule::kPingpong) {
-          take_turn(consumer);
-          pass_turn(consumer);
-        }
-      }
-      if (n_seen <= n_min) {
-        const QSlot q_slot(loaded_q);
-        ptx::mbarrier_wait_parity(&q_full[q_slot.stage], q_slot.parity);
-        release(&q_empty[q_slot.stage]);
-        ++loaded_q;
-      }
-    }
-
     // No key any row sees: O = 0, LSE = +inf. (The carrying kernel writes such a tile here, the others after the
     // key loop as every tile: each form is the one that kept ptxas's key loop as short as without carrying, 869
     // instructions at hd 128; the other took 931-986, or spilled.)
     if (kCarry && n_max <= n_min) {
-      if (!kSkipsUnseen && carrying) finish_carried();
+      if (carrying) finish_carried();
       zero_all(o);
       write_output<T, kHeadDim>(args, output, rows, o, lane);
       continue;

@@ -123,18 +123,11 @@ constexpr bool kFwdDoubleQ = true;
 // frees the previous V's: at hd 128 causal 512 keys the wait on a tile's first K held 4.2 % of the stall samples
 // (ncu, thirty-first session). H200, bf16, best of three rounds, on / off (thirty-second session; cuDNN in the same
 // process): hd 128 causal 512 266 / 250, 1k 402 / 387, 2k 507 / 477; hd 64 8k 525 / 498, 2k 468 / 456, causal level;
-// hd 192 4k 706 / 655 (two rounds). Together with kFwdPingpongWhenCarrying below.
-constexpr bool kFwdKeysBeforeValues = true;
-
-// Whether a consumer warpgroup passes over the key blocks its own 64 rows do not see (block_ranges.h
-// rows_key_block_end): it waits for each such block's K and V and releases them without a GEMM or a softmax, so the
-// tile's other consumers and the SM's tensor and MUFU units are not spent on scores that are all masked. hd 64's
-// 192-row tiles against 128-key blocks leave, of all consumer x key-block work, 26 / 25 / 10 / 3 % unseen at causal
-// 512 / 1k / 2k / 8k keys and 11 / 11 / 3 % at non-causal 512 / 1k / 2k (consumers past the last row); hd 192 (112
-// keys) 14 / 6 % causal 512 / 1k, hd 256 (80 keys) 11 / 6 %; hd 128 (128 x 128) none. A carried tile tail is finished
-// first where a consumer skips. Compiled only: off until timed (predicted +10-15 % at hd 64 causal 512-1k, the
-// entries furthest behind cuDNN: 0.75-0.78).
-constexpr bool kFwdSkipsUnseenKeyBlocks = false;
+// hd 192 4k 706 / 655 (two rounds). Together with kFwdPingpongWhenCarrying below. Not at hd 256 (80-key blocks): there
+// K before V lost at non-causal 512 / 2k / 16k keys, 422 / 605 / 730 against 457 / 694 / 797 (medians 422 / 602 / 730
+// against 456 / 680 / 774), won at 8k (766 / 720) and was level causal (two rounds, thirty-third session).
+constexpr int kFwdKeysBeforeValuesMaxHeadDim = 192;
+constexpr bool fwd_keys_before_values(int head_dim) { return head_dim <= kFwdKeysBeforeValuesMaxHeadDim; }
 
 // How many column groups of a key block share one group of FMA-pipe exponentials (fwd_kernel.h softmax_step): 0,
 // all on the MUFU unit. HOPPER_NOTES.md section 7 measured 15.8 exp/clk/SM on MUFU alone and 20.6 with one polynomial
@@ -161,7 +154,7 @@ constexpr FwdSchedule fwd_schedule(int head_dim) {
 // (kFwdPingpongWhenCarrying). cuDNN's hd 128 causal 512-key kernel ping-pongs its two consumer warpgroups through a
 // 256-thread named barrier and spends 34 % of its stall samples waiting on wgmma, ours 8 % (ncu, thirty-first
 // session): predicted +5-10 % at 512-1k keys, where a tile is 1-8 key blocks and both warpgroups now run their
-// softmax at the same time. H200, bf16, best of three rounds (thirty-second session), with kFwdKeysBeforeValues /
+// softmax at the same time. H200, bf16, best of three rounds (thirty-second session), with fwd_keys_before_values /
 // both off (cuDNN): hd 128 512 473 / 449 (513), causal 512 274 / 250 (329), 1k 404 / 387 (425), 2k 512 / 477 (504),
 // 8k level; hd 192 causal 4k 613 / 552 (605), two rounds. Beyond the table at hd 128 (both on / off, 1k and 4k):
 // GQA 16/4 causal +5-8 %, varlen documents of 512 +5-6 %, softcap / ALiBi / window -1 to +8 %.

@@ -107,34 +107,6 @@ void check(const MaskParams& mask, int64_t sq, int64_t sk, int block_m, int bloc
   }
 }
 
-// The forward's consumers (64 rows each, kFwdSkipsUnseenKeyBlocks) pass over a tile's key blocks from
-// rows_key_block_end up: none of those blocks may hold a key any of the consumer's rows sees, the end must lie in the
-// tile's [n_min, n_max], and a consumer whose rows all lie past seqlen_q passes over every block.
-void check_consumer_ranges(const MaskParams& mask, int64_t sq, int64_t sk, int block_m, int block_n) {
-  constexpr int kConsumerRows = 64;
-  const int64_t offset = flash::diagonal_offset(mask, sq, sk);
-  for (int64_t row0 = 0; row0 < sq; row0 += block_m) {
-    const flash::sm90::KeyBlocks blocks =
-        flash::sm90::key_blocks_of_rows(mask, row0, block_m, sq, sk, offset, block_n);
-    if (blocks.n_max <= blocks.n_min) continue;  // an empty tile: the kernels skip it whole
-    for (int64_t c0 = row0; c0 < row0 + block_m; c0 += kConsumerRows) {
-      const int end = flash::sm90::rows_key_block_end(mask, c0, kConsumerRows, sq, sk, offset, block_n, blocks.n_min,
-                                                      blocks.n_max);
-      if (end < blocks.n_min || end > blocks.n_max) {
-        fail("fwd consumer's key block end outside the tile's", sq, sk, mask, c0, end);
-      }
-      if (c0 >= sq && end != blocks.n_min) {
-        fail("fwd consumer past the last row keeps key blocks", sq, sk, mask, c0, end);
-      }
-      for (int64_t row = c0; row < c0 + kConsumerRows && row < sq; ++row) {
-        for (int64_t key = static_cast<int64_t>(end) * block_n; key < sk; ++key) {
-          if (sees(mask, row, key, offset, sk)) fail("fwd consumer passes over a key it sees", sq, sk, mask, row, key);
-        }
-      }
-    }
-  }
-}
-
 // The Hopper backward adds a thread's dQ columns 8j + 2 (lane % 4) + e of j = 2g, 2g + 1 (e = 0, 1) with one 16-byte
 // reduction at slots 4 (lane % 4) .. + 3 of slot group g (bwd_kernel.h): they must be the slots dq_slot() assigns
 // those columns, in that order, or the dq conversion reads them back into the wrong columns.
@@ -225,8 +197,6 @@ int main() {
         mask.window_right = random() % 3 == 0 ? flash::kUnboundedWindow : static_cast<int64_t>(random() % 400);
     }
     check(mask, sq, sk, 128, block_ns[random() % 6]);
-    // The forward's tiles: two consumers (128 rows) or three (hd 64, 192 rows).
-    check_consumer_ranges(mask, sq, sk, random() % 2 == 0 ? 128 : 192, block_ns[random() % 6]);
     // The backward's blocks: 64 query rows (hd 64: 128, sm90/bwd_tile_config.h), 128 keys (narrow kernel) or 64
     // (wide), 1-3 heads of a group per walk.
     const int block_m = random() % 2 == 0 ? 64 : 128;
