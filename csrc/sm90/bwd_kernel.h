@@ -71,13 +71,6 @@ struct BwdSmemLayout {
   static_assert(kStats % 16 == 0 && kStatBytes % 16 == 0, "bulk copies move whole 16-byte units");
 };
 
-// bwd_tile_config.h kBwdRoomyProducer: the other split must hand out the same registers.
-static_assert(kBwdRoomyProducerRegisters * ptx::kWarpgroupThreads +
-                      kBwdRoomyConsumerRegisters * ptx::kWarpgroupThreads * kBwdConsumerWarpgroups ==
-                  kProducerRegisters * ptx::kWarpgroupThreads +
-                      kConsumerRegisters * ptx::kWarpgroupThreads * kBwdConsumerWarpgroups,
-              "the roomy producer's split hands out the default split's registers");
-
 // Named barriers of the backward consumers (0 is __syncthreads): per-consumer barriers over its own 128 threads for
 // (own-keys dQ) its dS^T rows, one over both consumers for column-half dQ.
 constexpr int kBwdOwnDsBarrier = 3;     // + consumer
@@ -134,7 +127,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
 
   const int warpgroup = ptx::warpgroup_index();
   if (warpgroup == 0) {
-    ptx::release_registers<kBwdRoomyProducer ? kBwdRoomyProducerRegisters : kProducerRegisters>();
+    ptx::release_registers<kProducerRegisters>();
     if (threadIdx.x == 0) {
       produce_bwd_tiles(args, BwdCta<kBlockM, kBlockN>(args), ring_tiles);
     } else if (args.dq_ordered) {
@@ -146,7 +139,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
     return;
   }
 
-  ptx::claim_registers<kBwdRoomyProducer ? kBwdRoomyConsumerRegisters : kConsumerRegisters>();
+  ptx::claim_registers<kConsumerRegisters>();
   const int consumer = warpgroup - 1;
   const int thread = threadIdx.x % ptx::kWarpgroupThreads;
   const int warp = thread / kWarpSize;

@@ -36,20 +36,6 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim) {
   return BwdTileConfig{block_m, kBwdRowsPerConsumer * kBwdConsumerWarpgroups, 2};
 }
 
-// setmaxnreg's split of the narrow backward's registers (bwd_kernel.h; the wide kernel spills nothing at 24 / 240)
-// between its producer warpgroup and the two consumers. At the forward's 24 / 240 (kernel_common.h) the producer
-// thread's loop (bwd_cta.h produce_bwd_tiles: the ring's waits and the TMA issues of each step's Q, dO and statistics)
-// spills: ptxas, 432 / 548 bytes at hd 128 and 440 / 572 at hd 64, 241 local loads and stores after the
-// setmaxnreg.dealloc, on the path from a slot's release to the loads of step i + 2. 56 / 224 hands out the same 64,512
-// registers (128 x 56 + 256 x 224): spill 28-52 bytes, 13 local accesses left there; the consumers' step loop 868 ->
-// 875 instructions at hd 128 (causal 916 -> 926, hd 64 1,149 -> 1,153), none spilled (72 / 216 made the consumers
-// spill: 157 local accesses). Compiled only: off until timed (predicted +1-3 % where the two-stage ring runs dry: short
-// steps, and 8k non-causal, where a third stage measured +6 %; more for deterministic hd 64, whose ordered dQ
-// writers in the same warpgroup bound it; SASS byte-identical when off).
-constexpr bool kBwdRoomyProducer = false;
-constexpr int kBwdRoomyProducerRegisters = 56;
-constexpr int kBwdRoomyConsumerRegisters = 224;
-
 // How the two consumers share dQ = dS.K of a query block (bwd_kernel.h):
 //   kColumnHalves (hd 128): each computes 64 columns over all block_n keys, reading both consumers' dS^T (a named
 //                  barrier between them); the reductions into the fp32 accumulator are one tile's worth.

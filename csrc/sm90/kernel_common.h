@@ -19,7 +19,8 @@ namespace flash::sm90 {
 
 constexpr int kMaxSmemPerBlock = 232448;  // the 227 KB an sm90 block may opt into
 // One producer and two consumer warpgroups: setmaxnreg splits the 64K registers as 128 x 24 (producer) + 256 x 240
-// (consumers) = 64,512.
+// (consumers) = 64,512. At 24 the narrow backward's producer loop spills (432-572 bytes); 56 / 224, which spills
+// 28-52, ran level to -7 % there (hd 128 causal 2k 324 / 337, 8k 428 / 459 TFLOP/s, H200, thirty-third session).
 constexpr int kProducerRegisters = 24;
 constexpr int kConsumerRegisters = 240;
 // The same split for `consumers` consumer warpgroups: what is left of each thread slot's 65536 / 128 registers after
