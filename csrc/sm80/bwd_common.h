@@ -242,18 +242,6 @@ __host__ __device__ constexpr bool bwd_takes_one_stage_tiles(int head_dim) {
 // softcap. The spills at hd 64 did not stop it from winning 1.9-2.3x.
 constexpr bool kBwdPlainRunsScoreMods = true;
 
-// Whether the score-mods instantiation computes P and dS in one of two straight-line passes (with softcap, without),
-// chosen once per block, instead of the general per-element code with its per-score feature tests: in the log2 domain
-// with log2 e folded into the constants, and ALiBi in both passes without a branch (slope 0 when absent), its |query +
-// offset - key| from one int -> float conversion of the thread's base per block plus compile-time offsets (the general
-// code converts each score's distance: 32 IABS and 32 I2FP in the hd 128 loop), as the Hopper kernels and the
-// portable forward do since the fifteenth session. Softcap / ALiBi cost the portable backward ~26 % over the plain
-// call (twenty-second session's sweep; issue 22's bar is 15 %); its hottest loop is 2,079 instructions against the
-// plain 1,511 (hd 128, sm_90a, both paths in it). One pass alone: softcap 1,698, ALiBi 1,640. Both passes (this
-// form): 2,113 static; spill (bytes, stores / loads, general -> passes) hd 128 62 / 84 -> 50 / 72, causal 82 / 160 ->
-// 74 / 136, hd 64 246 / 288 -> 226 / 280, causal 266 / 292 -> 338 / 312, hd 256 4 / 4 -> 10 / 8, causal 4 / 4 -> 64 /
-// 88. (Three passes, one per combination, spilled more: hd 128 causal 138 / 252.) Compiled only: off until timed.
-constexpr bool kBwdScoreModsByFeature = false;
 __host__ __device__ constexpr bool bwd_plain_runs_score_mods(int head_dim) {
   (void)head_dim;
   return kBwdPlainRunsScoreMods;
