@@ -119,13 +119,14 @@ constexpr bool kPagedIndexByLanes = true;
 constexpr bool kPagedRowsStepped = true;
 
 // Copies a thread's small-page loads (load_small_pages_by_lanes, both forms) unroll at once above
-// kPagedRowsFullUnrollMaxHeadDim (0: all). Fully unrolled, ptxas spilled the decode kernels with row pages (sm_90a,
-// bf16, split / key-warps tile: hd 256 1,140 / 0 bytes of spill stores, hd 224 588 / 512, and 20-145 local loads a key
-// block in their loops at hd 160-256, the survey in docs/perf_log.md, thirty-second session); 4 at a time, none at hd
-// 160-256 (hd 256 loop 2,613 -> 896 instructions). Compiled only: off until timed (benchmarks/bench_kvcache.py
-// --headdim 256, and 160 / 192 / 224).
+// kPagedRowsFullUnrollMaxHeadDim (all up to it). Fully unrolled, ptxas spilled the decode kernels with row pages
+// (sm_90a, bf16, split / key-warps tile: hd 256 1,140 / 0 bytes of spill stores, hd 224 588 / 512, and 20-145 local
+// loads a key block in their loops at hd 160-256, the survey in docs/perf_log.md, thirty-second session); 4 at a time,
+// none at hd 160-256 (hd 256 loop 2,613 -> 896 instructions). hd 256 decode over pages of 16, us from a CUDA graph
+// (benchmarks/bench_kvcache.py --headdim 256, H200, best of 2 rounds, thirty-third session): 1 x 8k 63.9 -> 31.4, 16 x
+// 8k 440.6 -> 271.3 (contiguous 30.1 / 254.9, pages of 256 32.3 / 257.9).
 constexpr int kPagedRowsFullUnrollMaxHeadDim = 128;
-constexpr int kPagedRowsUnrollWide = 0;
+constexpr int kPagedRowsUnrollWide = 4;
 // Whether local (sliding-window) kernels test visibility against the two shifts of CtaWindow (two compares per score,
 // two ints live through the key loop) instead of the window's flags, bounds and offset. The lean hd 128 local kernel
 // spills 144 / 200 bytes (ptxas, sm_90a) where the causal one spills none, and a window cost the portable forward
@@ -364,7 +365,7 @@ __device__ __forceinline__ void load_small_pages_by_lanes(T* smem, const T* base
     const int thread_row = tid / kChunksPerRow;
     const int col = (tid % kChunksPerRow) * kChunkElems;
     const T* src = base;
-    if constexpr (kHeadDim > kPagedRowsFullUnrollMaxHeadDim && kPagedRowsUnrollWide > 0) {
+    if constexpr (kHeadDim > kPagedRowsFullUnrollMaxHeadDim) {
 #pragma unroll(kPagedRowsUnrollWide)
       for (int i = 0; i < kIters; ++i) {
         const int row = i * kRowsPerIter + thread_row;
@@ -379,7 +380,8 @@ __device__ __forceinline__ void load_small_pages_by_lanes(T* smem, const T* base
       }
     } else {
       // The same loop fully unrolled, as its own statement: one shared lambda body changed every paged decode
-      // kernel's SASS (ptxas). Once kPagedRowsUnrollWide is timed, one of the two forms goes.
+      // kernel's SASS (ptxas), and so did one loop under #pragma unroll(count) with the count kIters here (hd 128
+      // causal): the kernels up to hd 128 keep the form they were measured in.
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
         const int row = i * kRowsPerIter + thread_row;
@@ -393,7 +395,7 @@ __device__ __forceinline__ void load_small_pages_by_lanes(T* smem, const T* base
         ptx::cp_async_16(smem + Layout::offset(row, col), valid ? src : base, valid);
       }
     }
-  } else if constexpr (kHeadDim > kPagedRowsFullUnrollMaxHeadDim && kPagedRowsUnrollWide > 0) {
+  } else if constexpr (kHeadDim > kPagedRowsFullUnrollMaxHeadDim) {
 #pragma unroll(kPagedRowsUnrollWide)
     for (int i = 0; i < kIters; ++i) {
       const int c = tid + i * kThreads;

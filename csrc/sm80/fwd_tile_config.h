@@ -222,21 +222,14 @@ FLASH_HOST_DEVICE constexpr FwdTileConfig fwd_wide_tile_config(int head_dim, boo
                                                 : FwdTileConfig{128, 64, 8, 2};
 }
 
-// Whether the plain tiles at head dims 65-96 take 8 warps of one 16-row strip, as the general kernel does there,
-// instead of 4 warps of two. With two strips ptxas spills in the key loop (sm_90a, bf16, standard tile: causal 92 /
-// 112 bytes, 25 local loads a key block, non-causal 96 / 116; hd 128's kernel 16 / 64 and 2 loads), with one strip
-// none (172 registers against 255; one CTA of 8 warps per SM against two of 4, the same warps per SM): key loop 556
-// instructions a warp for 96 MMAs against 1,033 for 192, ldmatrix 54 against 60, so +8 % instructions a tile and each
-// K / V fragment read feeds one MMA instead of two. Compiled only: off until timed (issue 22: the hd 96 forward runs
-// 0.95x FA2, causal 0.88x, at 4k).
-constexpr bool kFwdHd96OneStrip = false;
-
 // Head dims <= 128: 128 query rows on 4 warps (two 16-row strips each, so every K/V fragment read from shared
 // memory feeds two MMAs); 128 keys per tile up to head dim 64, 64 keys up to 128 (the S accumulators and O
 // stay within 255 registers). The general kernel (softcap, ALiBi, bias, dropout) keeps one stage and 64-key
 // tiles at head dim 64: with 128 it spilled 1.2 KB. Above head dim 64 it takes 8 warps of one strip: with two strips
 // it spilled 520 bytes a thread at hd 128 (softcap and ALiBi ran at 125-129 against 369 TFLOP/s without them, H200,
-// 4k) and 228 at hd 96; with one none at hd 128 (247 registers). Not yet timed.
+// 4k) and 228 at hd 96; with one none at hd 128 (247 registers). Not yet timed. The plain hd 65-96 tile keeps two
+// strips although its key loop spills (25 local loads a key block): on 8 warps of one strip (no spill) it ran at
+// 0.62-0.73x FA2 against 0.84-0.96x (H200, bf16, 1k-16k, thirty-third session).
 FLASH_HOST_DEVICE constexpr FwdTileConfig fwd_tile_config(int head_dim, bool general = false,
                                                           FwdTileKind kind = FwdTileKind::kStandard) {
   const int stages = general || kind == FwdTileKind::kCompact ? 1 : kStagesUpTo128;
@@ -244,7 +237,7 @@ FLASH_HOST_DEVICE constexpr FwdTileConfig fwd_tile_config(int head_dim, bool gen
          : kind == FwdTileKind::kDecodeCompact ? FwdTileConfig{16, 32, 1, 2}
          : kind == FwdTileKind::kDecodeKeyWarps ? FwdTileConfig{16, 32, 1, head_dim <= 128 ? 3 : 2, kDecodeKeyWarps}
          : head_dim <= 64             ? FwdTileConfig{128, general ? 64 : 128, 4, stages}
-         : head_dim <= 96             ? FwdTileConfig{128, 64, general || kFwdHd96OneStrip ? 8 : 4, 1}
+         : head_dim <= 96             ? FwdTileConfig{128, 64, general ? 8 : 4, 1}
          : head_dim <= 128            ? FwdTileConfig{128, 64, general ? 8 : 4, stages}
                                       : fwd_wide_tile_config(head_dim, general, kind);
 }
