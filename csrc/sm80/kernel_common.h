@@ -289,6 +289,20 @@ __device__ __forceinline__ void load_tile_whole_first(T* smem, const T* gmem, in
   }
 }
 
+// Whether tiles whose row of 16-byte chunks does not divide the thread count (hd 96: 12 chunks against 128 threads)
+// load with a fixed column chunk per thread anyway, on the largest multiple of the row's chunks (120 threads at hd
+// 96: 10 rows a step, the rest idle), instead of the generic form's per-copy row and column. That form holds each
+// copy's offset (ptxas: the hd 96 standard forward spills 96 / 116 bytes, 25 local loads and 25 LEA a key block in its
+// hottest loop, where hd 128's cp.async kernel, 16 chunks a row, has 2 and 9). With it (sm_90a, bf16): no spill in the
+// hd 96 standard kernels (causal 92 / 112 -> 0, key loop 1,033 -> 1,025 instructions, no local load; non-causal 966
+// -> 961), score-mods causal 84 / 112 -> 8 / 24, decode kernels 255 -> 128-164 registers. Scoped to hd 96 (160-224
+// also have rows of chunks that do not divide the threads); compiled only: off until timed.
+constexpr bool kTileLoadsFixedColumns = false;
+constexpr int kFixedColumnsHeadDim = 96;
+constexpr bool tile_loads_fixed_columns(int head_dim, int threads) {
+  return kTileLoadsFixedColumns && head_dim == kFixedColumnsHeadDim && threads >= head_dim / kChunkElems;
+}
+
 // Issues cp.async for a kRows x kHeadDim tile (laid out as Layout in shared memory). Rows at or beyond rows_valid
 // and columns at or beyond head_dim are zero-filled. Requires head_dim % 8 == 0, a row stride that is a multiple
 // of 8 and a 16-byte-aligned gmem (the API guarantees all three for CUDA calls).
@@ -312,6 +326,27 @@ __device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, int64_t 
       const bool valid = col_valid && row0 + i * kRowsPerIter < rows_valid;
       ptx::cp_async_16(smem + Layout::offset(row0 + i * kRowsPerIter, col), valid ? src : gmem, valid);
       src += step;
+    }
+  } else if constexpr (tile_loads_fixed_columns(kHeadDim, kThreads)) {
+    // As above on the first kLoaders threads; the last step may hold fewer rows than kRowsPerIter.
+    constexpr int kLoaders = kThreads / kChunksPerRow * kChunksPerRow;
+    constexpr int kRowsPerIter = kLoaders / kChunksPerRow;
+    constexpr int kIters = (kRows + kRowsPerIter - 1) / kRowsPerIter;
+    if (tid < kLoaders) {
+      const int col = (tid % kChunksPerRow) * kChunkElems;
+      const int row0 = tid / kChunksPerRow;
+      const bool col_valid = col < head_dim;
+      const T* src = gmem + row0 * row_stride + col;
+      const int64_t step = kRowsPerIter * row_stride;
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const int row = row0 + i * kRowsPerIter;
+        if (kRows % kRowsPerIter == 0 || row < kRows) {
+          const bool valid = col_valid && row < rows_valid;
+          ptx::cp_async_16(smem + Layout::offset(row, col), valid ? src : gmem, valid);
+        }
+        src += step;
+      }
     }
   } else {
     constexpr int kChunks = kRows * kChunksPerRow;
