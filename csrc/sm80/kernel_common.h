@@ -289,18 +289,20 @@ __device__ __forceinline__ void load_tile_whole_first(T* smem, const T* gmem, in
   }
 }
 
-// Whether tiles whose row of 16-byte chunks does not divide the thread count (hd 96: 12 chunks against 128 threads)
-// load with a fixed column chunk per thread anyway, on the largest multiple of the row's chunks (120 threads at hd
-// 96: 10 rows a step, the rest idle), instead of the generic form's per-copy row and column. That form holds each
-// copy's offset (ptxas: the hd 96 standard forward spills 96 / 116 bytes, 25 local loads and 25 LEA a key block in its
-// hottest loop, where hd 128's cp.async kernel, 16 chunks a row, has 2 and 9). With it (sm_90a, bf16): no spill in the
-// hd 96 standard kernels (causal 92 / 112 -> 0, key loop 1,033 -> 1,025 instructions, no local load; non-causal 966
-// -> 961), score-mods causal 84 / 112 -> 8 / 24, decode kernels 255 -> 128-164 registers. Scoped to hd 96 (160-224
-// also have rows of chunks that do not divide the threads); compiled only: off until timed.
+// Whether tiles whose row of 16-byte chunks does not divide the thread count (hd 96: 12 chunks against 128 threads;
+// hd 160 / 192 / 224: 20 / 24 / 28 against 128 or 256) load with a fixed column chunk per thread anyway, on the
+// largest multiple of the row's chunks (120 threads at hd 96: 10 rows a step, the rest idle), instead of the generic
+// form's per-copy row and column, whose offsets ptxas holds across the key loop: the hd 96 standard forward spills
+// 96 / 116 bytes, 25 local loads and 25 LEA a key block in its hottest loop, where hd 128's cp.async kernel, 16
+// chunks a row, has 2 and 9. With it (ptxas, sm_90a, bf16, spill stores / loads in bytes, before -> after): hd 96
+// standard causal 92 / 112 -> 0 (key loop 1,033 -> 1,025 instructions, no local load), non-causal 96 / 116 -> 0,
+// decode kernels 255 -> 128-164 registers; at hd 160 / 192 / 224 every plain standard, compact and decode kernel
+// (contiguous and whole-block pages) to 0 but one (hd 160's key-warps decode over block pages that appends rows, 264 /
+// 264 -> 24 / 48), e.g. hd 192 causal standard 44 / 44, compact 28 / 68, hd 224 causal compact 524 / 568, its decode
+// over block pages 548 / 572. Compiled only: off until timed.
 constexpr bool kTileLoadsFixedColumns = false;
-constexpr int kFixedColumnsHeadDim = 96;
 constexpr bool tile_loads_fixed_columns(int head_dim, int threads) {
-  return kTileLoadsFixedColumns && head_dim == kFixedColumnsHeadDim && threads >= head_dim / kChunkElems;
+  return kTileLoadsFixedColumns && threads >= head_dim / kChunkElems;
 }
 
 // Issues cp.async for a kRows x kHeadDim tile (laid out as Layout in shared memory). Rows at or beyond rows_valid
