@@ -299,7 +299,8 @@ __device__ __forceinline__ void load_tile_whole_first(T* smem, const T* gmem, in
 // decode kernels 255 -> 128-164 registers; at hd 160 / 192 / 224 every plain standard, compact and decode kernel
 // (contiguous and whole-block pages) to 0 but one (hd 160's key-warps decode over block pages that appends rows, 264 /
 // 264 -> 24 / 48), e.g. hd 192 causal standard 44 / 44, compact 28 / 68, hd 224 causal compact 524 / 568, its decode
-// over block pages 548 / 572. Compiled only: off until timed.
+// over block pages 548 / 572. Compiled only: off until timed; if kept, the dividing form in load_tile_async is its
+// case kLoaders == kThreads and the two merge (checked by SASS at hd 64 / 128).
 constexpr bool kTileLoadsFixedColumns = false;
 constexpr bool tile_loads_fixed_columns(int head_dim, int threads) {
   return kTileLoadsFixedColumns && threads >= head_dim / kChunkElems;
