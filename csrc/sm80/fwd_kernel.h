@@ -477,9 +477,11 @@ template <typename KvLayout, int kHeadDim, int kBlockM, int kBlockN, int kThread
           KvPaging kPaging = KvPaging::kNone, typename T>
 __device__ __forceinline__ void load_prologue(const FwdParams& p, const FwdCta& cta, const FwdTiles<T>& tiles,
                                               bool loads_q = true) {
-  // Q's loads branch on whole tiles where K's and V's do (fwd_branches_whole_tiles).
-  using QLayout = std::conditional_t<KvLayout::kWholeTileBranch, WholeTileLoads<PaddedRows<kHeadDim>>,
-                                     PaddedRows<kHeadDim>>;
+  // Q's loads branch on whole tiles and keep fixed columns where K's and V's do (fwd_branches_whole_tiles,
+  // fwd_loads_fixed_columns).
+  using QChecked = std::conditional_t<KvLayout::kWholeTileBranch, WholeTileLoads<PaddedRows<kHeadDim>>,
+                                      PaddedRows<kHeadDim>>;
+  using QLayout = std::conditional_t<KvLayout::kFixedColumnLoads, FixedColumnLoads<QChecked>, QChecked>;
   if (loads_q) {
     load_tile_async<kBlockM, kHeadDim, kThreads, QLayout>(tiles.s_q, tiles.q, p.q_strides.row, cta.seqlen_q - cta.m0,
                                                           cta.head_dim, cta.tid);
@@ -1264,9 +1266,12 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
   constexpr bool kEarlyV = fwd_waits_v_before_softmax(kHeadDim, kMask != MaskKind::kNone);
   constexpr bool kFirstV = fwd_prefetches_first_v(kHeadDim, kGeneral, kWarps, kStages);
   using KvTiles = TileLayout<fwd_swizzles_kv(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone), kHeadDim>;
-  using CpAsyncLayout =
+  using CheckedLayout =
       std::conditional_t<fwd_branches_whole_tiles(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone),
                          WholeTileLoads<KvTiles>, KvTiles>;
+  using CpAsyncLayout =
+      std::conditional_t<fwd_loads_fixed_columns(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone, kLeanMods),
+                         FixedColumnLoads<CheckedLayout>, CheckedLayout>;
   using KvLayout = std::conditional_t<kTma, SegmentSwizzledRows<kBlockN, kHeadDim>, CpAsyncLayout>;
   static_assert(kHeadDim % (2 * kMmaK) == 0 && kBlockN % (2 * kMmaK) == 0 && kStrips >= 1, "tile shape");
   static_assert(kStages >= 1 && kStages <= kMaxKvStages, "kv_stages");

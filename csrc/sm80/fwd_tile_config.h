@@ -208,6 +208,24 @@ FLASH_HOST_DEVICE constexpr bool fwd_branches_whole_tiles(int head_dim, bool gen
   return head_dim == kFwdWholeTilesHeadDim && !general && kind == FwdTileKind::kStandard && !masked;
 }
 
+// Whether the Q, K and V loads keep one column chunk per thread on the largest multiple of the row's chunks
+// (kernel_common.h FixedColumnLoads) where those chunks do not divide the threads. ptxas (sm_90a, bf16): every hd 96
+// standard kernel and most hd 160-224 kernels spill nothing with it (hd 96 causal 92 / 112 bytes -> 0). Measured on
+// the H200 (bf16, portable forward, 2 interleaved rounds, best TFLOP/s at 1k / 4k / 16k, with / without, FA2 in
+// brackets; docs/perf_log.md "thirty-fourth session"): hd 96 causal 239 / 296 / 316 against 219 / 278 / 301 (262 /
+// 317 / 337), softcap 262 / 284 / 288 against 251 / 275 / 279, causal docs of 512 168 against 155, but non-causal
+// 292 / 314 / 319 against 293 / 323 / 328; hd 224 non-causal 269 / 290 / 295 against 259 / 279 / 285 (235 / 243 /
+// 245), causal level. It lost at hd 160 (7-8 %), at hd 192 non-causal (3-4 %) and was level at hd 192 causal and in
+// hd 96 decode, so those keep the generic form; hd 96 / 224 with the general kernel were not timed.
+constexpr int kFixedColumnsMaskedHeadDim = 96;
+constexpr int kFixedColumnsUnmaskedHeadDim = 224;
+FLASH_HOST_DEVICE constexpr bool fwd_loads_fixed_columns(int head_dim, bool general, FwdTileKind kind, bool masked,
+                                                         bool lean_mods) {
+  if (general || fwd_is_decode_kind(kind)) return false;
+  if (head_dim == kFixedColumnsMaskedHeadDim) return masked || lean_mods;
+  return head_dim == kFixedColumnsUnmaskedHeadDim && !masked && !lean_mods;
+}
+
 // The general kernel takes 32-key tiles at head dims 192 and 224: with 64 keys ptxas spilled 304 / 328 bytes (hd 192)
 // and 520 / 580 (hd 224), with 32 none and 32 / 32 (O alone is 96 / 112 registers there). Head dims 160 (56 bytes) and
 // 256 (none) keep 64 keys, which halve the K/V tiles' barriers per key. Not yet timed.

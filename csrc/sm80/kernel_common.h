@@ -102,6 +102,7 @@ struct PaddedRows {
   static constexpr bool kSplitAddress = kSplit;
   static constexpr bool kOpaqueLaneOffset = false;
   static constexpr bool kWholeTileBranch = false;
+  static constexpr bool kFixedColumnLoads = false;
   static constexpr int kRowPeriod = 1;  // offset(row + kRowPeriod, col) == offset(row, col) + kRowPeriod * kStride
   static constexpr __host__ __device__ int offset(int row, int col) { return row * kStride + col; }
   static constexpr __host__ __device__ int lane_offset(int row_lane, int col_lane) {
@@ -129,6 +130,7 @@ struct SwizzledRows {
   static constexpr bool kOpaqueLaneOffset = false;
   static constexpr int kChunksPerSegment = kSegmentElems / kChunkElems;
   static constexpr bool kWholeTileBranch = false;
+  static constexpr bool kFixedColumnLoads = false;
   static constexpr int kRowPeriod = kChunksPerSegment;  // the XOR pattern repeats every 8 rows
   static constexpr __host__ __device__ int offset(int row, int col) {
     return row * kCols + (col ^ ((row % kChunksPerSegment) * kChunkElems));
@@ -155,6 +157,7 @@ struct SegmentSwizzledRows {
   static constexpr bool kOpaqueLaneOffset = false;
   static constexpr int kChunksPerSegment = kSegmentElems / kChunkElems;
   static constexpr bool kWholeTileBranch = false;
+  static constexpr bool kFixedColumnLoads = false;
   static constexpr int kRowPeriod = kChunksPerSegment;
   static constexpr __host__ __device__ int offset(int row, int col) {
     return (col / kSegmentElems) * kBlockElems + row * kSegmentElems +
@@ -188,6 +191,17 @@ struct OpaqueLaneOffset : Layout {
 template <typename Layout>
 struct WholeTileLoads : Layout {
   static constexpr bool kWholeTileBranch = true;
+};
+
+// Layout whose cp.async tile loads (load_tile_async) keep one column chunk per thread even where the row's 16-byte
+// chunks do not divide the threads (hd 96: 12 chunks against 128 threads; hd 160 / 192 / 224: 20 / 24 / 28): the
+// largest multiple of the row's chunks loads (120 threads at hd 96, 10 rows a step), the rest idle. The generic form's
+// per-copy row and column offsets are what ptxas held across the key loop (hd 96 standard forward: 92-116 bytes of
+// spill, 25 local loads a key block; with this form none). Taken where it measured faster (fwd_tile_config.h
+// fwd_loads_fixed_columns).
+template <typename Layout>
+struct FixedColumnLoads : Layout {
+  static constexpr bool kFixedColumnLoads = true;
 };
 
 // An empty asm that claims to change v: ptxas can no longer see where v came from or rematerialise it.
@@ -289,23 +303,6 @@ __device__ __forceinline__ void load_tile_whole_first(T* smem, const T* gmem, in
   }
 }
 
-// Whether tiles whose row of 16-byte chunks does not divide the thread count (hd 96: 12 chunks against 128 threads;
-// hd 160 / 192 / 224: 20 / 24 / 28 against 128 or 256) load with a fixed column chunk per thread anyway, on the
-// largest multiple of the row's chunks (120 threads at hd 96: 10 rows a step, the rest idle), instead of the generic
-// form's per-copy row and column, whose offsets ptxas holds across the key loop: the hd 96 standard forward spills
-// 96 / 116 bytes, 25 local loads and 25 LEA a key block in its hottest loop, where hd 128's cp.async kernel, 16
-// chunks a row, has 2 and 9. With it (ptxas, sm_90a, bf16, spill stores / loads in bytes, before -> after): hd 96
-// standard causal 92 / 112 -> 0 (key loop 1,033 -> 1,025 instructions, no local load), non-causal 96 / 116 -> 0,
-// decode kernels 255 -> 128-164 registers; at hd 160 / 192 / 224 every plain standard, compact and decode kernel
-// (contiguous and whole-block pages) to 0 but one (hd 160's key-warps decode over block pages that appends rows, 264 /
-// 264 -> 24 / 48), e.g. hd 192 causal standard 44 / 44, compact 28 / 68, hd 224 causal compact 524 / 568, its decode
-// over block pages 548 / 572. Compiled only: off until timed; if kept, the dividing form in load_tile_async is its
-// case kLoaders == kThreads and the two merge (checked by SASS at hd 64 / 128).
-constexpr bool kTileLoadsFixedColumns = false;
-constexpr bool tile_loads_fixed_columns(int head_dim, int threads) {
-  return kTileLoadsFixedColumns && threads >= head_dim / kChunkElems;
-}
-
 // Issues cp.async for a kRows x kHeadDim tile (laid out as Layout in shared memory). Rows at or beyond rows_valid
 // and columns at or beyond head_dim are zero-filled. Requires head_dim % 8 == 0, a row stride that is a multiple
 // of 8 and a 16-byte-aligned gmem (the API guarantees all three for CUDA calls).
@@ -315,27 +312,14 @@ __device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, int64_t 
   constexpr int kChunksPerRow = kHeadDim / kChunkElems;
   if constexpr (loads_whole_tiles<kRows, kHeadDim, kThreads, Layout>()) {
     load_tile_whole_first<kRows, kHeadDim, kThreads, Layout>(smem, gmem, row_stride, rows_valid, head_dim, tid);
-  } else if constexpr (kThreads % kChunksPerRow == 0) {
-    // Each thread keeps one column chunk and walks rows with a fixed pointer step: two live 64-bit values
-    // instead of one per iteration (the hoisted per-iteration offsets cost ~30 registers and spilled).
-    constexpr int kRowsPerIter = kThreads / kChunksPerRow;
-    const int col = (tid % kChunksPerRow) * kChunkElems;
-    const int row0 = tid / kChunksPerRow;
-    const bool col_valid = col < head_dim;
-    const T* src = gmem + row0 * row_stride + col;
-    const int64_t step = kRowsPerIter * row_stride;
-#pragma unroll
-    for (int i = 0; i < kRows / kRowsPerIter; ++i) {
-      const bool valid = col_valid && row0 + i * kRowsPerIter < rows_valid;
-      ptx::cp_async_16(smem + Layout::offset(row0 + i * kRowsPerIter, col), valid ? src : gmem, valid);
-      src += step;
-    }
-  } else if constexpr (tile_loads_fixed_columns(kHeadDim, kThreads)) {
-    // As above on the first kLoaders threads; the last step may hold fewer rows than kRowsPerIter.
+  } else if constexpr (kThreads % kChunksPerRow == 0 || (Layout::kFixedColumnLoads && kThreads >= kChunksPerRow)) {
+    // Each of the first kLoaders threads (all where the row's chunks divide them) keeps one column chunk and walks
+    // rows with a fixed pointer step: two live 64-bit values instead of one per iteration (the hoisted per-iteration
+    // offsets cost ~30 registers and spilled). The last step may hold fewer than kRowsPerIter rows.
     constexpr int kLoaders = kThreads / kChunksPerRow * kChunksPerRow;
     constexpr int kRowsPerIter = kLoaders / kChunksPerRow;
     constexpr int kIters = (kRows + kRowsPerIter - 1) / kRowsPerIter;
-    if (tid < kLoaders) {
+    if (kLoaders == kThreads || tid < kLoaders) {
       const int col = (tid % kChunksPerRow) * kChunkElems;
       const int row0 = tid / kChunksPerRow;
       const bool col_valid = col < head_dim;
