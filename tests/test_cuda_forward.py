@@ -114,12 +114,15 @@ FEATURES = {
 }
 
 
+# Head dims 80 and 200 (buckets 96 and 224): rows of 12 / 28 chunks, which the tile loads split over fewer threads
+# than the CTA has (fwd_loads_fixed_columns), and a head dim below its bucket (the columns past it zero-filled).
 @pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("head_dim", [80, 128, 200])
 @pytest.mark.parametrize("feature", list(FEATURES))
-def test_features(feature, dtype):
-    _require(dtype, 128)
+def test_features(feature, head_dim, dtype):
+    _require(dtype, head_dim)
     kwargs = dict(FEATURES[feature])
-    q, k, v = _qkv(2, 100, 140, 4, 2, 128, dtype)
+    q, k, v = _qkv(2, 100, 140, 4, 2, head_dim, dtype)
     if kwargs.pop("alibi", False):
         kwargs["alibi_slopes"] = torch.rand(2, 4, device="cuda") * 0.5 + 0.05
     out = flash_attn_func(q, k, v, **kwargs)
