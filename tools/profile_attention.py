@@ -21,7 +21,18 @@ parser.add_argument("--impl", choices=("flash_attn", "flash_attn_hopper", "flash
 parser.add_argument("--calls", type=int, default=4)
 parser.add_argument("--decode-batch", type=int, default=0,
                     help="decode shape instead (BENCHMARKS.md): this batch, 1 query, 32 / 8 heads, seqlen = KV length")
+parser.add_argument("--window", type=int, default=-1,
+                    help="ours only: a sliding window of this many keys on the left (and on the right unless causal), "
+                         "as benchmarks/bench_attention.py --feature window")
+parser.add_argument("--softcap", type=float, default=0.0, help="ours only: softcap")
 args = parser.parse_args()
+features = {}
+if args.window >= 0:
+    features["window_size"] = (args.window, 0 if args.causal else args.window)
+if args.softcap > 0:
+    features["softcap"] = args.softcap
+if features and not args.impl.startswith("flash_attn"):
+    parser.error(f"--window / --softcap run with our kernels only (torch SDPA has neither); got --impl {args.impl}")
 
 grad = args.direction == "bwd"
 if args.decode_batch:
@@ -41,7 +52,7 @@ if args.impl.startswith("flash_attn"):
         os.environ["FLASH_ATTN_HOPPER"] = switch
 
     def attention():
-        return flash_attn.flash_attn_func(q, k, v, causal=args.causal)
+        return flash_attn.flash_attn_func(q, k, v, causal=args.causal, **features)
 else:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
