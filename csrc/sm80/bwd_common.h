@@ -403,35 +403,11 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t src_stri
   if constexpr (loads_whole_tiles<kRows, kHeadDim, kThreads, Layout>()) {
     load_tile_whole_first<kRows, kHeadDim, kThreads, Layout>(dst, src, src_stride, valid_rows, head_dim, tid);
   } else if constexpr (kThreads >= kChunksPerRow) {
-    // A thread keeps its column and steps down the rows, kRowsPerPass at a time. Where the row's chunks do not
-    // divide the threads (hd 96 / 160 / 192 / 224: 12 / 20 / 24 / 28 chunks), the first kLoaders threads copy
-    // and the last pass may cover fewer rows: the rolled per-chunk loop this replaced ran 37 instructions per
-    // copy, 6 passes each for Q and dO at hd 192, 37 % of the kernel's executed instructions (ncu, 4k).
-    constexpr int kLoaders = kThreads / kChunksPerRow * kChunksPerRow;
-    constexpr int kRowsPerPass = kLoaders / kChunksPerRow;
-    constexpr int kPasses = (kRows + kRowsPerPass - 1) / kRowsPerPass;
-    if (kLoaders == kThreads || tid < kLoaders) {
-      const int row = tid / kChunksPerRow;
-      const int col = (tid % kChunksPerRow) * kWidth;
-      const bool col_valid = col < head_dim;
-      T* d = dst + row * Layout::kStride + col;  // direct form (padded tiles of direct-address kernels)
-      // A running pointer: computing the address inside the predicate made ptxas redo the 64-bit multiply per
-      // copy. Rows past valid_rows point at `src` (a real row) and read nothing.
-      const T* s = src + row * src_stride + col;
-      const int64_t src_step = kRowsPerPass * src_stride;
-#pragma unroll
-      for (int pass = 0; pass < kPasses; ++pass) {
-        if (kRows % kRowsPerPass == 0 || row + pass * kRowsPerPass < kRows) {
-          const bool valid = col_valid && row + pass * kRowsPerPass < valid_rows;
-          if constexpr (Layout::kSplitAddress) {
-            ptx::cp_async_16(dst + Layout::offset(row + pass * kRowsPerPass, col), valid ? s : src, valid);
-          } else {
-            ptx::cp_async_16(d + pass * kRowsPerPass * Layout::kStride, valid ? s : src, valid);
-          }
-        }
-        s += src_step;
-      }
-    }
+    // Where the row's chunks do not divide the threads (hd 96 / 160 / 192 / 224: 12 / 20 / 24 / 28 chunks) too: the
+    // rolled per-chunk loop this replaced there ran 37 instructions per copy, 6 passes each for Q and dO at hd 192,
+    // 37 % of the kernel's executed instructions (ncu, 4k; docs/perf_log.md, thirty-fourth session).
+    load_tile_fixed_columns<kRows, kHeadDim, kThreads, FixedColumnLoads<Layout>, !Layout::kSplitAddress>(
+        dst, src, src_stride, valid_rows, head_dim, tid);
   } else {
     // Fewer threads than a row's chunks: index per chunk, not unrolled (unrolled, the hd 224 kernel spilled 192
     // bytes instead of 14).

@@ -197,8 +197,8 @@ struct WholeTileLoads : Layout {
 // chunks do not divide the threads (hd 96: 12 chunks against 128 threads; hd 160 / 192 / 224: 20 / 24 / 28): the
 // largest multiple of the row's chunks loads (120 threads at hd 96, 10 rows a step), the rest idle. The generic form's
 // per-copy row and column offsets are what ptxas held across the key loop (hd 96 standard forward: 92-116 bytes of
-// spill, 25 local loads a key block; with this form none). Taken where it measured faster (fwd_tile_config.h
-// fwd_loads_fixed_columns).
+// spill, 25 local loads a key block; with this form none). The forward takes it where it measured faster
+// (fwd_tile_config.h fwd_loads_fixed_columns), the backward's load_tile always (bwd_common.h).
 template <typename Layout>
 struct FixedColumnLoads : Layout {
   static constexpr bool kFixedColumnLoads = true;
@@ -303,6 +303,52 @@ __device__ __forceinline__ void load_tile_whole_first(T* smem, const T* gmem, in
   }
 }
 
+// Whether load_tile_fixed_columns serves a kHeadDim tile with kThreads threads: every row's chunks divide them, or the
+// layout asks for the fixed-column form (FixedColumnLoads) and one row's chunks fit.
+template <int kHeadDim, int kThreads, typename Layout>
+constexpr bool loads_fixed_columns() {
+  constexpr int kChunksPerRow = kHeadDim / kChunkElems;
+  return kThreads % kChunksPerRow == 0 || (Layout::kFixedColumnLoads && kThreads >= kChunksPerRow);
+}
+
+// The fixed-column form of the cp.async tile loads (load_tile_async below, bwd_common.h load_tile): each of the first
+// kLoaders threads (all where the row's chunks divide them) keeps one column chunk and walks rows with a fixed
+// pointer step, two live 64-bit values instead of one per copy (the hoisted per-copy offsets cost ~30 registers and
+// spilled); the last step may hold fewer than kRowsPerIter rows. Rows past rows_valid point at gmem (a real row) and
+// read nothing. kDirect: the destination as one base plus row steps (the backward's padded, direct-address tiles)
+// rather than Layout::offset per copy.
+template <int kRows, int kHeadDim, int kThreads, typename Layout, bool kDirect = false, typename T>
+__device__ __forceinline__ void load_tile_fixed_columns(T* smem, const T* gmem, int64_t row_stride, int rows_valid,
+                                                        int head_dim, int tid) {
+  static_assert(loads_fixed_columns<kHeadDim, kThreads, Layout>(), "a row's chunks fit the threads");
+  static_assert(sizeof(T) * kChunkElems == ptx::kCpAsyncBytes, "one 16-byte copy per chunk");
+  constexpr int kChunksPerRow = kHeadDim / kChunkElems;
+  constexpr int kLoaders = kThreads / kChunksPerRow * kChunksPerRow;
+  constexpr int kRowsPerIter = kLoaders / kChunksPerRow;
+  constexpr int kIters = (kRows + kRowsPerIter - 1) / kRowsPerIter;
+  if (kLoaders == kThreads || tid < kLoaders) {
+    const int col = (tid % kChunksPerRow) * kChunkElems;
+    const int row0 = tid / kChunksPerRow;
+    const bool col_valid = col < head_dim;
+    T* const dst = smem + row0 * Layout::kStride + col;
+    const T* src = gmem + row0 * row_stride + col;
+    const int64_t step = kRowsPerIter * row_stride;
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int row = row0 + i * kRowsPerIter;
+      if (kRows % kRowsPerIter == 0 || row < kRows) {
+        const bool valid = col_valid && row < rows_valid;
+        if constexpr (kDirect) {
+          ptx::cp_async_16(dst + i * kRowsPerIter * Layout::kStride, valid ? src : gmem, valid);
+        } else {
+          ptx::cp_async_16(smem + Layout::offset(row, col), valid ? src : gmem, valid);
+        }
+      }
+      src += step;
+    }
+  }
+}
+
 // Issues cp.async for a kRows x kHeadDim tile (laid out as Layout in shared memory). Rows at or beyond rows_valid
 // and columns at or beyond head_dim are zero-filled. Requires head_dim % 8 == 0, a row stride that is a multiple
 // of 8 and a 16-byte-aligned gmem (the API guarantees all three for CUDA calls).
@@ -312,29 +358,8 @@ __device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, int64_t 
   constexpr int kChunksPerRow = kHeadDim / kChunkElems;
   if constexpr (loads_whole_tiles<kRows, kHeadDim, kThreads, Layout>()) {
     load_tile_whole_first<kRows, kHeadDim, kThreads, Layout>(smem, gmem, row_stride, rows_valid, head_dim, tid);
-  } else if constexpr (kThreads % kChunksPerRow == 0 || (Layout::kFixedColumnLoads && kThreads >= kChunksPerRow)) {
-    // Each of the first kLoaders threads (all where the row's chunks divide them) keeps one column chunk and walks
-    // rows with a fixed pointer step: two live 64-bit values instead of one per iteration (the hoisted per-iteration
-    // offsets cost ~30 registers and spilled). The last step may hold fewer than kRowsPerIter rows.
-    constexpr int kLoaders = kThreads / kChunksPerRow * kChunksPerRow;
-    constexpr int kRowsPerIter = kLoaders / kChunksPerRow;
-    constexpr int kIters = (kRows + kRowsPerIter - 1) / kRowsPerIter;
-    if (kLoaders == kThreads || tid < kLoaders) {
-      const int col = (tid % kChunksPerRow) * kChunkElems;
-      const int row0 = tid / kChunksPerRow;
-      const bool col_valid = col < head_dim;
-      const T* src = gmem + row0 * row_stride + col;
-      const int64_t step = kRowsPerIter * row_stride;
-#pragma unroll
-      for (int i = 0; i < kIters; ++i) {
-        const int row = row0 + i * kRowsPerIter;
-        if (kRows % kRowsPerIter == 0 || row < kRows) {
-          const bool valid = col_valid && row < rows_valid;
-          ptx::cp_async_16(smem + Layout::offset(row, col), valid ? src : gmem, valid);
-        }
-        src += step;
-      }
-    }
+  } else if constexpr (loads_fixed_columns<kHeadDim, kThreads, Layout>()) {
+    load_tile_fixed_columns<kRows, kHeadDim, kThreads, Layout>(smem, gmem, row_stride, rows_valid, head_dim, tid);
   } else {
     constexpr int kChunks = kRows * kChunksPerRow;
     constexpr int kIters = (kChunks + kThreads - 1) / kThreads;
