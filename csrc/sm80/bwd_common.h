@@ -69,7 +69,7 @@ __host__ __device__ constexpr BwdTileConfig bwd_full_tile_config(int head_dim, b
                     : BwdTileConfig{128, 128, 4, 4, 4, kFullWarps, kTwoStages};
   }
   if (head_dim <= 128) {
-    // The feature kernel at hd 128 takes the compact tile's 32 x 64: at 64 x 128 (dK and dV of 128 keys in registers
+    // The feature kernel at hd 128 takes 32 x 64 tiles: at 64 x 128 (dK and dV of 128 keys in registers
     // beside S^T, dP^T and the softcap / ALiBi / dropout state) it spilled 570 / 1568 bytes and ran softcap and ALiBi at
     // 115 against 317 TFLOP/s without them (H200, 4k); at 32 x 64 it spills 38 / 36. Hd 96 (46 / 80 bytes) keeps its
     // tile. Not yet timed; the compact tiles ran the plain hd 128 backward at 179 (docs/perf_log.md, second session).
@@ -172,28 +172,34 @@ __host__ __device__ constexpr int bwd_smem_bytes(const BwdTileConfig& cfg, int h
 
 // Within kBwdCompactSmemBudget; queries x keys, shared-memory bytes per block (bf16/fp16; the plain and the
 // feature kernel share the tile):
-//   hd  32: 64 x 128, 8 warps, 78848   hd 160: 32 x 32, 4 warps, 70144
-//   hd  64: 64 x 64,  8 warps, 74752   hd 192: 32 x 32, 4 warps, 82432
-//   hd  96: 64 x 64,  8 warps, 99328   hd 224: 32 x 32, 4 warps, 94720
-//   hd 128: 32 x 64,  8 warps, 80384   hd 256: 32 x 32, 4 warps, one Q/dO stage, 72960
+//   hd  32: 64 x 128, 8 warps, 78848                   hd 160: 32 x 32, 4 warps, 70144
+//   hd  64: 64 x 128, 8 warps, one Q/dO stage, 92672   hd 192: 32 x 32, 4 warps, 82432
+//   hd  96: 64 x 64,  8 warps, 99328                   hd 224: 32 x 32, 4 warps, 94720
+//   hd 128: 64 x 64,  8 warps, one Q/dO stage, 88576   hd 256: 32 x 32, 4 warps, one Q/dO stage, 72960
 // Above head dim 128 the dK/dV warp tile needs 16 keys and an even number of n8 tiles of the head dim per
 // warp (160 = 2 x 80, 224 = 2 x 112), and dQ's column split must stay on 16-column groups: with 8 warps that
 // takes 64 x 64 blocks, which need 104448 bytes (hd 160) even with one Q/dO stage; 4 warps at 32 x 32 fit.
 // Two stages are used wherever they fit; at hd 256 two stages of 32 rows need 107008 bytes, so the next
 // block is staged after the dK/dV GEMMs, its last readers. FA2 on sm86 uses 8 warps at 64 x 64 (hd 128) and
 // 64 x 32 (hd 256), with fewer buffers than ours (no dO double buffer, V in registers at hd 256).
+// At hd 64 / 128 the larger tile with one stage beat the smaller with two (64 x 64 and 32 x 64 until the thirty-fifth
+// session): their key loop's inner query-block loop issued 9.0 / 7.6 instructions per MMA, the larger 6.3 / 5.9.
+// H200 under FLASH_ATTN_BWD_SMEM_LIMIT=101376, bf16, 1k / 4k / 16k, best of 2 rounds, TFLOP/s, new against old:
+// hd 64 211 / 245 / 258 against 156 / 174 / 181, causal 157 / 221 / 250 against 126 / 164 / 179; hd 128 179 / 201 /
+// 208 against 167 / 186 / 191, causal 147 / 191 / 210 against 138 / 177 / 190 (FA2 at its H200 tiles: hd 64 216 /
+// 269 / 288, hd 128 229 / 291 / 309). Softcap, ALiBi and window calls gained alike (4k: hd 64 +27-40 %, hd 128 +2-9 %).
 constexpr int kCompactWideWarps = 8;    // head dim <= 128
 constexpr int kCompactNarrowWarps = 4;  // head dim > 128
 constexpr int kCompactElementBytes = 2;  // fp16 / bf16
 __host__ __device__ constexpr BwdTileConfig bwd_compact_tile_config(int head_dim) {
   const bool split_dim_4 = head_dim % 64 == 0;
   BwdTileConfig cfg{};
-  if (head_dim <= 32) {
+  if (head_dim <= 64) {
     cfg = BwdTileConfig{64, 128, 4, 4, 4, kCompactWideWarps, kTwoStages};
   } else if (head_dim <= 96) {
     cfg = BwdTileConfig{64, 64, 4, 4, 4, kCompactWideWarps, kTwoStages};
   } else if (head_dim <= 128) {
-    cfg = BwdTileConfig{32, 64, 4, 2, 2, kCompactWideWarps, kTwoStages};
+    cfg = BwdTileConfig{64, 64, 4, 4, 2, kCompactWideWarps, kTwoStages};
   } else {
     cfg = split_dim_4 ? BwdTileConfig{32, 32, 2, 1, 1, kCompactNarrowWarps, kTwoStages}
                       : BwdTileConfig{32, 32, 2, 2, 2, kCompactNarrowWarps, kTwoStages};
