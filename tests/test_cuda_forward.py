@@ -343,23 +343,29 @@ def test_persistent_wide_tile_selected(head_dim):
     assert bool(_kernel_names(lambda: flash_attn_func(q, k_long, v_long), "fwd_persistent_kernel")) == tma
 
 
-@pytest.mark.parametrize("head_dim, causal", [(64, False), (64, True), (128, False)])
+@pytest.mark.parametrize("head_dim, mask", [(64, "none"), (64, "causal"), (64, "softcap"), (128, "none"),
+                                             (128, "causal"), (128, "window"), (128, "causal window"),
+                                             (128, "softcap causal")])
 @pytest.mark.usefixtures("portable_kernels")
-def test_one_item_tma_kernel(head_dim, causal):
+def test_one_item_tma_kernel(head_dim, mask):
     """The one-item kernel with K and V by TMA (sm90; fwd_tile_config.h fwd_loads_kv_by_tma): taken for dense calls,
+    causal and windowed ones too (masked key tiles at both ends of the window) and the lean kernel's softcap calls,
     several key tiles with a ragged last one, GQA, seqlen_q != seqlen_k; varlen and seqused_k calls take the cp.async
     kernel. Both match the reference."""
     _require(torch.bfloat16, head_dim)
     if not _runs_sm90_code():
         pytest.skip("TMA loads need kernels compiled for sm90 (not compute_80 PTX)")
+    kwargs = {"none": {}, "causal": dict(causal=True), "window": dict(window_size=(70, 90)),
+              "causal window": dict(causal=True, window_size=(100, 0)), "softcap": dict(softcap=5.0),
+              "softcap causal": dict(softcap=5.0, causal=True)}[mask]
     q, k, v = _qkv(2, 150, 333, 4, 2, head_dim, torch.bfloat16)
-    call = lambda: flash_attn_func(q, k, v, causal=causal)
+    call = lambda: flash_attn_func(q, k, v, **kwargs)
     assert _kernel_names(call, "fwd_tma_kernel")
-    _check(call(), lambda *x, **kw: attention_ref(*x, causal=causal, **kw), (q, k, v))
+    _check(call(), lambda *x, **kw: attention_ref(*x, **kwargs, **kw), (q, k, v))
     cu_q = torch.tensor([0, 150, 300], dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0, 333, 666], dtype=torch.int32, device="cuda")
     varlen = lambda: flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q, cu_k, 150, 333,
-                                            causal=causal)
+                                            **kwargs)
     assert not _kernel_names(varlen, "fwd_tma_kernel")
     torch.testing.assert_close(varlen().view_as(q), call(), atol=1e-2, rtol=1e-2)
 

@@ -1322,9 +1322,9 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
   if constexpr (kAppends) {
     if (rotates_q) load_rotated_q<kHeadDim, kBlockM, kThreads>(p, cta, tiles);
   }
-  static_assert(!kLeanMods || (!kGeneral && !kTma && kPaging == KvPaging::kNone &&
+  static_assert(!kLeanMods || (!kGeneral && kPaging == KvPaging::kNone &&
                                 (kKind == FwdTileKind::kStandard || kKind == FwdTileKind::kCompact)),
-                "score mods in the lean kernel: its standard and compact cp.async tiles only");
+                "score mods in the lean kernel: its standard (cp.async or TMA) and compact tiles only");
   const FwdScoreParams sp = read_score_params<kGeneral, kLeanMods>(p, cta);
 
   int rows[kStrips][2];
@@ -1444,11 +1444,12 @@ __global__ void __launch_bounds__(fwd_cta_threads(kHeadDim, kGeneral, kKind)) fw
   fwd_tile<T, kHeadDim, kMask, kGeneral, kKind, false, kPaging, kLeanMods, kAppends>(p, FwdKvMaps{});
 }
 
-// The same with K and V by TMA (sm90+; fwd_loads_kv_by_tma), the launch asking for fwd_tma_smem_bytes.
-template <typename T, int kHeadDim, MaskKind kMask, FwdTileKind kKind>
+// The same with K and V by TMA (sm90+; fwd_loads_kv_by_tma), the launch asking for fwd_tma_smem_bytes. kLeanMods:
+// the softcap / ALiBi instantiation (fwd_launch.h launch_fwd_kernel).
+template <typename T, int kHeadDim, MaskKind kMask, FwdTileKind kKind, bool kLeanMods = false>
 __global__ void __launch_bounds__(fwd_tile_config(kHeadDim, false, kKind).warps* kWarpSize)
     fwd_tma_kernel(const FwdParams p, const __grid_constant__ FwdKvMaps maps) {
-  fwd_tile<T, kHeadDim, kMask, false, kKind, true>(p, maps);
+  fwd_tile<T, kHeadDim, kMask, false, kKind, true, KvPaging::kNone, kLeanMods>(p, maps);
 }
 
 }  // namespace flash::sm80

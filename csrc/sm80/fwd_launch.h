@@ -114,7 +114,7 @@ dim3 fwd_grid(const FwdParams& params) {
 
 // Launches the one-item kernel with K and V by TMA (fwd_loads_kv_by_tma) where its tensor maps can be made (as
 // make_fwd_kv_maps) and its shared memory fits. Returns whether it launched.
-template <typename T, int kHeadDim, MaskKind kMask, FwdTileKind kKind>
+template <typename T, int kHeadDim, MaskKind kMask, FwdTileKind kKind, bool kScoreMods>
 bool launch_fwd_tma_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits limits,
                            const DeviceAttributes& device) {
   constexpr FwdTileConfig kTile = fwd_tile_config(kHeadDim, false, kKind);
@@ -123,7 +123,7 @@ bool launch_fwd_tma_kernel(const FwdParams& params, cudaStream_t stream, SmemLim
   if (kSmemBytes > limits.per_block_optin || !make_fwd_kv_maps<T, kHeadDim, kKind>(maps, params, device.code_arch)) {
     return false;
   }
-  auto* kernel = fwd_tma_kernel<T, kHeadDim, kMask, kKind>;
+  auto* kernel = fwd_tma_kernel<T, kHeadDim, kMask, kKind, kScoreMods>;
   static const cudaError_t opt_in =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   (void)opt_in;
@@ -160,8 +160,11 @@ void launch_dependent(Kernel kernel, dim3 grid, dim3 block, int smem_bytes, cuda
 }
 
 // kPaging: K and V are a paged cache (FwdParams::block_table), read by the cp.async decode kernels only. kScoreMods:
-// a softcap / ALiBi call of the lean kernel (fwd_lean_takes_call): its own cp.async instantiation, so the plain
-// calls' kernels stay as they are.
+// a softcap / ALiBi call of the lean kernel (fwd_lean_takes_call): instantiations of their own, so the plain calls'
+// kernels stay as they are. Those calls take the TMA kernel where plain ones do: H200, bf16, 1k / 4k / 16k, 2 rounds,
+// TMA / cp.async (thirty-fifth session): hd 128 softcap causal 235 / 296 / 328 against 212 / 260 / 280, non-causal
+// 324 / 355 / 360 against 311 / 337 / 346, ALiBi causal 244 / 303 / 327 against 223 / 274 / 296; hd 64 ALiBi
+// non-causal 275 / 294 / 302 against 246 / 265 / 272, softcap +1-3 %.
 template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, FwdTileKind kKind,
           KvPaging kPaging = KvPaging::kNone, bool kScoreMods = false, bool kAppends = false>
 void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits limits,
@@ -179,13 +182,12 @@ void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream, SmemLimits 
         "(only sm90 one-warp decode tiles of at most kMaxClusterSplits splits do; dispatch/fwd_plan.cpp "
         "fwd_splits_meet_in_cluster; a flash_attn bug: please report it)");
   }
-  constexpr bool kDense = kPaging == KvPaging::kNone && !kScoreMods && !kAppends;
-  if constexpr (kDense && fwd_runs_persistent(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone)) {
+  constexpr bool kDense = kPaging == KvPaging::kNone && !kAppends;
+  if constexpr (kDense && !kScoreMods && fwd_runs_persistent(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone)) {
     if (launch_fwd_persistent<T, kHeadDim>(params, stream, limits, device)) return;
   }
-  constexpr bool kMasked = kMask != MaskKind::kNone;
-  if constexpr (kDense && fwd_loads_kv_by_tma(kHeadDim, kGeneral, kKind, kMasked)) {
-    if (launch_fwd_tma_kernel<T, kHeadDim, kMask, kKind>(params, stream, limits, device)) return;
+  if constexpr (kDense && fwd_loads_kv_by_tma(kHeadDim, kGeneral, kKind)) {
+    if (launch_fwd_tma_kernel<T, kHeadDim, kMask, kKind, kScoreMods>(params, stream, limits, device)) return;
   }
   auto* kernel = fwd_kernel<T, kHeadDim, kMask, kGeneral, kKind, kPaging, kScoreMods, kAppends>;
   // Above 48 KB of dynamic shared memory a kernel must opt in; once per instantiation and process.

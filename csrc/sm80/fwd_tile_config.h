@@ -155,10 +155,14 @@ FLASH_HOST_DEVICE constexpr bool fwd_persistent_loads_kv_by_tma(int head_dim) { 
 // interleaved rounds, best TFLOP/s, TMA / cp.async, FA2 in brackets; docs/perf_log.md, twelfth session): hd 64
 // non-causal 512 / 1k / 2k / 8k 280 / 308 / 328 / 343 against 262 / 296 / 317 / 332 (263 / 289 / 300 / 309), causal
 // 200 / 263 / 310 / 356 against 188 / 245 / 283 / 324; hd 128 non-causal 318 / 353 / 371 / 387 against 302 / 343 /
-// 365 / 383. hd 128 causal (padded K/V tiles with cp.async) was not measured with TMA and keeps cp.async. The calls
-// make_fwd_kv_maps (fwd_launch.h) turns down (below sm90, varlen, seqused_k) keep it too. `masked`: causal or local.
-FLASH_HOST_DEVICE constexpr bool fwd_loads_kv_by_tma(int head_dim, bool general, FwdTileKind kind, bool masked) {
-  return !general && kind == FwdTileKind::kStandard && (head_dim == 64 || (head_dim == 128 && !masked));
+// 365 / 383. hd 128 masked calls since the thirty-fifth session (their hot loop 1,202 -> 1,133 instructions; 1k /
+// 4k / 16k TMA / cp.async with padded tiles, 2 rounds): causal 266 / 332 / 363 against 248 / 309 / 336 (FA2 248 /
+// 309 / 327), a window of seqlen / 4 non-causal 248 / 338 / 370 against 221 / 297 / 324, causal 173 / 295 / 354
+// against 158 / 260 / 309. Hd 256's masked calls (the one-item wide tile; unmasked ones run persistent) were level
+// at 1k / 4k and 5-6 % faster at 16k only, so they keep cp.async. The calls make_fwd_kv_maps (fwd_launch.h) turns
+// down (below sm90, varlen, seqused_k) keep it too. Softcap / ALiBi calls take it as plain ones do (fwd_launch.h).
+FLASH_HOST_DEVICE constexpr bool fwd_loads_kv_by_tma(int head_dim, bool general, FwdTileKind kind) {
+  return !general && kind == FwdTileKind::kStandard && (head_dim == 64 || head_dim == 128);
 }
 
 // Whether non-causal calls on the standard tile run it persistent (fwd_persistent_kernel.h: the CTAs an SM holds walk
