@@ -10,7 +10,9 @@ set -uo pipefail
 DIR="$1"; NAME="$2"; HD="$3"; SEQLEN="$4"; DIRECTION="$5"; shift 5
 mkdir -p "$DIR"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if [ "$DIRECTION" = bwd ]; then ours="regex:bwd_kernel"; fa2="regex:flash_bwd_dq_dk_dv"; else ours="regex:fwd_kernel"; fa2="regex:flash_fwd"; fi
+# The forward runs as fwd_kernel, fwd_tma_kernel (K / V by TMA) or fwd_persistent_kernel: the thirty-fifth session's
+# profile of the plain hd 128 call found none of them with "fwd_kernel" alone.
+if [ "$DIRECTION" = bwd ]; then ours="regex:bwd_kernel"; fa2="regex:flash_bwd_dq_dk_dv"; else ours="regex:fwd_(persistent_|tma_)?kernel"; fa2="regex:flash_fwd"; fi
 # cuDNN's SDPA kernels on sm90 carry "sdpa" and "fprop" / "bprop" in their generated names (as tools/ncu_compare.sh).
 if [ "$DIRECTION" = bwd ]; then cudnn="regex:sdpa.*bprop|bprop.*sdpa"; else cudnn="regex:sdpa.*fprop|fprop.*sdpa"; fi
 for impl in ${IMPLS:-flash_attn sdpa_flash}; do
