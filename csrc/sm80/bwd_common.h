@@ -214,9 +214,25 @@ __host__ __device__ constexpr BwdTileConfig bwd_one_stage_tile_config(int head_d
   return cfg;
 }
 
-__host__ __device__ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool features, BwdTiles tiles) {
-  return tiles == BwdTiles::kFull           ? bwd_full_tile_config(head_dim, features)
-         : tiles == BwdTiles::kFullOneStage ? bwd_one_stage_tile_config(head_dim, features)
+// Up to which head dim the plain kernel's softcap / ALiBi instantiation (score_mods; bwd_plain_runs_score_mods) takes
+// the feature kernel's full tile rather than the plain one; 0: none. At hd <= 64 that is 64 x 128 against 128 x 128.
+// ptxas (sm_90a, bf16, hd 64 non-causal, spill stores / loads in bytes): full tiles 226 / 280 -> 0 / 0, one-stage
+// tiles 178 / 264 -> 0 / 0 (the plain instantiation at 128 rows: 14 / 24). The portable softcap / ALiBi backward
+// costs 17-33 % at hd 64 against the plain call (thirty-third session), 6-15 % at hd 128. Candidate: 64, not yet
+// timed (the 128-row tile runs ~10 % fewer other instructions and half the barriers per query row; see
+// bwd_full_tile_config).
+constexpr int kBwdScoreModsFeatureTileMaxHeadDim = 0;
+__host__ __device__ constexpr bool bwd_score_mods_take_feature_tile(int head_dim) {
+  return head_dim <= kBwdScoreModsFeatureTileMaxHeadDim;
+}
+
+// The tile of one instantiation: the plain kernel (features false), its softcap / ALiBi instantiation (score_mods) or
+// the feature kernel (features), in the set `tiles`.
+__host__ __device__ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool features, BwdTiles tiles,
+                                                            bool score_mods = false) {
+  const bool feature_tile = features || (score_mods && bwd_score_mods_take_feature_tile(head_dim));
+  return tiles == BwdTiles::kFull           ? bwd_full_tile_config(head_dim, feature_tile)
+         : tiles == BwdTiles::kFullOneStage ? bwd_one_stage_tile_config(head_dim, feature_tile)
                                             : bwd_compact_tile_config(head_dim);
 }
 

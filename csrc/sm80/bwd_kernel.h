@@ -89,9 +89,9 @@ __device__ __forceinline__ void add_dkv_pair(float* dst, float x, float y) {
 // two rows that one 8-lane phase of a 16-byte shared store covers fill all 32 banks.
 constexpr int kDqBoxColumns = kDqSlotGroup;
 
-template <int kHeadDim, MaskKind kMask, bool kFeatures, BwdTiles kTiles>
+template <int kHeadDim, MaskKind kMask, bool kFeatures, BwdTiles kTiles, bool kScoreMods = false>
 struct BwdSmem {
-  static constexpr BwdTileConfig kCfg = bwd_tile_config(kHeadDim, kFeatures, kTiles);
+  static constexpr BwdTileConfig kCfg = bwd_tile_config(kHeadDim, kFeatures, kTiles, kScoreMods);
   static constexpr int kStrideD = kHeadDim + kSmemRowPad;      // rows of Q, dO, K, V tiles
   static constexpr int kStrideM = kCfg.block_m + kSmemRowPad;  // rows of the P^T, dS^T tiles ([key][query])
   static constexpr int kKeyTile = kCfg.block_n * kStrideD;
@@ -135,11 +135,11 @@ struct BwdSmem {
 // it has no map); every other kernel, and every kernel below sm90, reduces from registers.
 template <typename T, int kHeadDim, MaskKind kMask, bool kFeatures, BwdTiles kTiles, bool kScoreMods = false,
           bool kSplitHeads = false>
-__global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles>::kCfg.threads(), 1)
+__global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles, kScoreMods>::kCfg.threads(), 1)
     bwd_kernel(const BwdParams bp, const __grid_constant__ TensorMapArg dq_map) {
   static_assert(!(kFeatures && kScoreMods), "the score-mods instantiation is a plain one");
   static_assert(!(kSplitHeads && (kFeatures || kScoreMods)), "the split-heads instantiation is a plain one");
-  using Smem = BwdSmem<kHeadDim, kMask, kFeatures, kTiles>;
+  using Smem = BwdSmem<kHeadDim, kMask, kFeatures, kTiles, kScoreMods>;
   constexpr BwdTileConfig kCfg = Smem::kCfg;
   constexpr int kWarps = kCfg.warps;
   constexpr int kThreads = kCfg.threads();

@@ -22,9 +22,9 @@ namespace flash::sm80 {
 // The dq accumulator as a 2D map (q head x total_q rows, dq_row_stride columns) in boxes of one warp's dQ rows by
 // bwd::kDqBoxColumns, for kernels that stage dQ (bwd::bwd_stages_dq) in calls that are not deterministic; disabled
 // elsewhere, and where a row index would not fit the kernel's int (the bulk reduction takes 32-bit coordinates).
-template <int kHeadDim, MaskKind kMask, bool kFeatures, bwd::BwdTiles kTiles>
+template <int kHeadDim, MaskKind kMask, bool kFeatures, bwd::BwdTiles kTiles, bool kScoreMods = false>
 TensorMapArg dq_accumulator_map(const BwdParams& params) {
-  using Smem = bwd::BwdSmem<kHeadDim, kMask, kFeatures, kTiles>;
+  using Smem = bwd::BwdSmem<kHeadDim, kMask, kFeatures, kTiles, kScoreMods>;
   TensorMapArg arg{};
   if constexpr (Smem::kStagesDq) {
     constexpr int64_t kMaxRows = int64_t{1} << 31;
@@ -62,7 +62,7 @@ template <typename T, int kHeadDim, MaskKind kMask, bool kFeatures, bwd::BwdTile
           bool kSplitHeads = false>
 void launch_main(const dim3& grid, const BwdParams& params, const TensorMapArg& dq_map, int smem_bytes,
                  cudaStream_t stream) {
-  using Smem = bwd::BwdSmem<kHeadDim, kMask, kFeatures, kTiles>;
+  using Smem = bwd::BwdSmem<kHeadDim, kMask, kFeatures, kTiles, kScoreMods>;
   constexpr auto kKernel = bwd::bwd_kernel<T, kHeadDim, kMask, kFeatures, kTiles, kScoreMods, kSplitHeads>;
   // Raising the dynamic shared-memory cap is a function attribute, not a stream operation (graph-safe).
   static const cudaError_t attribute_set =
@@ -141,23 +141,30 @@ inline bool bwd_needs_feature_kernel(const BwdParams& params, int head_dim_bucke
 template <typename T, int kHeadDim, MaskKind kMask, bwd::BwdTiles kTiles>
 BwdMainChoice choose_main(const BwdParams& params, int smem_limit) {
   const bool features = bwd_needs_feature_kernel(params, kHeadDim);
+  // A softcap / ALiBi call of the plain kernel runs its score-mods instantiation, whose tile may differ
+  // (bwd_score_mods_take_feature_tile).
+  const bool score_mods = !features && bwd_call_has_features(params);
   // Where the plain kernel needs more shared memory than the feature kernel (full tiles, 128-row blocks at
   // head dim <= 64: 178 KB, above the 163 KB of an A100), devices without it run the feature kernel, which is
   // also correct for plain calls.
   using PlainSmem = bwd::BwdSmem<kHeadDim, kMask, false, kTiles>;
+  using ScoreModsSmem = bwd::BwdSmem<kHeadDim, kMask, false, kTiles, true>;
   using FeatureSmem = bwd::BwdSmem<kHeadDim, kMask, true, kTiles>;
   const bool bulk_device = device_reduces_in_bulk();
-  const int plain_smem = PlainSmem::template bytes_on_device<T>(bulk_device);
+  const int plain_smem = score_mods ? ScoreModsSmem::template bytes_on_device<T>(bulk_device)
+                                    : PlainSmem::template bytes_on_device<T>(bulk_device);
   const int feature_smem = FeatureSmem::template bytes_on_device<T>(bulk_device);
   const bool plain_fits = plain_smem <= feature_smem || plain_smem <= smem_limit;
   // A plain kernel that stages dQ on an sm90 device needs the accumulator's map in calls that are not
   // deterministic; without one (a driver without the encoder, a row count past int) the feature kernel runs the call.
   BwdMainChoice choice{!features && plain_fits, false, false, TensorMapArg{}, 0, DqLayout::kRows};
-  if (choice.plain && PlainSmem::kStagesDq && bulk_device && !params.deterministic) {
-    choice.map = dq_accumulator_map<kHeadDim, kMask, false, kTiles>(params);
+  const bool stages_dq = score_mods ? ScoreModsSmem::kStagesDq : PlainSmem::kStagesDq;
+  if (choice.plain && stages_dq && bulk_device && !params.deterministic) {
+    choice.map = score_mods ? dq_accumulator_map<kHeadDim, kMask, false, kTiles, true>(params)
+                            : dq_accumulator_map<kHeadDim, kMask, false, kTiles>(params);
     choice.plain = choice.map.enabled;
   }
-  choice.score_mods = choice.plain && bwd_call_has_features(params);
+  choice.score_mods = choice.plain && score_mods;
   choice.split_heads = kBwdSplitsHeads && choice.plain && !choice.score_mods && bwd_head_splits_of(params) > 1;
   choice.smem_bytes = choice.plain ? plain_smem : feature_smem;
   choice.layout = bwd::bwd_dq_layout(kHeadDim, kMask, !choice.plain, kTiles);
@@ -169,7 +176,7 @@ BwdMainChoice choose_main(const BwdParams& params, int smem_limit) {
 template <typename T, int kHeadDim, MaskKind kMask, bwd::BwdTiles kTiles>
 void launch_main_tiles(const BwdParams& params, const BwdMainChoice& choice, cudaStream_t stream) {
   const AttentionShape& shape = params.fwd.shape;
-  const int block_n = choice.plain ? bwd::bwd_tile_config(kHeadDim, false, kTiles).block_n
+  const int block_n = choice.plain ? bwd::bwd_tile_config(kHeadDim, false, kTiles, choice.score_mods).block_n
                                    : bwd::bwd_tile_config(kHeadDim, true, kTiles).block_n;
   const int64_t key_blocks = (shape.seqlen_k + block_n - 1) / block_n;
   if (key_blocks == 0) return;
@@ -212,14 +219,20 @@ void run_bwd(const BwdParams& params, void* stream) {
   // set's feature kernel where that has the plain kernel's key block (hd <= 64 on an A100: the plain kernel's 128-row
   // tile needs 178 KB), not where the feature kernel has a smaller tile of its own (hd 128: 32 x 64): there a 99 KB
   // GPU keeps the compact set's plain kernel for plain calls, as before that tile (not timed against each other).
+  // A softcap / ALiBi call of the plain kernel needs its score-mods instantiation's shared memory, which may differ
+  // from the plain one's (bwd_score_mods_take_feature_tile).
+  const bool score_mods = !bwd_needs_feature_kernel(params, kHeadDim) && bwd_call_has_features(params);
   constexpr int kPlainFullSmem = bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kFull>::template bytes<T>();
+  constexpr int kScoreModsFullSmem =
+      bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kFull, true>::template bytes<T>();
   constexpr int kFeatureFullSmem = bwd::BwdSmem<kHeadDim, kMask, true, BwdTiles::kFull>::template bytes<T>();
   constexpr bool kFeatureKernelTakesPlainCalls =
       bwd::bwd_tile_config(kHeadDim, false, BwdTiles::kFull).block_n ==
       bwd::bwd_tile_config(kHeadDim, true, BwdTiles::kFull).block_n;
+  const int plain_full_smem = score_mods ? kScoreModsFullSmem : kPlainFullSmem;
   const int full_smem = bwd_needs_feature_kernel(params, kHeadDim) ? kFeatureFullSmem
-                        : kFeatureKernelTakesPlainCalls ? std::min(kPlainFullSmem, kFeatureFullSmem)
-                                                        : kPlainFullSmem;
+                        : kFeatureKernelTakesPlainCalls ? std::min(plain_full_smem, kFeatureFullSmem)
+                                                        : plain_full_smem;
   constexpr int kCompactSmem = std::max(bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kCompact>::template bytes<T>(),
                                         bwd::BwdSmem<kHeadDim, kMask, true, BwdTiles::kCompact>::template bytes<T>());
   static_assert(kCompactSmem <= bwd::kBwdCompactSmemBudget, "compact tiles fit every sm80+ GPU");
@@ -236,8 +249,10 @@ void run_bwd(const BwdParams& params, void* stream) {
   constexpr bool kOneStage = bwd::bwd_takes_one_stage_tiles(kHeadDim);
   constexpr int kPlainOneStageSmem =
       kOneStage ? bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kFullOneStage>::template bytes<T>() : 0;
-  const bool one_stage =
-      kOneStage && !full && !bwd_needs_feature_kernel(params, kHeadDim) && smem_limit >= kPlainOneStageSmem;
+  constexpr int kScoreModsOneStageSmem =
+      kOneStage ? bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kFullOneStage, true>::template bytes<T>() : 0;
+  const bool one_stage = kOneStage && !full && !bwd_needs_feature_kernel(params, kHeadDim) &&
+                         smem_limit >= (score_mods ? kScoreModsOneStageSmem : kPlainOneStageSmem);
   BwdMainChoice choice{};
   if (full) {
     choice = choose_main<T, kHeadDim, kMask, BwdTiles::kFull>(params, smem_limit);
