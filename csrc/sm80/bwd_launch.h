@@ -138,12 +138,16 @@ inline bool bwd_needs_feature_kernel(const BwdParams& params, int head_dim_bucke
   return bwd_call_has_features(params) && !bwd_plain_takes_features(params, head_dim_bucket);
 }
 
+// Whether a call runs the plain kernel's softcap / ALiBi instantiation, whose tile may differ from the plain one's
+// (bwd::bwd_score_mods_take_feature_tile).
+inline bool bwd_runs_score_mods(const BwdParams& params, int head_dim_bucket) {
+  return bwd_call_has_features(params) && bwd_plain_takes_features(params, head_dim_bucket);
+}
+
 template <typename T, int kHeadDim, MaskKind kMask, bwd::BwdTiles kTiles>
 BwdMainChoice choose_main(const BwdParams& params, int smem_limit) {
   const bool features = bwd_needs_feature_kernel(params, kHeadDim);
-  // A softcap / ALiBi call of the plain kernel runs its score-mods instantiation, whose tile may differ
-  // (bwd_score_mods_take_feature_tile).
-  const bool score_mods = !features && bwd_call_has_features(params);
+  const bool score_mods = bwd_runs_score_mods(params, kHeadDim);
   // Where the plain kernel needs more shared memory than the feature kernel (full tiles, 128-row blocks at
   // head dim <= 64: 178 KB, above the 163 KB of an A100), devices without it run the feature kernel, which is
   // also correct for plain calls.
@@ -219,9 +223,7 @@ void run_bwd(const BwdParams& params, void* stream) {
   // set's feature kernel where that has the plain kernel's key block (hd <= 64 on an A100: the plain kernel's 128-row
   // tile needs 178 KB), not where the feature kernel has a smaller tile of its own (hd 128: 32 x 64): there a 99 KB
   // GPU keeps the compact set's plain kernel for plain calls, as before that tile (not timed against each other).
-  // A softcap / ALiBi call of the plain kernel needs its score-mods instantiation's shared memory, which may differ
-  // from the plain one's (bwd_score_mods_take_feature_tile).
-  const bool score_mods = !bwd_needs_feature_kernel(params, kHeadDim) && bwd_call_has_features(params);
+  const bool score_mods = bwd_runs_score_mods(params, kHeadDim);
   constexpr int kPlainFullSmem = bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kFull>::template bytes<T>();
   constexpr int kScoreModsFullSmem =
       bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kFull, true>::template bytes<T>();
