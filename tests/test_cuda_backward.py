@@ -427,6 +427,35 @@ def test_tiles_selected(limit, tiles, monkeypatch):
     assert all(any(mark in name for mark in TILE_KERNEL_MARKS[tiles]) for name in names), names
 
 
+# hd 64 softcap / ALiBi calls on a Hopper-class device (bwd_common.h bwd_score_mods_take_compact_tiles): causal and
+# softcap calls take the compact set, non-causal ALiBi the full one.
+SCORE_MODS_TILES = {
+    "softcap": (dict(softcap=6.0), "compact"),
+    "alibi_causal": (dict(alibi=True, causal=True), "compact"),
+    "alibi": (dict(alibi=True), "full"),
+}
+
+
+@pytest.mark.parametrize("case", list(SCORE_MODS_TILES))
+@pytest.mark.usefixtures("portable_kernels")
+def test_score_mods_tiles_selected(case, monkeypatch):
+    _require(torch.bfloat16, 64)
+    monkeypatch.delenv(SMEM_LIMIT_ENV, raising=False)
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    if getattr(props, "shared_memory_per_block_optin", 0) < 200 * 1024:
+        pytest.skip("the full hd 64 tiles need a Hopper-class GPU (227 KB of shared memory per block)")
+    kwargs, tiles = SCORE_MODS_TILES[case]
+    kwargs = dict(kwargs)
+    q, k, v = _qkv(2, 131, 200, 4, 2, 64, torch.bfloat16)
+    if kwargs.pop("alibi", False):
+        kwargs["alibi_slopes"] = torch.rand(2, 4, device="cuda") * 0.5 + 0.05
+    _run_and_check(q, k, v, kwargs, **kwargs)
+    out = flash_attn_func(q, k, v, **kwargs)
+    names = _backward_kernel_names(lambda: out.backward(torch.ones_like(out)))
+    assert names, "no backward main kernel seen by the profiler"
+    assert all(any(mark in name for mark in TILE_KERNEL_MARKS[tiles]) for name in names), names
+
+
 @pytest.mark.parametrize("value", ["4096", "abc"])
 @pytest.mark.usefixtures("portable_kernels")
 def test_smem_limit_errors(value, monkeypatch):

@@ -217,13 +217,26 @@ __host__ __device__ constexpr BwdTileConfig bwd_one_stage_tile_config(int head_d
 // Up to which head dim the plain kernel's softcap / ALiBi instantiation (score_mods; bwd_plain_runs_score_mods) takes
 // the feature kernel's full tile rather than the plain one; 0: none. At hd <= 64 that is 64 x 128 against 128 x 128.
 // ptxas (sm_90a, bf16, hd 64 non-causal, spill stores / loads in bytes): full tiles 226 / 280 -> 0 / 0, one-stage
-// tiles 178 / 264 -> 0 / 0 (the plain instantiation at 128 rows: 14 / 24). The portable softcap / ALiBi backward
-// costs 17-33 % at hd 64 against the plain call (thirty-third session), 6-15 % at hd 128. Candidate: 64, not yet
-// timed (the 128-row tile runs ~10 % fewer other instructions and half the barriers per query row; see
-// bwd_full_tile_config).
+// tiles 178 / 264 -> 0 / 0 (the plain instantiation at 128 rows: 14 / 24). Timed at 64 (thirty-sixth session, H200,
+// 1k / 4k / 16k TFLOP/s against the 128-row tile): causal softcap / ALiBi +8-15 %, non-causal ALiBi 186 / 215 / 223
+// against 192 / 236 / 249; the compact tile set beat it on every row, so hd 64 takes that instead
+// (bwd_score_mods_take_compact_tiles) and this stays off.
 constexpr int kBwdScoreModsFeatureTileMaxHeadDim = 0;
 __host__ __device__ constexpr bool bwd_score_mods_take_feature_tile(int head_dim) {
   return head_dim <= kBwdScoreModsFeatureTileMaxHeadDim;
+}
+
+// Whether a softcap / ALiBi call (the plain kernel's score_mods instantiation) runs the compact tile set even where
+// the full one fits: at hd 64 the compact 64 x 128 tile with one Q / dO stage, padded Q / dO and dQ reduced from
+// registers, against the full set's 128 x 128 (which spills 226 / 280 bytes with the score mods). H200, bf16, 32 heads,
+// two interleaved rounds, best TFLOP/s, 1k / 4k / 16k, compact against full (docs/perf_log.md, thirty-sixth session):
+// softcap 184 / 210 / 217 against 169 / 199 / 208, causal 134 / 183 / 204 against 113 / 161 / 184; ALiBi causal 138 /
+// 189 / 213 against 120 / 173 / 197, but non-causal ALiBi 199 / 230 / 238 against 194 / 236 / 249, so it keeps the
+// full set. The full set's 64 x 128 feature tile (bwd_score_mods_take_feature_tile) lost to the compact one on every
+// row. hd 128's compact tile (64 x 64) lost 17-35 %; hd 32 was not measured.
+constexpr int kBwdScoreModsCompactHeadDim = 64;
+__host__ __device__ constexpr bool bwd_score_mods_take_compact_tiles(int head_dim, bool masked, bool softcap) {
+  return head_dim == kBwdScoreModsCompactHeadDim && (masked || softcap);
 }
 
 // The tile of one instantiation: the plain kernel (features false), its softcap / ALiBi instantiation (score_mods) or

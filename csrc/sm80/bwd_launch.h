@@ -138,8 +138,8 @@ inline bool bwd_needs_feature_kernel(const BwdParams& params, int head_dim_bucke
   return bwd_call_has_features(params) && !bwd_plain_takes_features(params, head_dim_bucket);
 }
 
-// Whether a call runs the plain kernel's softcap / ALiBi instantiation, whose tile may differ from the plain one's
-// (bwd::bwd_score_mods_take_feature_tile).
+// Whether a call runs the plain kernel's softcap / ALiBi instantiation, whose tile and tile set may differ from the
+// plain one's (bwd::bwd_score_mods_take_feature_tile, bwd::bwd_score_mods_take_compact_tiles).
 inline bool bwd_runs_score_mods(const BwdParams& params, int head_dim_bucket) {
   return bwd_call_has_features(params) && bwd_plain_takes_features(params, head_dim_bucket);
 }
@@ -219,10 +219,11 @@ void run_bwd(const BwdParams& params, void* stream) {
   using bwd::BwdTiles;
   const AttentionShape& shape = params.fwd.shape;
   if (shape.batch == 0 || shape.nheads_q == 0) return;
-  // The full tiles run where the call's kernel fits, the compact ones elsewhere. A plain call may also run the full
-  // set's feature kernel where that has the plain kernel's key block (hd <= 64 on an A100: the plain kernel's 128-row
-  // tile needs 178 KB), not where the feature kernel has a smaller tile of its own (hd 128: 32 x 64): there a 99 KB
-  // GPU keeps the compact set's plain kernel for plain calls, as before that tile (not timed against each other).
+  // The full tiles run where the call's kernel fits, the compact ones elsewhere and for the softcap / ALiBi calls that
+  // bwd_score_mods_take_compact_tiles names. A plain call may also run the full set's feature kernel where that has the
+  // plain kernel's key block (hd <= 64 on an A100: the plain kernel's 128-row tile needs 178 KB), not where the feature
+  // kernel has a smaller tile of its own (hd 128: 32 x 64): there a 99 KB GPU keeps the compact set's plain kernel for
+  // plain calls, as before that tile (not timed against each other).
   const bool score_mods = bwd_runs_score_mods(params, kHeadDim);
   constexpr int kPlainFullSmem = bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kFull>::template bytes<T>();
   constexpr int kScoreModsFullSmem =
@@ -245,7 +246,9 @@ void run_bwd(const BwdParams& params, void* stream) {
   const unsigned batch = static_cast<unsigned>(shape.batch);
   const int64_t row_blocks = (shape.seqlen_q + bwd::kRowwiseRows - 1) / bwd::kRowwiseRows;
 
-  const bool full = smem_limit >= full_smem;
+  const bool compact_first = score_mods && bwd::bwd_score_mods_take_compact_tiles(
+                                                kHeadDim, kMask != MaskKind::kNone, params.fwd.softcap > 0.0);
+  const bool full = smem_limit >= full_smem && !compact_first;
   // Where the full tiles do not fit, the plain kernel's full tiles with one Q / dO stage (bwd_takes_one_stage_tiles),
   // for calls of its instantiations, before the compact ones.
   constexpr bool kOneStage = bwd::bwd_takes_one_stage_tiles(kHeadDim);
@@ -253,7 +256,7 @@ void run_bwd(const BwdParams& params, void* stream) {
       kOneStage ? bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kFullOneStage>::template bytes<T>() : 0;
   constexpr int kScoreModsOneStageSmem =
       kOneStage ? bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kFullOneStage, true>::template bytes<T>() : 0;
-  const bool one_stage = kOneStage && !full && !bwd_needs_feature_kernel(params, kHeadDim) &&
+  const bool one_stage = kOneStage && !full && !compact_first && !bwd_needs_feature_kernel(params, kHeadDim) &&
                          smem_limit >= (score_mods ? kScoreModsOneStageSmem : kPlainOneStageSmem);
   BwdMainChoice choice{};
   if (full) {
