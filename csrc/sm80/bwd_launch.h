@@ -230,8 +230,9 @@ void run_bwd(const BwdParams& params, void* stream) {
       bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kFull, true>::template bytes<T>();
   constexpr int kFeatureFullSmem = bwd::BwdSmem<kHeadDim, kMask, true, BwdTiles::kFull>::template bytes<T>();
   constexpr bool kFeatureKernelTakesPlainCalls =
+      bwd::bwd_feature_kernel_takes_plain_calls(kHeadDim) &&
       bwd::bwd_tile_config(kHeadDim, false, BwdTiles::kFull).block_n ==
-      bwd::bwd_tile_config(kHeadDim, true, BwdTiles::kFull).block_n;
+          bwd::bwd_tile_config(kHeadDim, true, BwdTiles::kFull).block_n;
   const int plain_full_smem = score_mods ? kScoreModsFullSmem : kPlainFullSmem;
   const int full_smem = bwd_needs_feature_kernel(params, kHeadDim) ? kFeatureFullSmem
                         : kFeatureKernelTakesPlainCalls ? std::min(plain_full_smem, kFeatureFullSmem)
