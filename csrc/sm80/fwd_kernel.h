@@ -477,11 +477,12 @@ template <typename KvLayout, int kHeadDim, int kBlockM, int kBlockN, int kThread
           KvPaging kPaging = KvPaging::kNone, typename T>
 __device__ __forceinline__ void load_prologue(const FwdParams& p, const FwdCta& cta, const FwdTiles<T>& tiles,
                                               bool loads_q = true) {
-  // Q's loads branch on whole tiles and keep fixed columns where K's and V's do (fwd_branches_whole_tiles,
-  // fwd_loads_fixed_columns).
+  // Q's loads branch on whole tiles and keep fixed or grouped columns where K's and V's do (fwd_branches_whole_tiles,
+  // fwd_loads_fixed_columns, fwd_loads_grouped_columns).
   using QChecked = std::conditional_t<KvLayout::kWholeTileBranch, WholeTileLoads<PaddedRows<kHeadDim>>,
                                       PaddedRows<kHeadDim>>;
-  using QLayout = std::conditional_t<KvLayout::kFixedColumnLoads, FixedColumnLoads<QChecked>, QChecked>;
+  using QFixed = std::conditional_t<KvLayout::kFixedColumnLoads, FixedColumnLoads<QChecked>, QChecked>;
+  using QLayout = std::conditional_t<KvLayout::kGroupedColumnLoads, GroupedColumnLoads<QChecked>, QFixed>;
   if (loads_q) {
     load_tile_async<kBlockM, kHeadDim, kThreads, QLayout>(tiles.s_q, tiles.q, p.q_strides.row, cta.seqlen_q - cta.m0,
                                                           cta.head_dim, cta.tid);
@@ -1269,9 +1270,11 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
   using CheckedLayout =
       std::conditional_t<fwd_branches_whole_tiles(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone),
                          WholeTileLoads<KvTiles>, KvTiles>;
-  using CpAsyncLayout =
+  using FixedLayout =
       std::conditional_t<fwd_loads_fixed_columns(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone, kLeanMods),
                          FixedColumnLoads<CheckedLayout>, CheckedLayout>;
+  using CpAsyncLayout = std::conditional_t<fwd_loads_grouped_columns(kHeadDim, kGeneral, kKind),
+                                           GroupedColumnLoads<CheckedLayout>, FixedLayout>;
   using KvLayout = std::conditional_t<kTma, SegmentSwizzledRows<kBlockN, kHeadDim>, CpAsyncLayout>;
   static_assert(kHeadDim % (2 * kMmaK) == 0 && kBlockN % (2 * kMmaK) == 0 && kStrips >= 1, "tile shape");
   static_assert(kStages >= 1 && kStages <= kMaxKvStages, "kv_stages");

@@ -230,6 +230,17 @@ FLASH_HOST_DEVICE constexpr bool fwd_loads_fixed_columns(int head_dim, bool gene
   return head_dim == kFixedColumnsUnmaskedHeadDim && !masked && !lean_mods;
 }
 
+// Whether the Q, K and V loads split each row's chunks into groups that divide the threads (kernel_common.h
+// GroupedColumnLoads; before the fixed-column form where both apply): at hd 96 every thread issues 6 copies of a
+// 64-row tile from one pointer, as FA2's loads do. A SASS liveness count of the plain hd 96 key loop
+// (tools/sass_liveness.py, thirty-sixth session) found 36 loop-invariant registers there against FA2's 11, most of
+// them per-copy load offsets and predicates, and 25 spilled values; its loop issues 7-8 integer instructions per
+// copy. Candidate: 96 (kGroupedColumnsHeadDim), not yet timed; 0: none.
+constexpr int kGroupedColumnsHeadDim = 0;
+FLASH_HOST_DEVICE constexpr bool fwd_loads_grouped_columns(int head_dim, bool general, FwdTileKind kind) {
+  return !general && !fwd_is_decode_kind(kind) && head_dim == kGroupedColumnsHeadDim;
+}
+
 // The general kernel takes 32-key tiles at head dims 192 and 224: with 64 keys ptxas spilled 304 / 328 bytes (hd 192)
 // and 520 / 580 (hd 224), with 32 none and 32 / 32 (O alone is 96 / 112 registers there). Head dims 160 (56 bytes) and
 // 256 (none) keep 64 keys, which halve the K/V tiles' barriers per key. Not yet timed.

@@ -103,6 +103,7 @@ struct PaddedRows {
   static constexpr bool kOpaqueLaneOffset = false;
   static constexpr bool kWholeTileBranch = false;
   static constexpr bool kFixedColumnLoads = false;
+  static constexpr bool kGroupedColumnLoads = false;
   static constexpr int kRowPeriod = 1;  // offset(row + kRowPeriod, col) == offset(row, col) + kRowPeriod * kStride
   static constexpr __host__ __device__ int offset(int row, int col) { return row * kStride + col; }
   static constexpr __host__ __device__ int lane_offset(int row_lane, int col_lane) {
@@ -131,6 +132,7 @@ struct SwizzledRows {
   static constexpr int kChunksPerSegment = kSegmentElems / kChunkElems;
   static constexpr bool kWholeTileBranch = false;
   static constexpr bool kFixedColumnLoads = false;
+  static constexpr bool kGroupedColumnLoads = false;
   static constexpr int kRowPeriod = kChunksPerSegment;  // the XOR pattern repeats every 8 rows
   static constexpr __host__ __device__ int offset(int row, int col) {
     return row * kCols + (col ^ ((row % kChunksPerSegment) * kChunkElems));
@@ -158,6 +160,7 @@ struct SegmentSwizzledRows {
   static constexpr int kChunksPerSegment = kSegmentElems / kChunkElems;
   static constexpr bool kWholeTileBranch = false;
   static constexpr bool kFixedColumnLoads = false;
+  static constexpr bool kGroupedColumnLoads = false;
   static constexpr int kRowPeriod = kChunksPerSegment;
   static constexpr __host__ __device__ int offset(int row, int col) {
     return (col / kSegmentElems) * kBlockElems + row * kSegmentElems +
@@ -202,6 +205,17 @@ struct WholeTileLoads : Layout {
 template <typename Layout>
 struct FixedColumnLoads : Layout {
   static constexpr bool kFixedColumnLoads = true;
+};
+
+// Layout whose cp.async tile loads (load_tile_async) split a row's 16-byte chunks into equal groups that divide the
+// threads (hd 96: 12 chunks as 3 groups of 4, so 128 threads cover 32 rows a step), as FA2 loads its 32-column blocks:
+// every thread issues the same number of copies (hd 96, 64 rows: 6), all from one source pointer and one row step
+// with constant group offsets. The fixed-column form leaves threads idle where the row's chunks do not divide them
+// (8 of 128 at hd 96, and 7 copies for some threads against 6), the generic one holds per-copy offsets across the
+// key loop. The forward takes it where fwd_tile_config.h fwd_loads_grouped_columns says so.
+template <typename Layout>
+struct GroupedColumnLoads : Layout {
+  static constexpr bool kGroupedColumnLoads = true;
 };
 
 // An empty asm that claims to change v: ptxas can no longer see where v came from or rematerialise it.
@@ -349,6 +363,53 @@ __device__ __forceinline__ void load_tile_fixed_columns(T* smem, const T* gmem, 
   }
 }
 
+// Chunks per column group of the grouped form: the largest power of two dividing both the row's chunks and the threads.
+template <int kHeadDim, int kThreads>
+constexpr int column_group_chunks() {
+  constexpr int kChunksPerRow = kHeadDim / kChunkElems;
+  int group = 1;
+  while (kChunksPerRow % (2 * group) == 0 && kThreads % (2 * group) == 0) group *= 2;
+  return group;
+}
+
+// Whether load_tile_grouped_columns serves a kRows x kHeadDim tile with kThreads threads: the layout asks for it and
+// each step of the threads covers whole rows that divide the tile.
+template <int kRows, int kHeadDim, int kThreads, typename Layout>
+constexpr bool loads_grouped_columns() {
+  constexpr int kGroup = column_group_chunks<kHeadDim, kThreads>();
+  return Layout::kGroupedColumnLoads && kGroup > 1 && kRows % (kThreads / kGroup) == 0;
+}
+
+// The grouped form of the cp.async tile loads (GroupedColumnLoads): thread tid keeps chunk tid % kGroup of every
+// group and walks rows tid / kGroup + i x kRowsPerIter. Rows past rows_valid and columns past head_dim point at gmem
+// (a real element) and read nothing.
+template <int kRows, int kHeadDim, int kThreads, typename Layout, typename T>
+__device__ __forceinline__ void load_tile_grouped_columns(T* smem, const T* gmem, int64_t row_stride, int rows_valid,
+                                                          int head_dim, int tid) {
+  static_assert(loads_grouped_columns<kRows, kHeadDim, kThreads, Layout>(), "groups that divide the threads");
+  static_assert(sizeof(T) * kChunkElems == ptx::kCpAsyncBytes, "one 16-byte copy per chunk");
+  constexpr int kGroup = column_group_chunks<kHeadDim, kThreads>();
+  constexpr int kGroupElems = kGroup * kChunkElems;
+  constexpr int kGroups = kHeadDim / kGroupElems;
+  constexpr int kRowsPerIter = kThreads / kGroup;
+  const int col0 = (tid % kGroup) * kChunkElems;
+  const int row0 = tid / kGroup;
+  const T* src = gmem + row0 * row_stride + col0;
+  const int64_t step = kRowsPerIter * row_stride;
+#pragma unroll
+  for (int i = 0; i < kRows / kRowsPerIter; ++i) {
+    const int row = row0 + i * kRowsPerIter;
+    const bool row_valid = row < rows_valid;
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      const int col = col0 + g * kGroupElems;
+      const bool valid = row_valid && col < head_dim;
+      ptx::cp_async_16(smem + Layout::offset(row, col), valid ? src + g * kGroupElems : gmem, valid);
+    }
+    src += step;
+  }
+}
+
 // Issues cp.async for a kRows x kHeadDim tile (laid out as Layout in shared memory). Rows at or beyond rows_valid
 // and columns at or beyond head_dim are zero-filled. Requires head_dim % 8 == 0, a row stride that is a multiple
 // of 8 and a 16-byte-aligned gmem (the API guarantees all three for CUDA calls).
@@ -358,6 +419,8 @@ __device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, int64_t 
   constexpr int kChunksPerRow = kHeadDim / kChunkElems;
   if constexpr (loads_whole_tiles<kRows, kHeadDim, kThreads, Layout>()) {
     load_tile_whole_first<kRows, kHeadDim, kThreads, Layout>(smem, gmem, row_stride, rows_valid, head_dim, tid);
+  } else if constexpr (loads_grouped_columns<kRows, kHeadDim, kThreads, Layout>()) {
+    load_tile_grouped_columns<kRows, kHeadDim, kThreads, Layout>(smem, gmem, row_stride, rows_valid, head_dim, tid);
   } else if constexpr (loads_fixed_columns<kHeadDim, kThreads, Layout>()) {
     load_tile_fixed_columns<kRows, kHeadDim, kThreads, Layout>(smem, gmem, row_stride, rows_valid, head_dim, tid);
   } else {
