@@ -382,7 +382,7 @@ constexpr bool loads_grouped_columns() {
 
 // The grouped form of the cp.async tile loads (GroupedColumnLoads): thread tid keeps chunk tid % kGroup of every
 // group and walks rows tid / kGroup + i x kRowsPerIter. Rows past rows_valid and columns past head_dim point at gmem
-// (a real element) and read nothing.
+// (a real element) and read nothing. With WholeTileLoads too, a whole tile goes without bounds.
 template <int kRows, int kHeadDim, int kThreads, typename Layout, typename T>
 __device__ __forceinline__ void load_tile_grouped_columns(T* smem, const T* gmem, int64_t row_stride, int rows_valid,
                                                           int head_dim, int tid) {
@@ -396,6 +396,20 @@ __device__ __forceinline__ void load_tile_grouped_columns(T* smem, const T* gmem
   const int row0 = tid / kGroup;
   const T* src = gmem + row0 * row_stride + col0;
   const int64_t step = kRowsPerIter * row_stride;
+  if constexpr (Layout::kWholeTileBranch) {  // a whole tile: no bounds, no address selects
+    if (rows_valid >= kRows && head_dim >= kHeadDim) {
+#pragma unroll
+      for (int i = 0; i < kRows / kRowsPerIter; ++i) {
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+          ptx::cp_async_16(smem + Layout::offset(row0 + i * kRowsPerIter, col0 + g * kGroupElems),
+                           src + g * kGroupElems, true);
+        }
+        src += step;
+      }
+      return;
+    }
+  }
 #pragma unroll
   for (int i = 0; i < kRows / kRowsPerIter; ++i) {
     const int row = row0 + i * kRowsPerIter;
