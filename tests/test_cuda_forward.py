@@ -20,8 +20,10 @@ from helpers import CaptureRngState, assert_close_fa, check_kvcache_cuda_matches
 HAS_CUDA = torch.cuda.is_available()
 pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 LOW = [torch.bfloat16, torch.float16]
-# 40, 120 and 200 run in a larger bucket's kernel with columns past head_dim (the whole-tile loads' bounded path).
-HEAD_DIMS = [32, 40, 64, 96, 120, 128, 160, 192, 200, 256]
+# 40, 72, 120, 144, 176 and 200 run in a larger bucket's kernel with columns past head_dim (the whole-tile loads'
+# bounded path; at 72 / 144 / 176 a column group of the grouped loads, kernel_common.h GroupedColumnLoads, partly past
+# it).
+HEAD_DIMS = [32, 40, 64, 72, 96, 120, 128, 144, 160, 176, 192, 200, 256]
 
 
 def _runs_sm90_code():
