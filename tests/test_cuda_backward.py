@@ -329,6 +329,20 @@ def test_compact_tiles_a100_class(head_dim, causal, monkeypatch):
     _run_and_check(q, k, v, dict(causal=causal), causal=causal)
 
 
+@pytest.mark.parametrize("case", ["softcap", "alibi", "alibi_causal"])
+def test_a100_class_score_mods_hd64(case, monkeypatch):
+    """hd 64 softcap / ALiBi calls under an A100's shared memory, where the full set's 128-row kernel does not fit:
+    the compact set (causal, softcap) or the feature kernel (bwd_launch.h run_bwd) takes them."""
+    _require(torch.bfloat16, 64)
+    monkeypatch.setenv(SMEM_LIMIT_ENV, str(A100_SMEM))
+    kwargs = {"softcap": dict(softcap=4.0), "alibi": dict(alibi=True), "alibi_causal": dict(alibi=True, causal=True)}
+    kwargs = dict(kwargs[case])
+    q, k, v = _qkv(2, 150, 211, 4, 2, 64, torch.bfloat16)
+    if kwargs.pop("alibi", False):
+        kwargs["alibi_slopes"] = torch.rand(2, 4, device="cuda") * 0.5 + 0.05
+    _run_and_check(q, k, v, kwargs, **kwargs)
+
+
 COMPACT_FEATURES = {
     "softcap_hd128": (128, dict(softcap=5.0, causal=True)),
     "alibi_hd256": (256, dict(alibi=True)),
