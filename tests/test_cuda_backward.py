@@ -330,6 +330,7 @@ def test_compact_tiles_a100_class(head_dim, causal, monkeypatch):
 
 
 @pytest.mark.parametrize("case", ["softcap", "alibi", "alibi_causal"])
+@pytest.mark.usefixtures("portable_kernels")
 def test_a100_class_score_mods_hd64(case, monkeypatch):
     """hd 64 softcap / ALiBi calls under an A100's shared memory, where the full set's 128-row kernel does not fit:
     the compact set (causal, softcap) or the feature kernel (bwd_launch.h run_bwd) takes them."""
