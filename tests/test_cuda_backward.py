@@ -422,6 +422,14 @@ def _backward_kernel_names(fn):
     return [event.name for event in prof.events() if "bwd_kernel" in event.name]
 
 
+def _require_full_tiles(monkeypatch, head_dim):
+    """No shared-memory limit, on a GPU whose shared memory holds the full tiles (Hopper-class, 227 KB per block)."""
+    monkeypatch.delenv(SMEM_LIMIT_ENV, raising=False)
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    if getattr(props, "shared_memory_per_block_optin", 0) < 200 * 1024:
+        pytest.skip(f"the full hd {head_dim} tiles need a Hopper-class GPU (227 KB of shared memory per block)")
+
+
 @pytest.mark.parametrize("limit,tiles", [(SM86_SMEM, "compact"), (A100_SMEM, "one_stage"), (None, "full")])
 @pytest.mark.usefixtures("portable_kernels")
 def test_tiles_selected(limit, tiles, monkeypatch):
@@ -429,10 +437,7 @@ def test_tiles_selected(limit, tiles, monkeypatch):
     full tiles on the real (Hopper-class) device."""
     _require(torch.bfloat16, 128)
     if limit is None:
-        monkeypatch.delenv(SMEM_LIMIT_ENV, raising=False)
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        if getattr(props, "shared_memory_per_block_optin", 0) < 200 * 1024:
-            pytest.skip("the full hd 128 tiles need a Hopper-class GPU (227 KB of shared memory per block)")
+        _require_full_tiles(monkeypatch, 128)
     else:
         monkeypatch.setenv(SMEM_LIMIT_ENV, str(limit))
     q, k, v = _qkv(1, 128, 128, 2, 2, 128, torch.bfloat16)
@@ -455,10 +460,7 @@ SCORE_MODS_TILES = {
 @pytest.mark.usefixtures("portable_kernels")
 def test_score_mods_tiles_selected(case, monkeypatch):
     _require(torch.bfloat16, 64)
-    monkeypatch.delenv(SMEM_LIMIT_ENV, raising=False)
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    if getattr(props, "shared_memory_per_block_optin", 0) < 200 * 1024:
-        pytest.skip("the full hd 64 tiles need a Hopper-class GPU (227 KB of shared memory per block)")
+    _require_full_tiles(monkeypatch, 64)
     kwargs, tiles = SCORE_MODS_TILES[case]
     kwargs = dict(kwargs)
     q, k, v = _qkv(2, 131, 200, 4, 2, 64, torch.bfloat16)
