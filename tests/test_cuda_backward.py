@@ -298,7 +298,8 @@ def test_64bit_offsets():
 # ---- compact tiles (sm80/bwd_common.h): the kernels GPUs with less shared memory than Hopper run ----
 # FLASH_ATTN_BWD_SMEM_LIMIT makes the launcher assume at most this many bytes of shared memory per block, so a
 # Hopper GPU runs what an sm86/sm89 GPU (99 KB: compact tiles at every head dim) or an A100 (163 KB: the full tiles
-# with one Q / dO stage for plain calls at head dims 128, 192, 224, 256; the full ones, which fit, elsewhere) would.
+# with one Q / dO stage for plain calls at head dims 64, 96, 128, 192, 224, 256; the full ones, which fit, elsewhere)
+# would, with the sm90 code's dQ staging counted.
 SMEM_LIMIT_ENV = "FLASH_ATTN_BWD_SMEM_LIMIT"
 SM86_SMEM = 101376
 A100_SMEM = 166912
@@ -333,7 +334,7 @@ def test_compact_tiles_a100_class(head_dim, causal, monkeypatch):
 @pytest.mark.usefixtures("portable_kernels")
 def test_a100_class_score_mods_hd64(case, monkeypatch):
     """hd 64 softcap / ALiBi calls under an A100's shared memory, where the full set's 128-row kernel does not fit:
-    the compact set (causal, softcap) or the feature kernel (bwd_launch.h run_bwd) takes them."""
+    the compact set (causal, softcap) or the one-stage one (bwd_launch.h run_bwd) takes them."""
     _require(torch.bfloat16, 64)
     monkeypatch.setenv(SMEM_LIMIT_ENV, str(A100_SMEM))
     kwargs = {"softcap": dict(softcap=4.0), "alibi": dict(alibi=True), "alibi_causal": dict(alibi=True, causal=True)}
@@ -430,18 +431,38 @@ def _require_full_tiles(monkeypatch, head_dim):
         pytest.skip(f"the full hd {head_dim} tiles need a Hopper-class GPU (227 KB of shared memory per block)")
 
 
-@pytest.mark.parametrize("limit,tiles", [(SM86_SMEM, "compact"), (A100_SMEM, "one_stage"), (None, "full")])
+# The tile set a limit picks: (head dim, limit, call, tiles where the kernels stage dQ (sm90 code), tiles elsewhere).
+# Without the staging (below sm90) the plain hd 96 full tile (141 KB) fits an A100 and the hd 32 one-stage tile (95 KB)
+# an sm86 GPU. Plain and softcap / ALiBi calls never fall to the feature kernel, whose full tiles fit where the plain
+# ones do not (hd 32 / 64 / 96; bwd_launch.h run_bwd): under these limits it would show the full set's mark.
+TILES_SELECTED = {
+    "hd128_sm86": (128, SM86_SMEM, dict(causal=True), "compact", "compact"),
+    "hd128_a100": (128, A100_SMEM, dict(causal=True), "one_stage", "one_stage"),
+    "hd128_full": (128, None, dict(causal=True), "full", "full"),
+    "hd64_a100": (64, A100_SMEM, dict(causal=True), "one_stage", "one_stage"),
+    "hd64_a100_alibi": (64, A100_SMEM, dict(alibi=True), "one_stage", "one_stage"),
+    "hd96_a100_softcap": (96, A100_SMEM, dict(softcap=5.0, causal=True), "one_stage", "full"),
+    "hd32_sm86_alibi": (32, SM86_SMEM, dict(alibi=True, causal=True), "compact", "one_stage"),
+}
+
+
+@pytest.mark.parametrize("case", list(TILES_SELECTED))
 @pytest.mark.usefixtures("portable_kernels")
-def test_tiles_selected(limit, tiles, monkeypatch):
-    """The limit picks the tile set at hd 128: compact under 99 KB, one-stage full tiles under an A100's 163 KB, the
-    full tiles on the real (Hopper-class) device."""
-    _require(torch.bfloat16, 128)
+def test_tiles_selected(case, monkeypatch):
+    """The limit picks the tile set: compact under 99 KB, one-stage full tiles under an A100's 163 KB where the full
+    ones do not fit, the full tiles on the real (Hopper-class) device."""
+    head_dim, limit, kwargs, staged_tiles, unstaged_tiles = TILES_SELECTED[case]
+    kwargs = dict(kwargs)
+    _require(torch.bfloat16, head_dim)
     if limit is None:
-        _require_full_tiles(monkeypatch, 128)
+        _require_full_tiles(monkeypatch, head_dim)
     else:
         monkeypatch.setenv(SMEM_LIMIT_ENV, str(limit))
-    q, k, v = _qkv(1, 128, 128, 2, 2, 128, torch.bfloat16)
-    out = flash_attn_func(q, k, v, causal=True)
+    tiles = staged_tiles if torch.cuda.get_device_capability() >= (9, 0) else unstaged_tiles
+    q, k, v = _qkv(1, 128, 128, 2, 2, head_dim, torch.bfloat16)
+    if kwargs.pop("alibi", False):
+        kwargs["alibi_slopes"] = torch.rand(1, 2, device="cuda") * 0.5 + 0.05
+    out = flash_attn_func(q, k, v, **kwargs)
     names = _backward_kernel_names(lambda: out.backward(torch.ones_like(out)))
     assert names, "no backward main kernel seen by the profiler"
     assert all(any(mark in name for mark in TILE_KERNEL_MARKS[tiles]) for name in names), names

@@ -263,19 +263,6 @@ __host__ __device__ constexpr bool bwd_takes_one_stage_tiles(int head_dim) {
   return kBwdOneStageTiles;
 }
 
-// Whether a plain call (or one of the plain kernel's softcap / ALiBi calls) that the full set's plain kernel does not
-// fit runs the full set's feature kernel where that has the same key block (hd <= 64 on an A100: the 128-row plain tile
-// needs 178 KB, the 64-row feature tile fits), rather than the one-stage or compact tiles. Under
-// FLASH_ATTN_BWD_SMEM_LIMIT=166912 at hd 64 (H200, bf16, 1k / 4k / 16k TFLOP/s, thirty-sixth session) the feature
-// kernel ran plain causal calls at 102 / 189 / 245 and non-causal ALiBi at 70 / 76 / 78, where the compact set's
-// kernels ran 157 / 221 / 250 and 197 / 230 / 238 (under the 99 KB limit: the same kernels); plain non-causal was level
-// (206 / 240 / 251 against 210 / 245 / 256). Candidate: not at hd 64 (kBwdPlainCallsSkipFeatureKernelHeadDim = 64),
-// then the one-stage 128-row set (143 KB, bwd_takes_one_stage_tiles) timed against the compact one.
-constexpr int kBwdPlainCallsSkipFeatureKernelHeadDim = 0;
-__host__ __device__ constexpr bool bwd_feature_kernel_takes_plain_calls(int head_dim) {
-  return head_dim != kBwdPlainCallsSkipFeatureKernelHeadDim;
-}
-
 // Whether softcap / ALiBi calls (no bias, dropout or dbias) run in an instantiation of the plain kernel (its tiles,
 // swizzled Q / dO, staged dQ; the scores' transform one uniform branch per block) instead of the feature kernel, whose
 // tiles leave room for the bias, dropout and dbias state (hd 128: 32 x 64 against the plain 64 x 128). The element

@@ -145,12 +145,11 @@ inline bool bwd_runs_score_mods(const BwdParams& params, int head_dim_bucket) {
 }
 
 template <typename T, int kHeadDim, MaskKind kMask, bwd::BwdTiles kTiles>
-BwdMainChoice choose_main(const BwdParams& params, int smem_limit) {
+BwdMainChoice choose_main(const BwdParams& params) {
   const bool features = bwd_needs_feature_kernel(params, kHeadDim);
   const bool score_mods = bwd_runs_score_mods(params, kHeadDim);
-  // Where the plain kernel needs more shared memory than the feature kernel (full tiles, 128-row blocks at
-  // head dim <= 64: 178 KB, above the 163 KB of an A100), devices without it run the feature kernel, which is
-  // also correct for plain calls.
+  // run_bwd picks a tile set whose kernel for this call fits the device (a plain call never falls to the feature
+  // kernel for shared memory).
   using PlainSmem = bwd::BwdSmem<kHeadDim, kMask, false, kTiles>;
   using ScoreModsSmem = bwd::BwdSmem<kHeadDim, kMask, false, kTiles, true>;
   using FeatureSmem = bwd::BwdSmem<kHeadDim, kMask, true, kTiles>;
@@ -158,10 +157,9 @@ BwdMainChoice choose_main(const BwdParams& params, int smem_limit) {
   const int plain_smem = score_mods ? ScoreModsSmem::template bytes_on_device<T>(bulk_device)
                                     : PlainSmem::template bytes_on_device<T>(bulk_device);
   const int feature_smem = FeatureSmem::template bytes_on_device<T>(bulk_device);
-  const bool plain_fits = plain_smem <= feature_smem || plain_smem <= smem_limit;
   // A plain kernel that stages dQ on an sm90 device needs the accumulator's map in calls that are not
   // deterministic; without one (a driver without the encoder, a row count past int) the feature kernel runs the call.
-  BwdMainChoice choice{!features && plain_fits, false, false, TensorMapArg{}, 0, DqLayout::kRows};
+  BwdMainChoice choice{!features, false, false, TensorMapArg{}, 0, DqLayout::kRows};
   const bool stages_dq = score_mods ? ScoreModsSmem::kStagesDq : PlainSmem::kStagesDq;
   if (choice.plain && stages_dq && bulk_device && !params.deterministic) {
     choice.map = score_mods ? dq_accumulator_map<kHeadDim, kMask, false, kTiles, true>(params)
@@ -220,23 +218,22 @@ void run_bwd(const BwdParams& params, void* stream) {
   const AttentionShape& shape = params.fwd.shape;
   if (shape.batch == 0 || shape.nheads_q == 0) return;
   // The full tiles run where the call's kernel fits, the compact ones elsewhere and for the softcap / ALiBi calls that
-  // bwd_score_mods_take_compact_tiles names. A plain call may also run the full set's feature kernel where that has the
-  // plain kernel's key block (hd <= 64 on an A100: the plain kernel's 128-row tile needs 178 KB), not where the feature
-  // kernel has a smaller tile of its own (hd 128: 32 x 64): there a 99 KB GPU keeps the compact set's plain kernel for
-  // plain calls, as before that tile (not timed against each other).
+  // bwd_score_mods_take_compact_tiles names. A plain call never runs the feature kernel, even where only that one of
+  // the full set fits: under an A100's limit (FLASH_ATTN_BWD_SMEM_LIMIT=166912; hd 64 / 96 plain full tiles need 215 /
+  // 169 KB, the feature ones 112 / 144) the one-stage tiles ran hd 64 causal 164 / 238 / 277 TFLOP/s at 1k / 4k / 16k
+  // against the feature kernel's 103 / 192 / 244, non-causal ALiBi 200-246 against 70-78, hd 96 causal softcap 154 /
+  // 215 / 238 against 49 / 74 / 93; under 99 KB the compact tiles ran hd 32 ALiBi 139-170 against 42-44 (H200, bf16,
+  // thirty-seventh session, docs/perf_log.md).
+  // The sizes are those of the device's code (BwdSmem::bytes_on_device): below sm90 no dQ staging, so an A100 keeps
+  // the plain full tile at hd 96 (141 KB).
   const bool score_mods = bwd_runs_score_mods(params, kHeadDim);
-  constexpr int kPlainFullSmem = bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kFull>::template bytes<T>();
-  constexpr int kScoreModsFullSmem =
-      bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kFull, true>::template bytes<T>();
-  constexpr int kFeatureFullSmem = bwd::BwdSmem<kHeadDim, kMask, true, BwdTiles::kFull>::template bytes<T>();
-  constexpr bool kFeatureKernelTakesPlainCalls =
-      bwd::bwd_feature_kernel_takes_plain_calls(kHeadDim) &&
-      bwd::bwd_tile_config(kHeadDim, false, BwdTiles::kFull).block_n ==
-          bwd::bwd_tile_config(kHeadDim, true, BwdTiles::kFull).block_n;
-  const int plain_full_smem = score_mods ? kScoreModsFullSmem : kPlainFullSmem;
-  const int full_smem = bwd_needs_feature_kernel(params, kHeadDim) ? kFeatureFullSmem
-                        : kFeatureKernelTakesPlainCalls ? std::min(plain_full_smem, kFeatureFullSmem)
-                                                        : plain_full_smem;
+  const bool feature_kernel = bwd_needs_feature_kernel(params, kHeadDim);
+  const bool bulk_device = device_reduces_in_bulk();
+  const int full_smem =
+      feature_kernel ? bwd::BwdSmem<kHeadDim, kMask, true, BwdTiles::kFull>::template bytes_on_device<T>(bulk_device)
+      : score_mods
+          ? bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kFull, true>::template bytes_on_device<T>(bulk_device)
+          : bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kFull>::template bytes_on_device<T>(bulk_device);
   constexpr int kCompactSmem = std::max(bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kCompact>::template bytes<T>(),
                                         bwd::BwdSmem<kHeadDim, kMask, true, BwdTiles::kCompact>::template bytes<T>());
   static_assert(kCompactSmem <= bwd::kBwdCompactSmemBudget, "compact tiles fit every sm80+ GPU");
@@ -253,19 +250,19 @@ void run_bwd(const BwdParams& params, void* stream) {
   // Where the full tiles do not fit, the plain kernel's full tiles with one Q / dO stage (bwd_takes_one_stage_tiles),
   // for calls of its instantiations, before the compact ones.
   constexpr bool kOneStage = bwd::bwd_takes_one_stage_tiles(kHeadDim);
-  constexpr int kPlainOneStageSmem =
-      kOneStage ? bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kFullOneStage>::template bytes<T>() : 0;
-  constexpr int kScoreModsOneStageSmem =
-      kOneStage ? bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kFullOneStage, true>::template bytes<T>() : 0;
-  const bool one_stage = kOneStage && !full && !compact_first && !bwd_needs_feature_kernel(params, kHeadDim) &&
-                         smem_limit >= (score_mods ? kScoreModsOneStageSmem : kPlainOneStageSmem);
+  const int one_stage_smem =
+      score_mods
+          ? bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kFullOneStage, true>::template bytes_on_device<T>(bulk_device)
+          : bwd::BwdSmem<kHeadDim, kMask, false, BwdTiles::kFullOneStage>::template bytes_on_device<T>(bulk_device);
+  const bool one_stage =
+      kOneStage && !full && !compact_first && !feature_kernel && smem_limit >= one_stage_smem;
   BwdMainChoice choice{};
   if (full) {
-    choice = choose_main<T, kHeadDim, kMask, BwdTiles::kFull>(params, smem_limit);
+    choice = choose_main<T, kHeadDim, kMask, BwdTiles::kFull>(params);
   } else if (one_stage) {
-    if constexpr (kOneStage) choice = choose_main<T, kHeadDim, kMask, BwdTiles::kFullOneStage>(params, smem_limit);
+    if constexpr (kOneStage) choice = choose_main<T, kHeadDim, kMask, BwdTiles::kFullOneStage>(params);
   } else {
-    choice = choose_main<T, kHeadDim, kMask, BwdTiles::kCompact>(params, smem_limit);
+    choice = choose_main<T, kHeadDim, kMask, BwdTiles::kCompact>(params);
   }
   if (row_blocks > 0) {
     bwd::bwd_preprocess_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch),
