@@ -713,10 +713,11 @@ __device__ __forceinline__ void compute_scores(ptx::MmaC (&sc)[kStrips][kNTiles]
   if constexpr (fwd_prefetches_score_fragments(kHeadDim, kStrips)) {
     // Fragments of step kk + 1 load while the MMAs of step kk issue (two register sets, named by kk % 2).
     uint32_t kb[2][kNTiles / 2][4];
-    ptx::MmaA qa[2];
+    ptx::MmaA qa[2][kStrips];
     const T* q_row = s_q + (warp * kMmaM + lane % 16) * kStride + (lane / 16) * 8;
     auto load_step = [&](int kk, int buf) {
-      ptx::ldmatrix_x4(qa[buf].reg, q_row + kk * kMmaK);
+#pragma unroll
+      for (int s = 0; s < kStrips; ++s) ptx::ldmatrix_x4(qa[buf][s].reg, q_row + s * kStripStride * kStride + kk * kMmaK);
 #pragma unroll
       for (int np = 0; np < kNTiles / 2; ++np) load_k_pair(kb[buf][np], np, kk);
     };
@@ -728,8 +729,11 @@ __device__ __forceinline__ void compute_scores(ptx::MmaC (&sc)[kStrips][kNTiles]
       for (int np = 0; np < kNTiles / 2; ++np) {
         const ptx::MmaB b0{{kb[kk % 2][np][0], kb[kk % 2][np][1]}};
         const ptx::MmaB b1{{kb[kk % 2][np][2], kb[kk % 2][np][3]}};
-        ptx::mma_m16n8k16(sc[0][2 * np], qa[kk % 2], b0, zero);
-        ptx::mma_m16n8k16(sc[0][2 * np + 1], qa[kk % 2], b1, zero);
+#pragma unroll
+        for (int s = 0; s < kStrips; ++s) {
+          ptx::mma_m16n8k16(sc[s][2 * np], qa[kk % 2][s], b0, zero);
+          ptx::mma_m16n8k16(sc[s][2 * np + 1], qa[kk % 2][s], b1, zero);
+        }
       }
     }
   } else {
@@ -825,42 +829,70 @@ __device__ __forceinline__ void transform_scores(ptx::MmaC (&sc)[kStrips][kNTile
 }
 
 // Online softmax: new running max, rescale of the running sum and O, then P = 2^(x * x_scale - max).
+// fwd_softmax_reduces_rows_together: every row's tile max and its two shuffles issue before any row's rescale.
 template <int kStrips, int kNTiles, int kDTiles>
 __device__ __forceinline__ void online_softmax(ptx::MmaC (&sc)[kStrips][kNTiles], ptx::MmaC (&acc)[kStrips][kDTiles],
                                                float (&row_max)[kStrips][2], float (&row_sum)[kStrips][2],
                                                float x_scale) {
+  auto thread_max = [&](int s, int r) {
+    float tile_max = -INFINITY;
 #pragma unroll
-  for (int s = 0; s < kStrips; ++s) {
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      tile_max = fmaxf(tile_max, fmaxf(sc[s][nt].reg[2 * r], sc[s][nt].reg[2 * r + 1]));
+    }
+    return tile_max;
+  };
+  auto quad_max = [](float tile_max, int lanes) {
+    return fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, lanes));
+  };
+  auto finish_row = [&](int s, int r, float tile_max) {
+    const float new_max = fmaxf(row_max[s][r], tile_max * x_scale);
+    const float shift = new_max == -INFINITY ? 0.f : new_max;
+    const float rescale = exp2f(row_max[s][r] - shift);
+    row_max[s][r] = new_max;
+    row_sum[s][r] *= rescale;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float tile_max = -INFINITY;
+    for (int dt = 0; dt < kDTiles; ++dt) {
+      acc[s][dt].reg[2 * r] *= rescale;
+      acc[s][dt].reg[2 * r + 1] *= rescale;
+    }
+    float sum = 0.f;
 #pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) {
-        tile_max = fmaxf(tile_max, fmaxf(sc[s][nt].reg[2 * r], sc[s][nt].reg[2 * r + 1]));
+    for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float prob = exp2f(fmaf(sc[s][nt].reg[2 * r + c], x_scale, -shift));
+        sum += prob;
+        sc[s][nt].reg[2 * r + c] = prob;
       }
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float new_max = fmaxf(row_max[s][r], tile_max * x_scale);
-      const float shift = new_max == -INFINITY ? 0.f : new_max;
-      const float rescale = exp2f(row_max[s][r] - shift);
-      row_max[s][r] = new_max;
-      row_sum[s][r] *= rescale;
+    }
+    row_sum[s][r] += sum;
+  };
+  if constexpr (fwd_softmax_reduces_rows_together(kDTiles * kMmaN)) {
+    float tile_max[kStrips][2];
 #pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt) {
-        acc[s][dt].reg[2 * r] *= rescale;
-        acc[s][dt].reg[2 * r + 1] *= rescale;
+    for (int s = 0; s < kStrips; ++s) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) tile_max[s][r] = thread_max(s, r);
+    }
+#pragma unroll
+    for (int lanes = 1; lanes <= 2; lanes *= 2) {
+#pragma unroll
+      for (int s = 0; s < kStrips; ++s) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) tile_max[s][r] = quad_max(tile_max[s][r], lanes);
       }
-      float sum = 0.f;
+    }
 #pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) {
+    for (int s = 0; s < kStrips; ++s) {
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float prob = exp2f(fmaf(sc[s][nt].reg[2 * r + c], x_scale, -shift));
-          sum += prob;
-          sc[s][nt].reg[2 * r + c] = prob;
-        }
-      }
-      row_sum[s][r] += sum;
+      for (int r = 0; r < 2; ++r) finish_row(s, r, tile_max[s][r]);
+    }
+  } else {
+#pragma unroll
+    for (int s = 0; s < kStrips; ++s) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) finish_row(s, r, quad_max(quad_max(thread_max(s, r), 1), 2));
     }
   }
 }

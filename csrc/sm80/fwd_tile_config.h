@@ -111,8 +111,22 @@ FLASH_HOST_DEVICE constexpr bool fwd_waits_v_before_softmax(int head_dim, bool m
 // stalls at 512 tokens, mostly on those MMAs (FA2: 26 %). The explicit order keeps eight MMAs between a fragment's
 // load and its use at the same register count (251 against 255, no spill). At head dim 192 it spilled more (wide
 // tile 20 -> 44 bytes), so it is limited to 256. `strips`: 16-row strips per warp.
+// The same pattern at head dim 96 (two strips per warp; ncu of the plain 4k call, thirty-seventh session): the S
+// GEMM's MMAs read the B fragment register just reloaded (`HMMA R4, R176, R172, R4` three times in a row), short
+// scoreboard 0.59-0.72 warps per issue against FA2's 0.22, IPC 1.47-1.61 against 1.95 at fewer instructions (576-612 M
+// against 696 M). Candidate: 96 (kPrefetchTwoStripsHeadDim), not yet timed; 0: none.
+constexpr int kPrefetchTwoStripsHeadDim = 0;
 FLASH_HOST_DEVICE constexpr bool fwd_prefetches_score_fragments(int head_dim, int strips) {
-  return head_dim == 256 && strips == 1;
+  return (head_dim == 256 && strips == 1) || (head_dim == kPrefetchTwoStripsHeadDim && strips == 2);
+}
+
+// Whether the online softmax issues every row's tile max and its two quad shuffles before any row's rescale and
+// exponentials (fwd_kernel.h online_softmax) rather than row by row. ncu of the plain hd 96 4k call with grouped loads
+// (thirty-seventh session) put 1-1.5 % of the samples on each FMNMX of the row-max chain, stalled on the shuffle
+// before it. Candidate: 96 (kSoftmaxRowsTogetherHeadDim), not yet timed; 0: none.
+constexpr int kSoftmaxRowsTogetherHeadDim = 0;
+FLASH_HOST_DEVICE constexpr bool fwd_softmax_reduces_rows_together(int head_dim) {
+  return head_dim == kSoftmaxRowsTogetherHeadDim;
 }
 
 // Whether a one-stage kernel issues V of its first key tile in the prologue, beside Q and K, rather than after K
