@@ -26,8 +26,8 @@ VECTOR_WIDTHS = {".64": 2, ".128": 4}
 def operand_width(op: str, index: int, count: int) -> int:
     if op.startswith("HMMA") and index < len(HMMA_WIDTHS):
         return HMMA_WIDTHS[index]
-    if op.startswith("LDSM") and index == 0:
-        return 4 if ".X4" in op.upper() else 2 if ".X2" in op.upper() else 1
+    if op.startswith("LDSM") and index == 0:  # cuobjdump spells ldmatrix .x4 / .x2 as LDSM.16.M88.4 / .2
+        return 4 if op.endswith(".4") else 2 if op.endswith(".2") else 1
     for suffix, width in VECTOR_WIDTHS.items():
         if suffix in op and ((op.startswith("LD") and index == 0) or (op.startswith("ST") and index == count - 1)):
             return width

@@ -56,9 +56,13 @@ def hottest_loop(code: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]
         return sum(lo <= a <= hi and o.startswith(MATRIX_OPS) for a, o, _ in code)
 
     def crosses_shorter(lo: int, hi: int) -> bool:
-        """Overlaps a shorter loop without holding it: an out-of-line retry path (e.g. an mbarrier wait's, placed
-        after the kernel's body) branching back into a loop, not a loop of its own."""
-        return any((a < lo <= b < hi or lo < a <= hi < b) and b - a < hi - lo for a, b in loops)
+        """Overlaps a shorter loop without matrix instructions and without holding it: an out-of-line retry path (e.g.
+        an mbarrier wait's, placed after the kernel's body) branching back into a loop, not a loop of its own. A
+        shorter crossing loop with matrix instructions is a rotated loop's entry: FA2's hd 96 forward enters its
+        979-instruction key loop through a 238-instruction one whose back edge rarely runs (ncu execution counts,
+        thirty-seventh session), and excluding the long loop picked the short one."""
+        return any((a < lo <= b < hi or lo < a <= hi < b) and b - a < hi - lo and matrix_ops(a, b) == 0
+                   for a, b in loops)
 
     with_mma = [(lo, hi) for lo, hi in loops if matrix_ops(lo, hi) > 0 and not crosses_shorter(lo, hi)]
     innermost = [(lo, hi) for lo, hi in with_mma
