@@ -144,8 +144,9 @@ inline bool bwd_runs_score_mods(const BwdParams& params, int head_dim_bucket) {
   return bwd_call_has_features(params) && bwd_plain_takes_features(params, head_dim_bucket);
 }
 
+// The main kernel of one tile set for this call (bulk_device: device_reduces_in_bulk(), asked once per call by run_bwd).
 template <typename T, int kHeadDim, MaskKind kMask, bwd::BwdTiles kTiles>
-BwdMainChoice choose_main(const BwdParams& params) {
+BwdMainChoice choose_main(const BwdParams& params, bool bulk_device) {
   const bool features = bwd_needs_feature_kernel(params, kHeadDim);
   const bool score_mods = bwd_runs_score_mods(params, kHeadDim);
   // run_bwd picks a tile set whose kernel for this call fits the device (a plain call never falls to the feature
@@ -153,7 +154,6 @@ BwdMainChoice choose_main(const BwdParams& params) {
   using PlainSmem = bwd::BwdSmem<kHeadDim, kMask, false, kTiles>;
   using ScoreModsSmem = bwd::BwdSmem<kHeadDim, kMask, false, kTiles, true>;
   using FeatureSmem = bwd::BwdSmem<kHeadDim, kMask, true, kTiles>;
-  const bool bulk_device = device_reduces_in_bulk();
   const int plain_smem = score_mods ? ScoreModsSmem::template bytes_on_device<T>(bulk_device)
                                     : PlainSmem::template bytes_on_device<T>(bulk_device);
   const int feature_smem = FeatureSmem::template bytes_on_device<T>(bulk_device);
@@ -163,7 +163,7 @@ BwdMainChoice choose_main(const BwdParams& params) {
   const bool stages_dq = score_mods ? ScoreModsSmem::kStagesDq : PlainSmem::kStagesDq;
   if (choice.plain && stages_dq && bulk_device && !params.deterministic) {
     choice.map = score_mods ? dq_accumulator_map<kHeadDim, kMask, false, kTiles, true>(params)
-                            : dq_accumulator_map<kHeadDim, kMask, false, kTiles>(params);
+                            : dq_accumulator_map<kHeadDim, kMask, false, kTiles>(params, bulk_device);
     choice.plain = choice.map.enabled;
   }
   choice.score_mods = choice.plain && score_mods;
@@ -258,11 +258,11 @@ void run_bwd(const BwdParams& params, void* stream) {
       kOneStage && !full && !compact_first && !feature_kernel && smem_limit >= one_stage_smem;
   BwdMainChoice choice{};
   if (full) {
-    choice = choose_main<T, kHeadDim, kMask, BwdTiles::kFull>(params);
+    choice = choose_main<T, kHeadDim, kMask, BwdTiles::kFull>(params, bulk_device);
   } else if (one_stage) {
-    if constexpr (kOneStage) choice = choose_main<T, kHeadDim, kMask, BwdTiles::kFullOneStage>(params);
+    if constexpr (kOneStage) choice = choose_main<T, kHeadDim, kMask, BwdTiles::kFullOneStage>(params, bulk_device);
   } else {
-    choice = choose_main<T, kHeadDim, kMask, BwdTiles::kCompact>(params);
+    choice = choose_main<T, kHeadDim, kMask, BwdTiles::kCompact>(params, bulk_device);
   }
   if (row_blocks > 0) {
     bwd::bwd_preprocess_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch),
