@@ -163,7 +163,7 @@ BwdMainChoice choose_main(const BwdParams& params, bool bulk_device) {
   const bool stages_dq = score_mods ? ScoreModsSmem::kStagesDq : PlainSmem::kStagesDq;
   if (choice.plain && stages_dq && bulk_device && !params.deterministic) {
     choice.map = score_mods ? dq_accumulator_map<kHeadDim, kMask, false, kTiles, true>(params)
-                            : dq_accumulator_map<kHeadDim, kMask, false, kTiles>(params, bulk_device);
+                            : dq_accumulator_map<kHeadDim, kMask, false, kTiles>(params);
     choice.plain = choice.map.enabled;
   }
   choice.score_mods = choice.plain && score_mods;
