@@ -5,7 +5,9 @@
 # timed eager (a small batch's decode is bound by the host's launch work there) and, with --graph, replayed from a
 # CUDA graph as serving engines run decode (the device time alone). Prints microseconds and TB/s of K+V read; checks
 # every cache call against flash_attn_func; writes a JSON of the rows. --num-splits adds the cache call with each given
-# num_splits (kvcache_s<n>), to time the split-KV policy against fixed split counts in one run.
+# num_splits (kvcache_s<n>), to time the split-KV policy against fixed split counts in one run. --query-len N times
+# chunked-prefill calls instead (N new queries per sequence over the cache, non-causal so that SDPA's peers run the
+# same call), with TFLOP/s beside the bandwidth.
 import argparse
 import json
 import warnings
@@ -116,6 +118,8 @@ def run(argv=None) -> list:
     parser.add_argument("--headdim", type=int, default=ba.DECODE_HEADDIM,
                         help=f"head dim of q, k and v (default BENCHMARKS.md's {ba.DECODE_HEADDIM}; e.g. 256 for "
                         "Gemma-class models)")
+    parser.add_argument("--query-len", type=int, default=ba.DECODE_QUERY_LEN,
+                        help="queries per sequence (default 1: decode; e.g. 512 for chunked prefill over the cache)")
     parser.add_argument("--num-splits", default="",
                         help="comma list of num_splits values: also time the cache call with each (kvcache_s<n>)")
     parser.add_argument("--out", default=None)
@@ -133,18 +137,18 @@ def run(argv=None) -> list:
     rows = []
     with torch.no_grad():
         for batch, kv_len in shapes:
-            p = ba.Problem(args.device, dtype, batch, ba.DECODE_HEADS_Q, ba.DECODE_HEADS_KV, ba.DECODE_QUERY_LEN,
+            p = ba.Problem(args.device, dtype, batch, ba.DECODE_HEADS_Q, ba.DECODE_HEADS_KV, args.query_len,
                            kv_len, args.headdim, False)
-            q = torch.randn(batch, 1, p.nheads, p.headdim, device=p.device, dtype=dtype)
+            q = torch.randn(batch, args.query_len, p.nheads, p.headdim, device=p.device, dtype=dtype)
             k = torch.randn(batch, kv_len, p.nheads_k, p.headdim, device=p.device, dtype=dtype)
             v = torch.randn_like(k)
             ours = cases(fa, q, k, v, generator, num_splits)
             expected = ours["func"]()
-            line = [f"b{batch:<3} kv{kv_len:<7}"]
+            line = [f"b{batch:<3} kv{kv_len:<7}" + (f" q{args.query_len}" if args.query_len > 1 else "")]
             for name, call in {**ours, **peer_calls(p, q, k, v)}.items():
                 for mode in ("eager", "graph") if args.graph else ("eager",):
                     row = {"impl": name, "mode": mode, "batch": batch, "kv_len": kv_len, "headdim": args.headdim,
-                           "ms": None, "tbps": None, "error": None}
+                           "query_len": args.query_len, "ms": None, "tbps": None, "tflops": None, "error": None}
                     try:
                         timed = call if mode == "eager" else graphed(call)
                         if mode == "eager" and name in ours and name not in ("func", "append_rotary"):
@@ -153,9 +157,11 @@ def run(argv=None) -> list:
                             if not diff <= AGREEMENT_TOLERANCE:
                                 row["error"] = f"differs from flash_attn_func by {diff:.3g}"
                         ms = ba.measure(timed, p.device, args)
-                        row.update(ms=ms, tbps=p.kv_bytes() / (ms / ba.MS_PER_S) / ba.BYTES_PER_TB)
+                        row.update(ms=ms, tbps=p.kv_bytes() / (ms / ba.MS_PER_S) / ba.BYTES_PER_TB,
+                                   tflops=p.fwd_flops() / (ms / ba.MS_PER_S) / ba.FLOPS_PER_TFLOP)
                         tag = name if mode == "eager" else f"{name}@graph"
-                        line.append(f"{tag} {ms * US_PER_MS:.1f}us/{row['tbps']:.2f}" + ("!" if row["error"] else ""))
+                        speed = f"{row['tflops']:.0f}TF" if args.query_len > 1 else f"{row['tbps']:.2f}"
+                        line.append(f"{tag} {ms * US_PER_MS:.1f}us/{speed}" + ("!" if row["error"] else ""))
                     except Exception as exc:
                         row["error"] = ba.short_error(exc, [])
                         line.append(f"{name}@{mode} error")

@@ -3,7 +3,8 @@
 # the portable kernels: each built head-dim bucket and head dims below it (96, 160 and 224 take the next whole-segment
 # kernel), odd sequence lengths both ways, causal (bottom-right and top-left through SDPA), sliding windows, GQA /
 # MQA, packed (strided) qkv, rows that see no key, large scores, softcap and ALiBi (the general kernels), varlen with
-# empty and ragged sequences, LSE, and the backward on the Hopper forward's output and LSE. Then the fallbacks: each
+# empty and ragged sequences, KV-cache lengths over NaN-filled cache tails, LSE, and the backward on the Hopper
+# forward's output and LSE. Then the fallbacks: each
 # feature the path does not serve runs on the portable kernels under FLASH_ATTN_HOPPER=1 and fails, naming the
 # feature, under force. Collected where a Hopper GPU runs sm_90a code of a build with sm90 forward kernels.
 import pytest
@@ -248,16 +249,88 @@ def test_backward_on_hopper_forward(forced):
         assert_close_fa(ours.cpu(), exact.cpu(), low.cpu(), 3.0)
 
 
+# KV-cache lengths (seqused_k) over 640 cache rows: empty, one key, ragged and whole last key blocks of 64 / 128 keys,
+# and the full cache. Rows past a length hold NaN, which must never reach O.
+KV_CACHE_ROWS = 640
+KV_CACHE_LENGTHS = [0, 1, 77, 128, 129, 300, 640]
+KV_CACHE_FEATURES = {
+    "plain": dict(),
+    "causal": dict(causal=True),
+    "window": dict(causal=True, window_size=(50, -1)),
+    "softcap": dict(softcap=8.0),
+    "alibi": dict(alibi=True, causal=True),
+}
+
+
+def _kvcache_reference(q, k_cache, v_cache, lengths, **kwargs):
+    """Each sequence on its own: its first lengths[b] cache rows, queries aligned to the end (bottom-right)."""
+    def ref(q, k, v, compute_dtype):
+        parts = [attention_ref(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], compute_dtype=compute_dtype, **kwargs)
+                 for b, n in enumerate(lengths)]
+        return torch.cat([o for o, _ in parts]), torch.cat([lse for _, lse in parts])
+    return reference_pair(ref, (q, k_cache, v_cache))
+
+
+@pytest.mark.parametrize("feature", list(KV_CACHE_FEATURES))
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+@pytest.mark.parametrize("seqlen_q", [17, 200])
+def test_kvcache_lengths(forced, seqlen_q, head_dim, feature):
+    """flash_attn_with_kvcache with more than 16 query rows runs the Hopper forward with seqused_k: each sequence's
+    keys end at its length (masks and ALiBi aligned there), and the NaN past it never reaches O (the kernel zeroes the
+    V rows of the last key block past the length)."""
+    kwargs = dict(KV_CACHE_FEATURES[feature])
+    mask = "causal" if kwargs.get("causal") and "window_size" not in kwargs else (
+        "local" if "window_size" in kwargs else "none")
+    _require(torch.bfloat16, head_dim, mask)
+    batch, nheads, nheads_k = len(KV_CACHE_LENGTHS), 8, 2
+    if kwargs.pop("alibi", False):
+        kwargs["alibi_slopes"] = torch.rand(nheads, device="cuda") * 0.3 + 0.01
+    q = randn(batch, seqlen_q, nheads, head_dim, dtype=torch.bfloat16, device="cuda")
+    k_cache, v_cache = (randn(batch, KV_CACHE_ROWS, nheads_k, head_dim, dtype=torch.bfloat16, device="cuda")
+                        for _ in range(2))
+    for b, n in enumerate(KV_CACHE_LENGTHS):
+        k_cache[b, n:] = float("nan")
+        v_cache[b, n:] = float("nan")
+    lengths = torch.tensor(KV_CACHE_LENGTHS, dtype=torch.int32, device="cuda")
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, return_softmax_lse=True, **kwargs)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    truth, naive = _kvcache_reference(q, k_cache, v_cache, KV_CACHE_LENGTHS, **kwargs)
+    _check_out_lse(out, lse, truth, naive, 2.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kvcache_append_then_lengths(forced, dtype):
+    """New rows appended in the call (the append op first, then the Hopper forward over lengths + new rows), causal,
+    with NaN past every sequence's new end."""
+    _require(dtype, 128, "causal")
+    lengths, new_rows, nheads, nheads_k = [0, 40, 300, 600], 33, 8, 4
+    q = randn(len(lengths), new_rows, nheads, 128, dtype=dtype, device="cuda")
+    k_cache, v_cache = (randn(len(lengths), KV_CACHE_ROWS, nheads_k, 128, dtype=dtype, device="cuda")
+                        for _ in range(2))
+    k_new, v_new = (randn(len(lengths), new_rows, nheads_k, 128, dtype=dtype, device="cuda") for _ in range(2))
+    for b, n in enumerate(lengths):
+        k_cache[b, n:] = float("nan")
+        v_cache[b, n:] = float("nan")
+    cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=cache_seqlens, causal=True,
+                                       return_softmax_lse=True)
+    used = [n + new_rows for n in lengths]
+    for b, n in enumerate(lengths):
+        assert torch.equal(k_cache[b, n:n + new_rows], k_new[b]) and torch.equal(v_cache[b, n:n + new_rows], v_new[b])
+    truth, naive = _kvcache_reference(q, k_cache, v_cache, used, causal=True)
+    _check_out_lse(out, lse, truth, naive, 2.0)
+
+
 def _dense_call(seqlen_q=200, **kwargs):
     q, k, v = _qkv(2, seqlen_q, 200, 4, 4, 128, torch.bfloat16)
     return lambda: flash_attn_func(q, k, v, **kwargs)
 
 
-def _kvcache_call():
-    q = randn(2, 1, 4, 128, dtype=torch.bfloat16, device="cuda")
+def _kvcache_split_call():
+    q = randn(2, 32, 4, 128, dtype=torch.bfloat16, device="cuda")
     cache = randn(2, 512, 4, 128, dtype=torch.bfloat16, device="cuda")
     lengths = torch.tensor([100, 512], dtype=torch.int32, device="cuda")
-    return lambda: flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths)
+    return lambda: flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths, num_splits=2)
 
 
 def _sdpa_mask_call():
@@ -266,12 +339,21 @@ def _sdpa_mask_call():
     return lambda: flash_attn.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+def _kvcache_mqa_decode_call():
+    """One query per sequence over 32 query heads of one KV head: 32 packed rows, still a decode call."""
+    q = randn(2, 1, 32, 128, dtype=torch.bfloat16, device="cuda")
+    cache = randn(2, 512, 1, 128, dtype=torch.bfloat16, device="cuda")
+    lengths = torch.tensor([100, 512], dtype=torch.int32, device="cuda")
+    return lambda: flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths, num_splits=1)
+
+
 # Forward calls the Hopper path does not serve yet: feature (as its force error names it) -> a maker of the call.
 FALLBACK_CALLS = {
     "decode": lambda: _dense_call(seqlen_q=1),
     "dropout": lambda: _dense_call(dropout_p=0.1),
     "attn_mask": lambda: _sdpa_mask_call(),
-    "KV-cache": _kvcache_call,
+    "split-KV": _kvcache_split_call,
+    "GQA group packed": _kvcache_mqa_decode_call,
 }
 
 

@@ -94,6 +94,7 @@ bool pack_gqa_decode(FwdParams& p) {
   p.lse_head_stride *= group;
   p.mask.window_left = kUnboundedWindow;
   p.mask.window_right = kUnboundedWindow;
+  p.packed_gqa_decode = true;
   return true;
 }
 

@@ -46,10 +46,11 @@ const char* sm90_fwd_declines(const FwdParams& p) {
   const AttentionShape& s = p.shape;
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return "dtypes other than fp16 and bf16";
   if ((s.cu_seqlens_q == nullptr) != (s.cu_seqlens_k == nullptr)) return "cu_seqlens for only one of q and k";
-  // TMA loads whole key tiles: the rows past a cache's used length hold whatever the cache holds (torch.empty: maybe
-  // NaN), and P = 0 times NaN is NaN. The portable path zero-fills them.
+  // KV-cache lengths (seqused_k) are served: the kernel zeroes the V rows of a tile's last key block past a sequence's
+  // used keys (sm90/fwd_kernel.h zero_value_rows_from). Pages are read in place by the portable decode kernels only;
+  // other paged calls reach here as a dense copy of their sequences (api/flash_api.cpp gather_pages).
   if (p.block_table != nullptr) return "a paged K / V cache (block_table)";
-  if (s.seqused_k != nullptr) return "KV-cache lengths (seqused_k / cache_seqlens)";
+  if (s.appended_keys > 0) return "keys appended by the attention kernel (decode calls)";
   if (p.dropout.p > 0.0) return "dropout";
   if (p.mask.bias != nullptr) return "an additive attention bias (attn_mask)";
   if (!(p.softmax_scale > 0.0) || !std::isfinite(p.softmax_scale)) return "a softmax_scale that is not positive";
@@ -58,6 +59,7 @@ const char* sm90_fwd_declines(const FwdParams& p) {
   // (sm80/fwd_tile_config.h kDecodeMaxRows) where a 128-row wgmma tile would be at least 7/8 padding. Predicted, to be
   // timed.
   if (s.seqlen_q <= sm80::kDecodeMaxRows) return "decode-shaped calls (at most 16 query rows)";
+  if (p.packed_gqa_decode) return "decode-shaped calls (one query row, its GQA group packed into rows)";
   if (s.nheads_k < 1 || s.nheads_q % s.nheads_k != 0) return "query heads that are not a multiple of the KV heads";
   if (s.nheads_q > kMaxGridYZ || s.batch > kMaxGridYZ) return "more than 65535 heads or batch entries";
   if (s.seqlen_q > kMaxInt32 || s.seqlen_k > kMaxInt32 || s.total_q > kMaxInt32 || s.total_k > kMaxInt32) {
@@ -169,6 +171,7 @@ int sm90_head_dim_bucket(int64_t head_dim) {
 
 const char* sm90_bwd_declines(const BwdParams& p) {
   if (const char* declined = sm90_fwd_declines(p.fwd)) return declined;
+  if (p.fwd.shape.seqused_k != nullptr) return "KV-cache lengths (seqused_k): the backward takes none";
   if (p.dbias != nullptr) return "a bias gradient";
   if (p.dq_splits < 1 || (!p.deterministic && p.dq_splits != 1)) return "split dq accumulators without deterministic";
   return nullptr;

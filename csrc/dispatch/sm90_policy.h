@@ -20,10 +20,10 @@ constexpr HopperSwitch kDefaultHopperSwitch = HopperSwitch::kAuto;
 // kDefaultHopperSwitch. Read on every call (tests flip it in-process); any other value fails naming the choices.
 HopperSwitch hopper_switch();
 
-// Null when the Hopper forward serves this call (fp16 / bf16, dense or varlen, softcap and ALiBi, returned
-// probabilities: a separate kernel recomputes them from q, k and the LSE; no dropout, bias, KV-cache lengths, key
-// splits or decode shapes; sizes and strides its TMA maps and grid can express); otherwise what it lacks, for
-// FLASH_ATTN_HOPPER=force errors. The head-dim bucket is the kernel table's concern.
+// Null when the Hopper forward serves this call (fp16 / bf16, dense or varlen, KV-cache lengths (seqused_k), softcap
+// and ALiBi, returned probabilities: a separate kernel recomputes them from q, k and the LSE; no dropout, bias, pages
+// read in place, key splits or decode shapes; sizes and strides its TMA maps and grid can express); otherwise what it
+// lacks, for FLASH_ATTN_HOPPER=force errors. The head-dim bucket is the kernel table's concern.
 const char* sm90_fwd_declines(const FwdParams& p);
 
 // The same for the backward (the forward's limits, and no bias gradient yet).

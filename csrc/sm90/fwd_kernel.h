@@ -2,7 +2,7 @@
 // is the producer: one thread loads Q once and K, V through `stages`-slot rings by TMA (full / empty mbarriers).
 // Warpgroups 1.. are consumers of 64 rows each: S = Q.K^T by wgmma from shared memory, online softmax in registers,
 // O += P.V by wgmma with P from registers and V read MN-major. Launched by fwd_launch.h; the calls it serves are
-// listed in dispatch/sm90_policy.h (dense or varlen, softcap and ALiBi; no dropout / bias / probabilities).
+// listed in dispatch/sm90_policy.h (dense or varlen, KV-cache lengths, softcap and ALiBi; no dropout / bias).
 #pragma once
 
 #include <cuda.h>
@@ -207,6 +207,31 @@ __device__ __forceinline__ void take_turn(int consumer) {
 }
 __device__ __forceinline__ void pass_turn(int consumer) {
   ptx::named_barrier_arrive(kPingpongBarrier + (1 - consumer), kPingpongThreads);
+}
+
+// A consumer warpgroup's own barrier (ids 3-5; 128 threads): its generic-proxy writes to a tile are done and fenced
+// before any of its warps issues the wgmma that reads the tile.
+constexpr int kOwnTileBarrier = kPingpongBarrier + 2;
+
+// KV-cache calls (seqused_k): the V rows of a tile's highest key block past the sequence's used keys hold whatever the
+// cache holds there (torch.empty: maybe NaN or inf), and P = 0 times NaN is NaN in O, so they become zeros (their
+// scores are masked to -inf, so K's rows there need nothing). Each consumer warpgroup writes all of them itself (both
+// write the same zeros, so neither waits for the other) before its first P.V of the block. Whole 128-byte rows: the
+// swizzle permutes 16-byte chunks within a row only.
+template <int kHeadDim, int kBlockN>
+__device__ __forceinline__ void zero_value_rows_from(uint8_t* v_tile, int first_row, int consumer, int thread) {
+  constexpr int kChunkBytes = 16;
+  constexpr int kSegmentTileBytes = kBlockN * kSegmentBytes;
+  const int begin = first_row * kSegmentBytes + thread * kChunkBytes;
+#pragma unroll
+  for (int seg = 0; seg < kHeadDim / kSegmentElems; ++seg) {
+    uint8_t* segment = v_tile + seg * kSegmentTileBytes;
+    for (int offset = begin; offset < kSegmentTileBytes; offset += ptx::kWarpgroupThreads * kChunkBytes) {
+      *reinterpret_cast<uint4*>(segment + offset) = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  ptx::fence_proxy_async_shared();
+  ptx::named_barrier_sync(kOwnTileBarrier + consumer, ptx::kWarpgroupThreads);
 }
 
 // One work tile of a CTA: block_m query rows of one (batch entry, head), and the key blocks its rows see.
@@ -542,6 +567,11 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
       };
       float s[kBlockN / 2];
       float factor[2];
+      // Rows of the highest key block's V that hold keys (zero_value_rows_from); a full block without seqused_k,
+      // whose rows past seqlen_k are TMA's zero fill or (varlen) the next sequence's keys.
+      const int v_rows = p.shape.seqused_k == nullptr
+                             ? kBlockN
+                             : static_cast<int>(seqlen_k - static_cast<int64_t>(n_max - 1) * kBlockN);
       ptx::mbarrier_wait_parity(&q_full[q_slot.stage], q_slot.parity);
 
       if constexpr (kSchedule == FwdSchedule::kSerial) {
@@ -559,6 +589,9 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
           rescale_o<kHeadDim>(o, factor);
           pack_probs<T, kBlockN>(s, a);
           ptx::mbarrier_wait_parity(&v_full[slot.stage], slot.parity);
+          if (n == n_max - 1 && v_rows < kBlockN) {
+            zero_value_rows_from<kHeadDim, kBlockN>(v_tiles + slot.stage * Layout::kKvBytes, v_rows, consumer, thread);
+          }
           issue_pv<T, kHeadDim, kBlockN>(o, a, v_desc(slot));
           ptx::warpgroup_wait<0>();
           pin_all(o);
@@ -605,6 +638,10 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
         }
         zero_all(o);
         pack_probs<T, kBlockN>(s, a);
+        if (v_rows < kBlockN) {
+          ptx::mbarrier_wait_parity(&v_full[first.stage], first.parity);
+          zero_value_rows_from<kHeadDim, kBlockN>(v_tiles + first.stage * Layout::kKvBytes, v_rows, consumer, thread);
+        }
         ++ring;
         for (int n = n_max - 2; n >= n_min; --n, ++ring) {
           const Slot slot(ring), previous(ring - 1);

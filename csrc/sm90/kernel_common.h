@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "flash_attn/common/mask.h"
 #include "flash_attn/common/seqlen.h"
 #include "flash_attn/params.h"
 #include "flash_attn/ptx/tma_load_sm90.h"
@@ -135,8 +136,9 @@ __device__ __forceinline__ void init_pipeline_barriers(uint64_t* once_full, uint
   ptx::fence_barrier_init();
 }
 
-// One batch entry's rows: dense calls start at row 0 of their batch entry; varlen calls at cu_seqlens (clamped, so any
-// values keep every access inside the tensors: common/seqlen.h).
+// One batch entry's rows: dense calls start at row 0 of their batch entry, with seqused_k[b] keys where the call gives
+// the KV-cache lengths (common/mask.h used_keys, clamped to [0, seqlen_k]); varlen calls at cu_seqlens (clamped, so
+// any values keep every access inside the tensors: common/seqlen.h).
 struct Sequence {
   int64_t q_row0;
   int64_t k_row0;
@@ -145,7 +147,7 @@ struct Sequence {
 };
 
 __device__ __forceinline__ Sequence locate_sequence(const AttentionShape& shape, int batch) {
-  if (shape.cu_seqlens_q == nullptr) return Sequence{0, 0, shape.seqlen_q, shape.seqlen_k};
+  if (shape.cu_seqlens_q == nullptr) return Sequence{0, 0, shape.seqlen_q, used_keys(shape, batch, shape.seqlen_k)};
   const SequenceRows q = varlen_rows(shape.cu_seqlens_q, batch, shape.total_q, shape.seqlen_q);
   const SequenceRows k = varlen_rows(shape.cu_seqlens_k, batch, shape.total_k, shape.seqlen_k);
   return Sequence{q.row0, k.row0, q.length, k.length};

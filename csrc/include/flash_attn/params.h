@@ -134,6 +134,9 @@ struct FwdParams {
   // warps on their own key tiles, merged in shared memory, in place of the one-warp tile (dispatch/fwd_plan.h
   // fwd_decode_takes_key_warps). num_splits counts its CTAs' splits.
   bool decode_key_warps = false;
+  // Single-query GQA calls whose query heads of a KV head became rows (dispatch/fwd_plan.h pack_gqa_decode): decode
+  // calls, whatever seqlen_q now says.
+  bool packed_gqa_decode = false;
 
   // Paged K / V (flash_attn_with_kvcache's block_table; dense decode-tile CUDA calls whose pages hold whole key
   // blocks, with seqused_k: dispatch/fwd_plan.h fwd_reads_pages): k and v are (num_pages, page_size, nheads_k,
