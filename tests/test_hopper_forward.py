@@ -321,16 +321,59 @@ def test_kvcache_append_then_lengths(forced, dtype):
     _check_out_lse(out, lse, truth, naive, 2.0)
 
 
+@pytest.mark.parametrize("feature", list(KV_CACHE_FEATURES))
+@pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 192, 256])
+def test_key_splits_chosen(forced, head_dim, feature):
+    """Few query tiles over many keys: the Hopper plan splits the keys (sm90_fwd_num_splits; 2 x 2 heads x 1 tile over
+    5000 keys) and the combine kernel merges the fp32 partials; causal rows with no key stay O = 0, LSE = +inf."""
+    kwargs = dict(KV_CACHE_FEATURES[feature])
+    mask = "causal" if kwargs.get("causal") and "window_size" not in kwargs else (
+        "local" if "window_size" in kwargs else "none")
+    _require(torch.bfloat16, head_dim, mask)
+    if kwargs.pop("alibi", False):
+        kwargs["alibi_slopes"] = torch.rand(2, 2, device="cuda") * 0.3 + 0.01
+    q, k, v = _qkv(2, 100, 5000, 2, 2, head_dim, torch.bfloat16)
+    _check_forward(q, k, v, **kwargs)
+
+
+@pytest.mark.parametrize("num_splits", [2, 3, 7, 64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_key_splits_asked_over_kvcache(forced, num_splits, causal):
+    """num_splits as asked, over KV-cache lengths from 0 to the full cache with NaN past them: splits past a
+    sequence's keys, or more splits than key blocks, write empty partials the combine kernel weights 0."""
+    _require(torch.bfloat16, 128, "causal" if causal else "none")
+    batch, nheads, nheads_k = len(KV_CACHE_LENGTHS), 4, 2
+    q = randn(batch, 40, nheads, 128, dtype=torch.bfloat16, device="cuda")
+    k_cache, v_cache = (randn(batch, KV_CACHE_ROWS, nheads_k, 128, dtype=torch.bfloat16, device="cuda")
+                        for _ in range(2))
+    for b, n in enumerate(KV_CACHE_LENGTHS):
+        k_cache[b, n:] = float("nan")
+        v_cache[b, n:] = float("nan")
+    lengths = torch.tensor(KV_CACHE_LENGTHS, dtype=torch.int32, device="cuda")
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, causal=causal,
+                                       num_splits=num_splits, return_softmax_lse=True)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    truth, naive = _kvcache_reference(q, k_cache, v_cache, KV_CACHE_LENGTHS, causal=causal)
+    _check_out_lse(out, lse, truth, naive, 2.0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_key_splits_varlen(forced, causal):
+    """Varlen sequences of few queries over many keys (the plan splits them), one of them without keys."""
+    _require(torch.bfloat16, 128, "causal" if causal else "none")
+    seqlens_q, seqlens_k = [30, 1, 77, 5], [3000, 0, 4100, 700]
+    q, k, v, cu_q, cu_k = varlen_tensors(seqlens_q, seqlens_k, 4, 2, 128, torch.bfloat16, "cuda")
+    out, lse, _, _ = _flash_attn_varlen_forward(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), 0.0, None,
+                                                causal, -1, -1)
+    truth, naive = reference_pair(
+        lambda *x, **kw: attention_varlen_ref(*x, cu_q.cpu(), cu_k.cpu(), causal=causal, **kw),
+        (q.cpu(), k.cpu(), v.cpu()))
+    _check_out_lse(out, lse, truth, naive, 2.0)
+
+
 def _dense_call(seqlen_q=200, **kwargs):
     q, k, v = _qkv(2, seqlen_q, 200, 4, 4, 128, torch.bfloat16)
     return lambda: flash_attn_func(q, k, v, **kwargs)
-
-
-def _kvcache_split_call():
-    q = randn(2, 32, 4, 128, dtype=torch.bfloat16, device="cuda")
-    cache = randn(2, 512, 4, 128, dtype=torch.bfloat16, device="cuda")
-    lengths = torch.tensor([100, 512], dtype=torch.int32, device="cuda")
-    return lambda: flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths, num_splits=2)
 
 
 def _sdpa_mask_call():
@@ -352,7 +395,6 @@ FALLBACK_CALLS = {
     "decode": lambda: _dense_call(seqlen_q=1),
     "dropout": lambda: _dense_call(dropout_p=0.1),
     "attn_mask": lambda: _sdpa_mask_call(),
-    "split-KV": _kvcache_split_call,
     "GQA group packed": _kvcache_mqa_decode_call,
 }
 

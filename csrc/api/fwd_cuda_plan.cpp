@@ -22,20 +22,29 @@ void plan_cuda_fwd(FwdParams& p, const at::Tensor& q, std::vector<at::Tensor>& s
   // headers, which CUDA toolkits without the math libraries (our CI image) lack.
   const DeviceAttributes device = device_attributes(q.device().index());
   // Under FLASH_ATTN_FWD_SMEM_LIMIT the launcher takes a smaller device's tiles; the plan must assume the same.
-  // Under FLASH_ATTN_HOPPER=force the Hopper kernels (which do not split) take the call unsplit instead of failing
-  // where the portable path would choose to split; a split the caller asks for (num_splits) still declines them.
-  const bool hopper_forced = hopper_switch() == HopperSwitch::kForce && device.code_arch >= kHopperCodeArch;
+  // A call the Hopper forward will take (the registry's rule, kernel table aside) gets that path's split plan
+  // (sm90_fwd_num_splits: it runs a CTA per SM); under FLASH_ATTN_HOPPER=force a call it declines is planned
+  // unsplit and then fails naming what the path lacks.
+  const HopperSwitch mode = hopper_switch();
+  const bool hopper_forced = mode == HopperSwitch::kForce && device.code_arch >= kHopperCodeArch;
+  const bool hopper = device.code_arch >= kHopperCodeArch && mode != HopperSwitch::kOff &&
+                      sm90_fwd_declines(p) == nullptr && (hopper_forced || sm90_fwd_pays(p));
   const sm80::SmemLimits smem = sm80::fwd_smem_limits(device.smem);
-  p.decode_key_warps = !hopper_forced && fwd_decode_takes_key_warps(p, device.num_sms, smem);
-  p.num_splits = requested_splits > 0 ? requested_fwd_num_splits(p, requested_splits)
-                 : hopper_forced      ? 1
-                                      : choose_fwd_num_splits(p, device.num_sms, smem);
+  if (hopper) {
+    p.num_splits = requested_splits > 0 ? requested_fwd_num_splits(p, requested_splits)
+                                        : sm90_fwd_num_splits(p, device.num_sms);
+  } else {
+    p.decode_key_warps = !hopper_forced && fwd_decode_takes_key_warps(p, device.num_sms, smem);
+    p.num_splits = requested_splits > 0 ? requested_fwd_num_splits(p, requested_splits)
+                   : hopper_forced      ? 1
+                                        : choose_fwd_num_splits(p, device.num_sms, smem);
+  }
   if (requested_splits == 0 && !hopper_forced && p.shape.appended_keys > 0 && p.num_splits > 1) {
     FwdParams plain = p;  // the split the plan added for the appended rows, if it did
     plain.shape.appended_keys = 0;
     p.appended_split = p.num_splits > choose_fwd_num_splits(plain, device.num_sms, smem);
   }
-  p.splits_meet_in_cluster = fwd_splits_meet_in_cluster(p, device.code_arch, smem);
+  p.splits_meet_in_cluster = !hopper && fwd_splits_meet_in_cluster(p, device.code_arch, smem);
   if (p.num_splits > 1 && !p.splits_meet_in_cluster) {
     // One allocation for both (each at::empty is ~3 us of host time there): the partial outputs, then the lses.
     // rows * bucket floats are a multiple of 32, so split_lse keeps 16-byte alignment.

@@ -12,6 +12,7 @@
 #include "flash_attn/common/mask.h"
 #include "sm80/fwd_tile_config.h"
 #include "sm90/bwd_tile_config.h"
+#include "sm90/fwd_tile_config.h"
 
 namespace flash {
 namespace {
@@ -54,7 +55,8 @@ const char* sm90_fwd_declines(const FwdParams& p) {
   if (p.dropout.p > 0.0) return "dropout";
   if (p.mask.bias != nullptr) return "an additive attention bias (attn_mask)";
   if (!(p.softmax_scale > 0.0) || !std::isfinite(p.softmax_scale)) return "a softmax_scale that is not positive";
-  if (p.num_splits > 1) return "split-KV calls (few query tiles over many keys: decode shapes)";
+  if (p.num_splits > sm80::kMaxKeySplits) return "more key splits than the combine kernel merges";
+  if (p.splits_meet_in_cluster || p.decode_key_warps) return "decode-shaped calls (planned for the decode tiles)";
   // Decode-shaped calls are memory-bound, and the portable path has 16-row decode tiles for them
   // (sm80/fwd_tile_config.h kDecodeMaxRows) where a 128-row wgmma tile would be at least 7/8 padding. Predicted, to be
   // timed.
@@ -162,6 +164,36 @@ int64_t sm90_bwd_dq_splits(const BwdParams& p, int num_sms) {
     }
   }
   return best * sm90::bwd_dq_accumulators_per_cta(bucket);
+}
+
+int sm90_fwd_num_splits(const FwdParams& p, int num_sms) {
+  // The Hopper forward runs one CTA per SM, so a call of fewer query tiles than SMs leaves SMs idle for its whole
+  // length: cut each tile's keys into splits (a CTA each), merged by the combine kernel. Cost model in key-block times
+  // of the busiest SM: waves of tiles x splits over the SMs, each ceil(key_blocks / splits) long, plus one key block
+  // per split call for the fp32 partials and the combine; the fewest splits of the least cost. Each split keeps at
+  // least kMinKeyBlocksPerSplit key blocks. H200, bf16, hd 128, GQA 32/8, 512 queries over 16k keys (128 tiles,
+  // thirty-eighth session): the portable path's split plan ran 422 us, cuDNN 208.
+  constexpr int64_t kMinKeyBlocksPerSplit = 4;
+  constexpr int64_t kSplitOverheadBlocks = 1;
+  const AttentionShape& s = p.shape;
+  if (p.probs != nullptr || s.seqlen_k <= 0 || num_sms < 1) return 1;
+  const int bucket = sm90_head_dim_bucket(s.head_dim);
+  const sm90::FwdTileConfig tile = sm90::fwd_tile_config(bucket, mask_kind(p.mask));
+  const int64_t tiles = s.batch * s.nheads_q * ((s.seqlen_q + tile.block_m - 1) / tile.block_m);
+  const int64_t key_blocks = (s.seqlen_k + tile.block_n - 1) / tile.block_n;
+  if (tiles <= 0 || tiles >= num_sms) return 1;
+  const int64_t most = std::min<int64_t>(key_blocks / kMinKeyBlocksPerSplit, sm80::kMaxKeySplits);
+  int64_t best = 1;
+  int64_t best_cost = key_blocks;  // one wave, unsplit
+  for (int64_t splits = 2; splits <= most; ++splits) {
+    const int64_t waves = (tiles * splits + num_sms - 1) / num_sms;
+    const int64_t cost = waves * ((key_blocks + splits - 1) / splits) + kSplitOverheadBlocks;
+    if (cost < best_cost) {
+      best = splits;
+      best_cost = cost;
+    }
+  }
+  return static_cast<int>(best);
 }
 
 int sm90_head_dim_bucket(int64_t head_dim) {

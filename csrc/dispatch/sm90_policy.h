@@ -22,8 +22,9 @@ HopperSwitch hopper_switch();
 
 // Null when the Hopper forward serves this call (fp16 / bf16, dense or varlen, KV-cache lengths (seqused_k), softcap
 // and ALiBi, returned probabilities: a separate kernel recomputes them from q, k and the LSE; no dropout, bias, pages
-// read in place, key splits or decode shapes; sizes and strides its TMA maps and grid can express); otherwise what it
-// lacks, for FLASH_ATTN_HOPPER=force errors. The head-dim bucket is the kernel table's concern.
+// read in place or decode shapes; key splits up to sm80::kMaxKeySplits; sizes and strides its TMA maps and grid can
+// express); otherwise what it lacks, for FLASH_ATTN_HOPPER=force errors. The head-dim bucket is the kernel table's
+// concern.
 const char* sm90_fwd_declines(const FwdParams& p);
 
 // The same for the backward (the forward's limits, and no bias gradient yet).
@@ -46,6 +47,10 @@ int64_t sm90_bwd_head_splits(const BwdParams& p, int num_sms);
 // blocks, ceil(batch kv_heads splits / num_sms) waves of ceil(key_blocks / splits) each, times the accumulators per
 // CTA.
 int64_t sm90_bwd_dq_splits(const BwdParams& p, int num_sms);
+
+// Key splits of a call the Hopper forward takes (FwdParams::num_splits, merged by the combine kernel): 1 unless its
+// query tiles leave SMs idle and its keys are long enough to share (the cost model is in sm90_policy.cpp).
+int sm90_fwd_num_splits(const FwdParams& p, int num_sms);
 
 // The head-dim bucket whose Hopper kernel serves a call: the next whole 64-column segment count (96 -> 128, 160 -> 192,
 // 224 -> 256), its columns past head_dim zero-filled by TMA, since the Hopper kernels exist only there

@@ -38,8 +38,14 @@ struct FwdKernelArgs {
                       // whose transform_scores turns scores into log2-domain logits first
   int heads_per_kv;   // nheads_q / nheads_k
   int num_m_blocks;
-  int64_t num_tiles;  // query blocks x heads x batch entries (persistent kernels walk them)
+  int64_t num_tiles;  // query blocks x key splits x heads x batch entries (persistent kernels walk them)
+  int num_splits;     // key splits (FwdParams::num_splits; kSplit kernels): each tile's keys in num_splits parts,
+                      // merged by the combine kernel from split_out / split_lse
 };
+
+// Split-KV partial rows (FwdParams::split_out) are the head dim rounded up to this many floats, as the call's
+// scratch is allocated (api/fwd_cuda_plan.cpp) and the combine kernel reads them (sm80/fwd_combine_kernel.h).
+constexpr int kSplitRowGranule = 32;
 
 // Byte offsets of the tiles and barriers in the (1024-byte aligned) dynamic shared memory: kQStages Q tiles, then the
 // K and V rings.
@@ -237,6 +243,7 @@ __device__ __forceinline__ void zero_value_rows_from(uint8_t* v_tile, int first_
 // One work tile of a CTA: block_m query rows of one (batch entry, head), and the key blocks its rows see.
 struct FwdTile {
   int m_block;
+  int split;          // which of args.num_splits parts of the sequence's key blocks the tile sees
   int head;
   int batch;
   Sequence sequence;
@@ -252,36 +259,45 @@ struct FwdTile {
 // Tile `index` of the launch: the grid coordinates of a one-tile CTA, or, for persistent CTAs, a linear index: query
 // block fastest (concurrent CTAs share a head's K/V in L2) without a mask or with one CTA per tile; with fewer CTAs,
 // causal / local tiles longest first (tile_order.h masked_tile_at).
-template <int kHeadDim, MaskKind kMask, bool kPersistent, int kBlockM, int kBlockN>
+template <int kHeadDim, MaskKind kMask, bool kPersistent, int kBlockM, int kBlockN, bool kSplit>
 __device__ __forceinline__ FwdTile plan_tile(const FwdKernelArgs& args, int64_t index) {
   const FwdParams& p = args.params;
   FwdTile tile;
+  // The key split sits between the query block and the head: a (split, head) pair's query blocks are consecutive
+  // tiles, sharing that split's K / V in L2.
+  tile.split = 0;
   if constexpr (kPersistent) {
-    const int64_t heads = p.shape.nheads_q;
+    int64_t split_head_batch;
     if constexpr (kMask == MaskKind::kNone) {
       tile.m_block = static_cast<int>(index % args.num_m_blocks);
-      const int64_t rest = index / args.num_m_blocks;
-      tile.head = static_cast<int>(rest % heads);
-      tile.batch = static_cast<int>(rest / heads);
+      split_head_batch = index / args.num_m_blocks;
     } else if (gridDim.x >= args.num_tiles) {
       // One CTA per tile (fwd_persistent_pays false): the one-tile kernel's order, each head's query blocks last
       // first, so concurrent CTAs share a head's K / V in L2 (the longest-first order below, across every head, ran
       // 4-12 % behind it at 4k / 16k keys: docs/perf_log.md, eighteenth session).
       tile.m_block = args.num_m_blocks - 1 - static_cast<int>(index % args.num_m_blocks);
-      const int64_t rest = index / args.num_m_blocks;
-      tile.head = static_cast<int>(rest % heads);
-      tile.batch = static_cast<int>(rest / heads);
+      split_head_batch = index / args.num_m_blocks;
     } else {
       const MaskedTile masked = masked_tile_at(index, gridDim.x, args.num_tiles, args.num_m_blocks,
                                                fwd_masked_tiles_in_chunks(kHeadDim, kMask));
       tile.m_block = masked.m_block;
-      tile.head = static_cast<int>(masked.head_batch % heads);
-      tile.batch = static_cast<int>(masked.head_batch / heads);
+      split_head_batch = masked.head_batch;
     }
+    int64_t head_batch = split_head_batch;
+    if constexpr (kSplit) {
+      tile.split = static_cast<int>(split_head_batch % args.num_splits);
+      head_batch = split_head_batch / args.num_splits;
+    }
+    tile.head = static_cast<int>(head_batch % p.shape.nheads_q);
+    tile.batch = static_cast<int>(head_batch / p.shape.nheads_q);
   } else {
     (void)index;
-    tile.m_block = kMask == MaskKind::kNone ? static_cast<int>(blockIdx.x)
-                                            : args.num_m_blocks - 1 - static_cast<int>(blockIdx.x);
+    int unit = static_cast<int>(blockIdx.x);
+    if constexpr (kSplit) {
+      tile.split = unit / args.num_m_blocks;
+      unit -= tile.split * args.num_m_blocks;
+    }
+    tile.m_block = kMask == MaskKind::kNone ? unit : args.num_m_blocks - 1 - unit;
     tile.head = blockIdx.y;
     tile.batch = blockIdx.z;
   }
@@ -295,6 +311,17 @@ __device__ __forceinline__ FwdTile plan_tile(const FwdKernelArgs& args, int64_t 
                                               kBlockN);
   tile.n_min = blocks.n_min;
   tile.n_max = tile.has_rows ? blocks.n_max : blocks.n_min;
+  if constexpr (kSplit) {
+    // Split s takes the sequence's key blocks [s per, (s + 1) per); a tile that sees none of them writes an empty
+    // partial (O = 0, lse -inf), which the combine kernel weights 0.
+    const int seq_blocks = static_cast<int>((seqlen_k + kBlockN - 1) / kBlockN);
+    const int per = (seq_blocks + args.num_splits - 1) / args.num_splits;
+    const int lo = tile.split * per;
+    const int hi = lo + per;
+    tile.n_min = tile.n_min > lo ? tile.n_min : lo;
+    tile.n_max = tile.n_max < hi ? tile.n_max : hi;
+    if (tile.n_max < tile.n_min) tile.n_max = tile.n_min;
+  }
   tile.full_lo = blocks.full_lo;
   tile.full_hi = blocks.full_hi;
   return tile;
@@ -304,14 +331,17 @@ __device__ __forceinline__ FwdTile plan_tile(const FwdKernelArgs& args, int64_t 
 struct TileOutput {
   int batch;
   int head;
+  int split;
   int64_t q_row0;
   int64_t seqlen_q;
 };
 
 // Epilogue: O / sum and LSE = max * scale_log2 * ln(2) + ln(sum) (max * softmax_scale for lean kernels, whose max is a
 // raw score; max * ln(2) for general ones, whose max is a log2-domain logit); rows that saw no key give O = 0 and
-// LSE = +inf. From registers: shared memory stays with the next tile's loads.
-template <typename T, int kHeadDim>
+// LSE = +inf. From registers: shared memory stays with the next tile's loads. Split calls write the tile's split's fp32
+// partial and natural-log lse instead (-inf where a row saw no key of the split), rows of the combine kernel's layout
+// ([split][batch][head][row], sm80/fwd_combine_kernel.h).
+template <typename T, int kHeadDim, bool kSplit>
 __device__ __forceinline__ void write_output(const FwdKernelArgs& args, const TileOutput& tile,
                                              const ConsumerRows& rows, const float (&o)[kHeadDim / 2], int lane) {
   const FwdParams& p = args.params;
@@ -328,6 +358,24 @@ __device__ __forceinline__ void write_output(const FwdKernelArgs& args, const Ti
     sum += __shfl_xor_sync(kFullWarp, sum, 2);
     const float inverse = sum > 0.f ? 1.f / sum : 0.f;
     if (rows.row[r] >= tile.seqlen_q) continue;
+    if constexpr (kSplit) {
+      const int64_t rows_total = p.shape.batch * p.shape.nheads_q * p.shape.seqlen_q;
+      const int64_t flat = tile.split * rows_total + (tile.batch * p.shape.nheads_q + tile.head) * p.shape.seqlen_q +
+                           rows.row[r];
+      const int width =
+          (static_cast<int>(p.shape.head_dim) + kSplitRowGranule - 1) / kSplitRowGranule * kSplitRowGranule;
+      float* part = p.split_out + flat * width;
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 8; ++j) {
+        const int col = 8 * j + quad_col;
+        if (col < width) {
+          *reinterpret_cast<float2*>(part + col) =
+              make_float2(o[4 * j + 2 * r] * inverse, o[4 * j + 2 * r + 1] * inverse);
+        }
+      }
+      if (lane % kQuadLanes == 0) p.split_lse[flat] = sum > 0.f ? rows.max[r] * lse_scale + logf(sum) : -INFINITY;
+      continue;
+    }
     T* out_row = out + rows.row[r] * p.out_strides.row;
 #pragma unroll
     for (int j = 0; j < kHeadDim / 8; ++j) {
@@ -356,14 +404,18 @@ __device__ __forceinline__ void zero_all(float (&values)[kCount]) {
 // kCarry (CTAs that walk several tiles, overlapped schedule): a tile's last P.V and epilogue run under the next tile's
 // first S GEMM and softmax (fwd_carries_tile_tail). Otherwise one tile per CTA from the grid coordinates.
 // kPolyEvery: softmax_step's share of exponentials on the FMA pipe (0: none).
+// kSplit: the call's keys are split (args.num_splits > 1): each tile sees its split's key blocks and writes fp32
+// partials for the combine kernel. Its own instantiation: as run-time branches, the split's divisions in every tile's
+// plan and its second epilogue cost unsplit calls 4-5 % at hd 128 up to 2k keys (H200, thirty-eighth session).
 template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool kGeneral, int kBlockM, int kBlockN,
-          int kStages, bool kPersistent, int kPolyEvery, bool kCarry>
+          int kStages, bool kPersistent, int kPolyEvery, bool kCarry, bool kSplit>
 __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __grid_constant__ FwdKernelArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kConsumers = kBlockM / kRowsPerConsumer;
   static_assert(kBlockM % kRowsPerConsumer == 0, "one 64-row slice per consumer warpgroup");
   static_assert(kConsumers == 2 || kSchedule != FwdSchedule::kPingpong, "ping-pong pairs two warpgroups");
   static_assert(!kCarry || (kPersistent && kSchedule != FwdSchedule::kSerial), "carrying needs tiles to walk");
+  static_assert(!kSplit || !kCarry, "split calls run a CTA per tile");
   constexpr int kQStages = fwd_q_stages<kHeadDim, kBlockM, kBlockN, kStages, kCarry>();
   using Layout = FwdSmemLayout<kHeadDim, kBlockM, kBlockN, kStages, kQStages>;
   constexpr int kSegments = Layout::kSegments;
@@ -388,7 +440,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
   const int64_t tile_count = kPersistent ? args.num_tiles : 1;
   const int64_t tile_stride = kPersistent ? gridDim.x : 1;
   const int64_t tile_first = kPersistent ? blockIdx.x : 0;
-  if (!kPersistent && !plan_tile<kHeadDim, kMask, kPersistent, kBlockM, kBlockN>(args, 0).has_rows) return;
+  if (!kPersistent && !plan_tile<kHeadDim, kMask, kPersistent, kBlockM, kBlockN, kSplit>(args, 0).has_rows) return;
 
   if (threadIdx.x == 0) {
     init_pipeline_barriers(q_full, q_empty, k_full, v_full, k_empty, v_empty, kStages, kConsumers, kConsumers,
@@ -430,7 +482,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
     };
     KvBlock pending_v{-1, 0, 0, 0};
     for (int64_t index = tile_first; index < tile_count; index += tile_stride) {
-      const FwdTile tile = plan_tile<kHeadDim, kMask, kPersistent, kBlockM, kBlockN>(args, index);
+      const FwdTile tile = plan_tile<kHeadDim, kMask, kPersistent, kBlockM, kBlockN, kSplit>(args, index);
       if (tile.n_max <= tile.n_min) continue;  // no rows, or no key any row sees: the consumers write O = 0
       const int kv_head = tile.head / args.heads_per_kv;
       const int map_batch = varlen ? 0 : tile.batch;  // varlen maps are (head dim, head, total rows, 1)
@@ -508,19 +560,19 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
     ptx::warpgroup_wait<0>();
     pin_all(o);
     release(&v_empty[last.stage]);
-    write_output<T, kHeadDim>(args, carried_tile, carried_rows, o, lane);
+    write_output<T, kHeadDim, kSplit>(args, carried_tile, carried_rows, o, lane);
     carrying = false;
   };
 
   constexpr bool kCarriedPingpong = kCarry && kSchedule == FwdSchedule::kPingpong;
   if (kCarriedPingpong && consumer == 1) pass_turn(consumer);  // warpgroup 0 takes the CTA's first turn
   for (int64_t index = tile_first; index < tile_count; index += tile_stride) {
-    const FwdTile tile = plan_tile<kHeadDim, kMask, kPersistent, kBlockM, kBlockN>(args, index);
+    const FwdTile tile = plan_tile<kHeadDim, kMask, kPersistent, kBlockM, kBlockN, kSplit>(args, index);
     if (!tile.has_rows) continue;
     const int64_t seqlen_q = tile.sequence.seqlen_q;
     const int64_t seqlen_k = tile.sequence.seqlen_k;
     const int n_min = tile.n_min, n_max = tile.n_max;
-    const TileOutput output{tile.batch, tile.head, tile.sequence.q_row0, seqlen_q};
+    const TileOutput output{tile.batch, tile.head, tile.split, tile.sequence.q_row0, seqlen_q};
 
     ConsumerRows rows;
     for (int r = 0; r < 2; ++r) {
@@ -538,7 +590,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
     if (kCarry && n_max <= n_min) {
       if (carrying) finish_carried();
       zero_all(o);
-      write_output<T, kHeadDim>(args, output, rows, o, lane);
+      write_output<T, kHeadDim, kSplit>(args, output, rows, o, lane);
       continue;
     }
     if (n_max <= n_min) {
@@ -629,7 +681,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
           ptx::warpgroup_wait<0>();
           pin_all(o);
           release(&v_empty[carried_v.stage]);
-          write_output<T, kHeadDim>(args, carried_tile, carried_rows, o, lane);
+          write_output<T, kHeadDim, kSplit>(args, carried_tile, carried_rows, o, lane);
           carrying = false;
         } else {
           if (kPingpong) pass_turn(consumer);
@@ -681,7 +733,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
       }
       ++loaded_q;
     }
-    if constexpr (!kCarry) write_output<T, kHeadDim>(args, output, rows, o, lane);
+    if constexpr (!kCarry) write_output<T, kHeadDim, kSplit>(args, output, rows, o, lane);
   }
   if (kCarry && carrying) finish_carried();
   if (kCarriedPingpong && consumer == 0) take_turn(consumer);  // consumes warpgroup 1's last hand-over

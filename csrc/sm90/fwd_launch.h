@@ -1,5 +1,6 @@
 // run_fwd<dtype, head dim, mask>: launches the Hopper forward kernel (fwd_kernel.h) for one call on a stream: tensor
-// maps for Q, K and V, the shared-memory opt-in, one CTA per (query tile, head, batch entry). Included by the
+// maps for Q, K and V, the shared-memory opt-in, one CTA per (query tile, key split, head, batch entry) or a CTA per
+// SM walking them, and the combine kernel after a split call. Included by the
 // generated translation units of the ("sm90", "fwd") kernel-table entries; dispatch sends only the calls that
 // dispatch/sm90_policy.h accepts.
 #pragma once
@@ -13,6 +14,7 @@
 #include "dispatch/device_attributes.h"
 #include "flash_attn/common/math.h"
 #include "flash_attn/tensor_map_sm90.h"
+#include "sm80/fwd_combine_kernel.h"
 #include "sm90/fwd_kernel.h"
 
 namespace flash::sm90 {
@@ -78,12 +80,12 @@ inline bool fwd_needs_general_kernel(const FwdParams& p) {
 // One kernel instantiation's launch: the shared-memory opt-in (once per instantiation and process), then `ctas` CTAs
 // (persistent kernels) or the (query block, head, batch entry) grid.
 template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool kGeneral, FwdTileConfig kTile,
-          bool kPersistent, int kPolyEvery, bool kCarry>
+          bool kPersistent, int kPolyEvery, bool kCarry, bool kSplit>
 void launch_fwd_kernel(FwdKernelArgs& args, int64_t ctas, cudaStream_t stream) {
   using Layout = FwdSmemLayout<kHeadDim, kTile.block_m, kTile.block_n, kTile.stages,
                                fwd_q_stages<kHeadDim, kTile.block_m, kTile.block_n, kTile.stages, kCarry>()>;
   auto kernel = fwd_kernel<T, kHeadDim, kMask, kSchedule, kGeneral, kTile.block_m, kTile.block_n, kTile.stages,
-                           kPersistent, kPolyEvery, kCarry>;
+                           kPersistent, kPolyEvery, kCarry, kSplit>;
   constexpr int kThreads = fwd_threads(kTile.block_m);
   // Above 48 KB of dynamic shared memory a kernel must opt in.
   static const cudaError_t opt_in =
@@ -93,7 +95,8 @@ void launch_fwd_kernel(FwdKernelArgs& args, int64_t ctas, cudaStream_t stream) {
     kernel<<<static_cast<unsigned>(ctas), kThreads, Layout::kLaunchBytes, stream>>>(args);
   } else {
     const AttentionShape& shape = args.params.shape;
-    const dim3 grid(args.num_m_blocks, static_cast<unsigned>(shape.nheads_q), static_cast<unsigned>(shape.batch));
+    const dim3 grid(static_cast<unsigned>(args.num_m_blocks * args.num_splits), static_cast<unsigned>(shape.nheads_q),
+                    static_cast<unsigned>(shape.batch));
     kernel<<<grid, kThreads, Layout::kLaunchBytes, stream>>>(args);
   }
 }
@@ -101,6 +104,11 @@ void launch_fwd_kernel(FwdKernelArgs& args, int64_t ctas, cudaStream_t stream) {
 template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool kGeneral, FwdTileConfig kTile,
           bool kPersistent, int kPolyEvery>
 void launch_fwd(FwdKernelArgs& args, cudaStream_t stream) {
+  if (args.num_splits > 1) {  // a CTA per (tile, split): split calls are planned for few tiles (sm90_fwd_num_splits)
+    launch_fwd_kernel<T, kHeadDim, kMask, kSchedule, kGeneral, kTile, kPersistent, kPolyEvery, false, true>(
+        args, args.num_tiles, stream);
+    return;
+  }
   if constexpr (kPersistent) {
     // A CTA per SM (each holds a whole SM's shared memory) striding over the tiles, or one CTA per tile
     // (fwd_persistent_pays). CTAs that walk several tiles carry each tile's tail into the next
@@ -113,12 +121,27 @@ void launch_fwd(FwdKernelArgs& args, cudaStream_t stream) {
     constexpr bool kCanCarry = fwd_carries_tile_tail(kHeadDim) && kSchedule == FwdSchedule::kOverlap;
     if (kCanCarry && ctas < args.num_tiles) {
       launch_fwd_kernel<T, kHeadDim, kMask, fwd_carrying_schedule(kHeadDim, kMask), kGeneral, kTile, true, kPolyEvery,
-                        kCanCarry>(args, ctas, stream);
+                        kCanCarry, false>(args, ctas, stream);
     } else {
-      launch_fwd_kernel<T, kHeadDim, kMask, kSchedule, kGeneral, kTile, true, kPolyEvery, false>(args, ctas, stream);
+      launch_fwd_kernel<T, kHeadDim, kMask, kSchedule, kGeneral, kTile, true, kPolyEvery, false, false>(args, ctas,
+                                                                                                       stream);
     }
   } else {
-    launch_fwd_kernel<T, kHeadDim, kMask, kSchedule, kGeneral, kTile, false, kPolyEvery, false>(args, 0, stream);
+    launch_fwd_kernel<T, kHeadDim, kMask, kSchedule, kGeneral, kTile, false, kPolyEvery, false, false>(args, 0, stream);
+  }
+}
+
+// A split call's merge: the portable path's combine kernel (one CTA per query row) over the partials, its rows the head
+// dim rounded up to kSplitRowGranule floats: one of the two widths a 64-column bucket holds.
+template <typename T, int kHeadDim>
+void launch_split_combine(const FwdParams& params, cudaStream_t stream) {
+  constexpr int kNarrow = kHeadDim - kSplitRowGranule;
+  static_assert(kNarrow > 0 && kHeadDim % kSplitRowGranule == 0, "two partial-row widths per bucket");
+  const dim3 grid(static_cast<unsigned>(params.shape.batch * params.shape.nheads_q * params.shape.seqlen_q));
+  if (params.shape.head_dim <= kNarrow) {
+    sm80::fwd_combine_kernel<T, kNarrow><<<grid, sm80::kCombineThreads, 0, stream>>>(params);
+  } else {
+    sm80::fwd_combine_kernel<T, kHeadDim><<<grid, sm80::kCombineThreads, 0, stream>>>(params);
   }
 }
 
@@ -136,7 +159,8 @@ void run_fwd(const FwdParams& params, void* stream) {
   args.scale_log2 = general ? 1.f : static_cast<float>(params.softmax_scale * kLog2e);
   args.heads_per_kv = static_cast<int>(shape.nheads_q / shape.nheads_k);
   args.num_m_blocks = static_cast<int>((shape.seqlen_q + kTile.block_m - 1) / kTile.block_m);
-  args.num_tiles = static_cast<int64_t>(args.num_m_blocks) * shape.nheads_q * shape.batch;
+  args.num_splits = params.num_splits > 1 ? params.num_splits : 1;
+  args.num_tiles = static_cast<int64_t>(args.num_m_blocks) * args.num_splits * shape.nheads_q * shape.batch;
   // Varlen tensors: one map over every row, the sequence's first row added to the row coordinate (rows past a
   // sequence belong to the next one: masked keys, dropped query rows).
   const MapRows rows = map_rows(shape);
@@ -154,6 +178,7 @@ void run_fwd(const FwdParams& params, void* stream) {
   } else {
     launch_fwd<T, kHeadDim, kMask, kSchedule, false, kTile, kPersistent, kPolyEvery>(args, s);
   }
+  if (args.num_splits > 1) launch_split_combine<T, kHeadDim>(params, s);
 }
 
 }  // namespace flash::sm90
