@@ -171,8 +171,10 @@ int sm90_fwd_num_splits(const FwdParams& p, int num_sms) {
   // length: cut each tile's keys into splits (a CTA each), merged by the combine kernel. Cost model in key-block times
   // of the busiest SM: waves of tiles x splits over the SMs, each ceil(key_blocks / splits) long, plus one key block
   // per split call for the fp32 partials and the combine; the fewest splits of the least cost. Each split keeps at
-  // least kMinKeyBlocksPerSplit key blocks. H200, bf16, hd 128, GQA 32/8, 512 queries over 16k keys (128 tiles,
-  // thirty-eighth session): the portable path's split plan ran 422 us, cuDNN 208.
+  // least kMinKeyBlocksPerSplit key blocks. H200, bf16, hd 128, GQA 32/8, flash_attn_with_kvcache, us (thirty-eighth
+  // session; portable path's split plan / this plan / cuDNN on the same dense keys): 512 queries over 1 x 16k (128
+  // tiles: unsplit here) 422 / 203 / 206; 128 queries over 1 x 32k (32 tiles) 206 / 173 / 384, over 2 x 16k 221 / 143
+  // / 197.
   constexpr int64_t kMinKeyBlocksPerSplit = 4;
   constexpr int64_t kSplitOverheadBlocks = 1;
   const AttentionShape& s = p.shape;
