@@ -215,29 +215,39 @@ __device__ __forceinline__ void pass_turn(int consumer) {
   ptx::named_barrier_arrive(kPingpongBarrier + (1 - consumer), kPingpongThreads);
 }
 
-// A consumer warpgroup's own barrier (ids 3-5; 128 threads): its generic-proxy writes to a tile are done and fenced
-// before any of its warps issues the wgmma that reads the tile.
+// A consumer warpgroup's own barrier (ids 3-5; 128 threads), or with kFwdZeroTailRowsShared id 3 over every consumer
+// thread: generic-proxy writes to a tile are done and fenced before any warp issues the wgmma that reads the tile.
 constexpr int kOwnTileBarrier = kPingpongBarrier + 2;
 
 // KV-cache calls (seqused_k): the V rows of a tile's highest key block past the sequence's used keys hold whatever the
 // cache holds there (torch.empty: maybe NaN or inf), and P = 0 times NaN is NaN in O, so they become zeros (their
-// scores are masked to -inf, so K's rows there need nothing). Each consumer warpgroup writes all of them itself (both
-// write the same zeros, so neither waits for the other) before its first P.V of the block. Whole 128-byte rows: the
-// swizzle permutes 16-byte chunks within a row only.
-template <int kHeadDim, int kBlockN>
+// scores are masked to -inf, so K's rows there need nothing). Whole 128-byte rows: the swizzle permutes 16-byte chunks
+// within a row only. Each consumer warpgroup writes all of them itself (both write the same zeros, so neither waits
+// for the other) before its first P.V of the block, fenced for the async proxy and synced over its own 128 threads.
+// kFwdZeroTailRowsShared (off, compiled, not yet run on a GPU): the consumers share the rows out and meet at one
+// named barrier of all consumer threads instead, so no two threads write the same bytes (racecheck reports
+// same-address writes of different warps without a barrier between them as hazards, whatever the values).
+constexpr bool kFwdZeroTailRowsShared = false;
+template <int kHeadDim, int kBlockN, int kConsumers>
 __device__ __forceinline__ void zero_value_rows_from(uint8_t* v_tile, int first_row, int consumer, int thread) {
   constexpr int kChunkBytes = 16;
   constexpr int kSegmentTileBytes = kBlockN * kSegmentBytes;
-  const int begin = first_row * kSegmentBytes + thread * kChunkBytes;
+  constexpr int kWriters = kFwdZeroTailRowsShared ? kConsumers * ptx::kWarpgroupThreads : ptx::kWarpgroupThreads;
+  const int writer = kFwdZeroTailRowsShared ? consumer * ptx::kWarpgroupThreads + thread : thread;
+  const int begin = first_row * kSegmentBytes + writer * kChunkBytes;
 #pragma unroll
   for (int seg = 0; seg < kHeadDim / kSegmentElems; ++seg) {
     uint8_t* segment = v_tile + seg * kSegmentTileBytes;
-    for (int offset = begin; offset < kSegmentTileBytes; offset += ptx::kWarpgroupThreads * kChunkBytes) {
+    for (int offset = begin; offset < kSegmentTileBytes; offset += kWriters * kChunkBytes) {
       *reinterpret_cast<uint4*>(segment + offset) = make_uint4(0u, 0u, 0u, 0u);
     }
   }
   ptx::fence_proxy_async_shared();
-  ptx::named_barrier_sync(kOwnTileBarrier + consumer, ptx::kWarpgroupThreads);
+  if constexpr (kFwdZeroTailRowsShared) {
+    ptx::named_barrier_sync(kOwnTileBarrier, kWriters);
+  } else {
+    ptx::named_barrier_sync(kOwnTileBarrier + consumer, ptx::kWarpgroupThreads);
+  }
 }
 
 // One work tile of a CTA: block_m query rows of one (batch entry, head), and the key blocks its rows see.
@@ -642,7 +652,8 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
           pack_probs<T, kBlockN>(s, a);
           ptx::mbarrier_wait_parity(&v_full[slot.stage], slot.parity);
           if (n == n_max - 1 && v_rows < kBlockN) {
-            zero_value_rows_from<kHeadDim, kBlockN>(v_tiles + slot.stage * Layout::kKvBytes, v_rows, consumer, thread);
+            zero_value_rows_from<kHeadDim, kBlockN, kConsumers>(v_tiles + slot.stage * Layout::kKvBytes, v_rows,
+                                                                consumer, thread);
           }
           issue_pv<T, kHeadDim, kBlockN>(o, a, v_desc(slot));
           ptx::warpgroup_wait<0>();
@@ -692,7 +703,8 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
         pack_probs<T, kBlockN>(s, a);
         if (v_rows < kBlockN) {
           ptx::mbarrier_wait_parity(&v_full[first.stage], first.parity);
-          zero_value_rows_from<kHeadDim, kBlockN>(v_tiles + first.stage * Layout::kKvBytes, v_rows, consumer, thread);
+          zero_value_rows_from<kHeadDim, kBlockN, kConsumers>(v_tiles + first.stage * Layout::kKvBytes, v_rows,
+                                                              consumer, thread);
         }
         ++ring;
         for (int n = n_max - 2; n >= n_min; --n, ++ring) {
