@@ -298,6 +298,39 @@ def test_kvcache_lengths(forced, seqlen_q, head_dim, feature):
     _check_out_lse(out, lse, truth, naive, 2.0)
 
 
+@pytest.mark.parametrize("page_size", [16, 48, 64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
+def test_kvcache_pages(forced, page_size, causal, head_dim):
+    """A paged cache (block_table over a shuffled pool with spare pages) and 40 queries per sequence: the pages read in
+    place where they fit the key blocks (sm90/fwd_tile_config.h fwd_pages_fit), else a gathered copy; NaN in every
+    row no sequence uses, spare pages included, and a split plan (20 query tiles)."""
+    _require(torch.bfloat16, head_dim, "causal" if causal else "none")
+    lengths, nheads, nheads_k, seqlen_q = [0, 1, 77, 300, 640], 4, 2, 40
+    pages_per_seq = -(-KV_CACHE_ROWS // page_size)
+    rows = pages_per_seq * page_size
+    spare = 3
+    dense_k, dense_v = (randn(len(lengths), rows, nheads_k, head_dim, dtype=torch.bfloat16, device="cuda")
+                        for _ in range(2))
+    for b, n in enumerate(lengths):
+        dense_k[b, n:] = float("nan")
+        dense_v[b, n:] = float("nan")
+    generator = torch.Generator().manual_seed(page_size + head_dim)
+    order = torch.randperm(len(lengths) * pages_per_seq + spare, generator=generator)
+    table = order[:len(lengths) * pages_per_seq].view(len(lengths), pages_per_seq).to("cuda", torch.int32)
+    k_pages, v_pages = (torch.full((order.numel(), page_size, nheads_k, head_dim), float("nan"), dtype=torch.bfloat16,
+                                   device="cuda") for _ in range(2))
+    k_pages[table.view(-1).long()] = dense_k.reshape(-1, page_size, nheads_k, head_dim)
+    v_pages[table.view(-1).long()] = dense_v.reshape(-1, page_size, nheads_k, head_dim)
+    q = randn(len(lengths), seqlen_q, nheads, head_dim, dtype=torch.bfloat16, device="cuda")
+    cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    out, lse = flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=cache_seqlens, block_table=table,
+                                       causal=causal, return_softmax_lse=True)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    truth, naive = _kvcache_reference(q, dense_k, dense_v, lengths, causal=causal)
+    _check_out_lse(out, lse, truth, naive, 2.0)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_kvcache_append_then_lengths(forced, dtype):
     """New rows appended in the call (the append op first, then the Hopper forward over lengths + new rows), causal,

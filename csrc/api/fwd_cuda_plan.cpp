@@ -76,6 +76,13 @@ bool cuda_fwd_takes_append(const FwdParams& p, const at::Tensor& q) {
 bool cuda_fwd_reads_pages(const FwdParams& p, const at::Tensor& q) {
 #if defined(FLASH_WITH_CUDA)
   const DeviceAttributes device = device_attributes(q.device().index());
+  // The Hopper forward reads the pages itself where it takes the call (sm90_policy.cpp: pages that fit its key
+  // blocks); the portable decode kernels read them for decode shapes.
+  const HopperSwitch mode = hopper_switch();
+  if (device.code_arch >= kHopperCodeArch && mode != HopperSwitch::kOff && sm90_fwd_declines(p) == nullptr &&
+      (mode == HopperSwitch::kForce || sm90_fwd_pays(p))) {
+    return true;
+  }
   return fwd_reads_pages(p, sm80::fwd_smem_limits(device.smem));
 #else
   (void)p;

@@ -29,6 +29,11 @@ bool strides_fit(const TensorStrides& strides) {
   return true;
 }
 
+bool fwd_pages_fit_call(const FwdParams& p) {
+  return p.shape.cu_seqlens_q == nullptr && p.page_size > 0 && p.shape.seqlen_k % p.page_size == 0 &&
+         sm90::fwd_pages_fit(sm90_head_dim_bucket(p.shape.head_dim), mask_kind(p.mask), p.page_size);
+}
+
 }  // namespace
 
 HopperSwitch hopper_switch() {
@@ -48,9 +53,12 @@ const char* sm90_fwd_declines(const FwdParams& p) {
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return "dtypes other than fp16 and bf16";
   if ((s.cu_seqlens_q == nullptr) != (s.cu_seqlens_k == nullptr)) return "cu_seqlens for only one of q and k";
   // KV-cache lengths (seqused_k) are served: the kernel zeroes the V rows of a tile's last key block past a sequence's
-  // used keys (sm90/fwd_kernel.h zero_value_rows_from). Pages are read in place by the portable decode kernels only;
-  // other paged calls reach here as a dense copy of their sequences (api/flash_api.cpp gather_pages).
-  if (p.block_table != nullptr) return "a paged K / V cache (block_table)";
+  // used keys (sm90/fwd_kernel.h zero_value_rows_from). Pages are read in place where they fit the key blocks
+  // (sm90/fwd_tile_config.h fwd_pages_fit); other paged calls reach here as a dense copy of their sequences
+  // (api/flash_api.cpp gather_pages), or the portable decode kernels read them.
+  if (p.block_table != nullptr && !fwd_pages_fit_call(p)) {
+    return "a paged K / V cache (block_table) whose pages do not fit the key blocks";
+  }
   if (s.appended_keys > 0) return "keys appended by the attention kernel (decode calls)";
   if (p.dropout.p > 0.0) return "dropout";
   if (p.mask.bias != nullptr) return "an additive attention bias (attn_mask)";

@@ -250,6 +250,50 @@ __device__ __forceinline__ void zero_value_rows_from(uint8_t* v_tile, int first_
   }
 }
 
+// Key rows [key0, key0 + kBlockN) of one sequence of a paged cache (kFwdReadsPagesInPlace) into a K or V slot: `map`
+// spans the page pool (head dim, kv head, page row, page) in boxes of min(page_size, kBlockN) rows; `table` is the
+// sequence's block-table row of `columns` pages. A page of whole blocks gives one box per segment; smaller pages one
+// per page, kPageGroup page numbers loaded before their boxes are issued (each load's latency once per group, not
+// per page, in the producer's 24 registers: with 4, ptxas spilled 8-24 bytes at hd 64 / 128; with 2, none). Page
+// numbers are clamped to the pool and columns to the table: rows past a sequence's keys are masked, and their V rows
+// zeroed (zero_value_rows_from).
+constexpr int kPageGroup = 2;
+template <int kSegments, int kBlockN>
+__device__ __forceinline__ void load_paged_block(uint8_t* slot, const CUtensorMap* map, uint64_t* barrier,
+                                                 int kv_head, int key0, const int32_t* table, int columns,
+                                                 int page_size, int num_pages) {
+  auto page_at = [&](int column) {
+    const int page = table[column < columns ? column : columns - 1];
+    return page < 0 ? 0 : (page < num_pages ? page : num_pages - 1);
+  };
+  if (page_size >= kBlockN) {
+    const int page = page_at(key0 / page_size);
+#pragma unroll
+    for (int seg = 0; seg < kSegments; ++seg) {
+      ptx::tma_load_4d(slot + seg * kBlockN * kSegmentBytes, map, barrier, seg * kSegmentElems, kv_head,
+                       key0 % page_size, page);
+    }
+    return;
+  }
+  const int first = key0 / page_size;
+  const int boxes = kBlockN / page_size;
+  for (int group = 0; group < boxes; group += kPageGroup) {
+    int pages[kPageGroup];
+#pragma unroll
+    for (int i = 0; i < kPageGroup; ++i) pages[i] = group + i < boxes ? page_at(first + group + i) : 0;
+#pragma unroll
+    for (int i = 0; i < kPageGroup; ++i) {
+      if (group + i >= boxes) break;
+      const int row_bytes = (group + i) * page_size * kSegmentBytes;
+#pragma unroll
+      for (int seg = 0; seg < kSegments; ++seg) {
+        ptx::tma_load_4d(slot + seg * kBlockN * kSegmentBytes + row_bytes, map, barrier, seg * kSegmentElems,
+                         kv_head, 0, pages[i]);
+      }
+    }
+  }
+}
+
 // One work tile of a CTA: block_m query rows of one (batch entry, head), and the key blocks its rows see.
 struct FwdTile {
   int m_block;
@@ -480,11 +524,24 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
       int row;
       int batch;
     };
+    // Paged caches (kFwdReadsPagesInPlace): a key block's K or V from its sequence's pages. The dense loads below
+    // stay as they were written, so the kernels compile to the same code with the flag off.
+    auto load_pages = [&](uint8_t* slot, const CUtensorMap* map, uint64_t* barrier, int kv_head, int row, int batch) {
+      load_paged_block<kSegments, kBlockN>(slot, map, barrier, kv_head, row,
+                                           p.block_table + batch * p.block_table_stride,
+                                           static_cast<int>(p.shape.seqlen_k / p.page_size), p.page_size,
+                                           p.num_pages);
+    };
+    const bool paged = kFwdReadsPagesInPlace && p.block_table != nullptr;
     auto load_v = [&](const KvBlock& block) {
       const Slot slot(block.ring);
       uint8_t* v_slot = v_tiles + slot.stage * Layout::kKvBytes;
       ptx::mbarrier_wait_parity(&v_empty[slot.stage], slot.parity ^ 1);
       ptx::mbarrier_arrive_expect_tx(&v_full[slot.stage], Layout::kKvBytes);
+      if (kFwdReadsPagesInPlace && paged) {
+        load_pages(v_slot, &args.v_map, &v_full[slot.stage], block.kv_head, block.row, block.batch);
+        return;
+      }
       for (int seg = 0; seg < kSegments; ++seg) {
         ptx::tma_load_4d(v_slot + seg * kBlockN * kSegmentBytes, &args.v_map, &v_full[slot.stage],
                          seg * kSegmentElems, block.kv_head, block.row, block.batch);
@@ -512,9 +569,13 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
         uint8_t* k_slot = k_tiles + slot.stage * Layout::kKvBytes;
         ptx::mbarrier_wait_parity(&k_empty[slot.stage], slot.parity ^ 1);
         ptx::mbarrier_arrive_expect_tx(&k_full[slot.stage], Layout::kKvBytes);
-        for (int seg = 0; seg < kSegments; ++seg) {
-          ptx::tma_load_4d(k_slot + seg * kBlockN * kSegmentBytes, &args.k_map, &k_full[slot.stage],
-                           seg * kSegmentElems, kv_head, k_row0 + n * kBlockN, map_batch);
+        if (kFwdReadsPagesInPlace && paged) {
+          load_pages(k_slot, &args.k_map, &k_full[slot.stage], kv_head, k_row0 + n * kBlockN, map_batch);
+        } else {
+          for (int seg = 0; seg < kSegments; ++seg) {
+            ptx::tma_load_4d(k_slot + seg * kBlockN * kSegmentBytes, &args.k_map, &k_full[slot.stage],
+                             seg * kSegmentElems, kv_head, k_row0 + n * kBlockN, map_batch);
+          }
         }
         const KvBlock block{ring, kv_head, k_row0 + n * kBlockN, map_batch};
         if constexpr (kKeysBeforeValues) {

@@ -174,4 +174,19 @@ constexpr FwdTileConfig fwd_tile_config(int head_dim, MaskKind mask = MaskKind::
   return FwdTileConfig{block_m, 80, 2};
 }
 
+// Paged K / V caches (FwdParams::block_table) read in place: each key block's rows come by TMA from the page pool,
+// one box per page it spans (16-row boxes for vLLM's pages of 16), instead of a contiguous copy of every sequence's
+// pages per call (api/flash_api.cpp gather_pages; at 512 queries over 1 x 16k keys the copy made the call 263-268 us
+// against 203 contiguous, thirty-eighth session). Off: written and compiled, not yet run on a GPU (docs/perf_log.md,
+// thirty-eighth session, has the recipe). A page must hold whole key blocks, or a key block whole pages of at least
+// kFwdMinPageRows rows: a box then starts on a 1024-byte swizzle atom (8 rows of 128 bytes), and a block's page
+// numbers fit the producer's registers.
+constexpr bool kFwdReadsPagesInPlace = false;
+constexpr int kFwdMinPageRows = 16;
+constexpr bool fwd_pages_fit(int head_dim, MaskKind mask, int64_t page_size) {
+  const int64_t block_n = fwd_tile_config(head_dim, mask).block_n;
+  return kFwdReadsPagesInPlace && page_size > 0 &&
+         (page_size % block_n == 0 || (block_n % page_size == 0 && page_size % kFwdMinPageRows == 0));
+}
+
 }  // namespace flash::sm90
