@@ -7,7 +7,8 @@
 # every cache call against flash_attn_func; writes a JSON of the rows. --num-splits adds the cache call with each given
 # num_splits (kvcache_s<n>), to time the split-KV policy against fixed split counts in one run. --query-len N times
 # chunked-prefill calls instead (N new queries per sequence over the cache, non-causal so that SDPA's peers run the
-# same call), with TFLOP/s beside the bandwidth.
+# same call), with TFLOP/s beside the bandwidth; --causal makes every call of ours causal (bottom-right), without
+# peers.
 import argparse
 import json
 import warnings
@@ -51,8 +52,8 @@ def paged(cache: torch.Tensor, table: torch.Tensor, page_size: int) -> torch.Ten
     return pages
 
 
-def cases(fa, q, k, v, generator, num_splits=()):
-    """name -> a zero-argument call; every call attends q over the same kv_len keys k / v."""
+def cases(fa, q, k, v, generator, num_splits=(), causal=False):
+    """name -> a zero-argument call; every call attends q over the same kv_len keys k / v (causal: bottom-right)."""
     batch, kv_len = k.shape[0], k.shape[1]
     lengths = torch.full((batch,), kv_len, dtype=torch.int32, device=q.device)
     before = lengths - 1  # the append cases write key kv_len - 1 (the same values) and attend over kv_len keys
@@ -60,21 +61,23 @@ def cases(fa, q, k, v, generator, num_splits=()):
     k_cache, v_cache = k.clone(), v.clone()
     cos, sin = rotary_tables(kv_len, q.shape[-1], q.device, q.dtype)
     calls = {
-        "func": lambda: fa.flash_attn_func(q, k, v),
-        "kvcache": lambda: fa.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths),
-        "append": lambda: fa.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=before),
+        "func": lambda: fa.flash_attn_func(q, k, v, causal=causal),
+        "kvcache": lambda: fa.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, causal=causal),
+        "append": lambda: fa.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=before,
+                                                     causal=causal),
         "append_rotary": lambda: fa.flash_attn_with_kvcache(
             q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin, cache_seqlens=before,
-            rotary_interleaved=False),
+            rotary_interleaved=False, causal=causal),
     }
     for n in num_splits:  # over k / v themselves: the append cases above rewrite the caches' last row (rotated)
-        calls[f"kvcache_s{n}"] = lambda n=n: fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=lengths, num_splits=n)
+        calls[f"kvcache_s{n}"] = lambda n=n: fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=lengths, num_splits=n,
+                                                                         causal=causal)
     for page_size in PAGE_SIZES:
         table = block_table(batch, kv_len, page_size, generator, q.device)
         k_pages, v_pages = paged(k, table, page_size), paged(v, table, page_size)
         calls[f"paged{page_size}"] = (
             lambda kp=k_pages, vp=v_pages, t=table: fa.flash_attn_with_kvcache(
-                q, kp, vp, cache_seqlens=lengths, block_table=t))
+                q, kp, vp, cache_seqlens=lengths, block_table=t, causal=causal))
     return calls
 
 
@@ -91,6 +94,16 @@ def peer_calls(p, q, k, v):
 
         calls[name] = call
     return calls
+
+
+def visible_flops(p) -> float:
+    """Forward flops of the (query, key) pairs a call sees; causal: bottom-right, query i sees kv_len - q_len + i + 1
+    keys (Problem.fwd_flops halves the square, right only when queries and keys are as many)."""
+    if not p.causal:
+        return p.fwd_flops()
+    q_len, kv_len = p.seqlen_q, p.seqlen_k
+    pairs = q_len * (kv_len - q_len) + q_len * (q_len + 1) // 2 if kv_len >= q_len else kv_len * (kv_len + 1) // 2
+    return ba.FLOPS_PER_QK_PV_ELEMENT * p.batch * p.nheads * p.headdim * pairs
 
 
 def graphed(call):
@@ -120,6 +133,9 @@ def run(argv=None) -> list:
                         "Gemma-class models)")
     parser.add_argument("--query-len", type=int, default=ba.DECODE_QUERY_LEN,
                         help="queries per sequence (default 1: decode; e.g. 512 for chunked prefill over the cache)")
+    parser.add_argument("--causal", action="store_true",
+                        help="causal calls (bottom-right, as serving aligns new queries to the cache's end); SDPA's "
+                        "causal is top-left when queries and keys differ in number, so its peers are not timed")
     parser.add_argument("--num-splits", default="",
                         help="comma list of num_splits values: also time the cache call with each (kvcache_s<n>)")
     parser.add_argument("--out", default=None)
@@ -138,14 +154,15 @@ def run(argv=None) -> list:
     with torch.no_grad():
         for batch, kv_len in shapes:
             p = ba.Problem(args.device, dtype, batch, ba.DECODE_HEADS_Q, ba.DECODE_HEADS_KV, args.query_len,
-                           kv_len, args.headdim, False)
+                           kv_len, args.headdim, args.causal)
             q = torch.randn(batch, args.query_len, p.nheads, p.headdim, device=p.device, dtype=dtype)
             k = torch.randn(batch, kv_len, p.nheads_k, p.headdim, device=p.device, dtype=dtype)
             v = torch.randn_like(k)
-            ours = cases(fa, q, k, v, generator, num_splits)
+            ours = cases(fa, q, k, v, generator, num_splits, args.causal)
             expected = ours["func"]()
             line = [f"b{batch:<3} kv{kv_len:<7}" + (f" q{args.query_len}" if args.query_len > 1 else "")]
-            for name, call in {**ours, **peer_calls(p, q, k, v)}.items():
+            peers = {} if args.causal else peer_calls(p, q, k, v)
+            for name, call in {**ours, **peers}.items():
                 for mode in ("eager", "graph") if args.graph else ("eager",):
                     row = {"impl": name, "mode": mode, "batch": batch, "kv_len": kv_len, "headdim": args.headdim,
                            "query_len": args.query_len, "ms": None, "tbps": None, "tflops": None, "error": None}
@@ -158,7 +175,7 @@ def run(argv=None) -> list:
                                 row["error"] = f"differs from flash_attn_func by {diff:.3g}"
                         ms = ba.measure(timed, p.device, args)
                         row.update(ms=ms, tbps=p.kv_bytes() / (ms / ba.MS_PER_S) / ba.BYTES_PER_TB,
-                                   tflops=p.fwd_flops() / (ms / ba.MS_PER_S) / ba.FLOPS_PER_TFLOP)
+                                   tflops=visible_flops(p) / (ms / ba.MS_PER_S) / ba.FLOPS_PER_TFLOP)
                         tag = name if mode == "eager" else f"{name}@graph"
                         speed = f"{row['tflops']:.0f}TF" if args.query_len > 1 else f"{row['tbps']:.2f}"
                         line.append(f"{tag} {ms * US_PER_MS:.1f}us/{speed}" + ("!" if row["error"] else ""))
