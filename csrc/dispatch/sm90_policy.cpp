@@ -184,7 +184,7 @@ int sm90_fwd_num_splits(const FwdParams& p, int num_sms) {
   // tiles: unsplit here) 422 / 203 / 206; 128 queries over 1 x 32k (32 tiles) 206 / 173 / 384, over 2 x 16k 221 / 143
   // / 197.
   constexpr int64_t kMinKeyBlocksPerSplit = 4;
-  constexpr int64_t kSplitOverheadBlocks = 1;
+  constexpr double kSplitOverheadBlocks = 1.0;
   const AttentionShape& s = p.shape;
   if (p.probs != nullptr || s.seqlen_k <= 0 || num_sms < 1) return 1;
   const int bucket = sm90_head_dim_bucket(s.head_dim);
@@ -193,11 +193,18 @@ int sm90_fwd_num_splits(const FwdParams& p, int num_sms) {
   const int64_t key_blocks = (s.seqlen_k + tile.block_n - 1) / tile.block_n;
   if (tiles <= 0 || tiles >= num_sms) return 1;
   const int64_t most = std::min<int64_t>(key_blocks / kMinKeyBlocksPerSplit, sm80::kMaxKeySplits);
+  // With kFwdSplitCostCountsPartials, each (tile, split)'s fp32 partial, written and read back by the combine kernel
+  // at DRAM bandwidth, costs ~2 / block_n of a key block's GEMMs at an SM's tensor rate (128 rows x head dim x 8
+  // bytes at ~4.8 TB/s against 128 rows x block_n keys x head dim x 4 flops at ~5 TFLOP/s per SM), summed over the
+  // whole grid: the combine is one pass over every partial. Without it, 128 queries over 1 x 32k keys plan 37 splits
+  // (9 waves of 7 blocks) where 4 (one wave of 64) write a tenth of the partials.
+  const double partial_blocks = kFwdSplitCostCountsPartials ? 2.0 / tile.block_n : 0.0;
   int64_t best = 1;
-  int64_t best_cost = key_blocks;  // one wave, unsplit
+  double best_cost = static_cast<double>(key_blocks);  // one wave, unsplit
   for (int64_t splits = 2; splits <= most; ++splits) {
     const int64_t waves = (tiles * splits + num_sms - 1) / num_sms;
-    const int64_t cost = waves * ((key_blocks + splits - 1) / splits) + kSplitOverheadBlocks;
+    const double cost = static_cast<double>(waves * ((key_blocks + splits - 1) / splits)) + kSplitOverheadBlocks +
+                        partial_blocks * static_cast<double>(tiles * splits);
     if (cost < best_cost) {
       best = splits;
       best_cost = cost;

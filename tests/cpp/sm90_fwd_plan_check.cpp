@@ -1,0 +1,117 @@
+// Host check of which forward calls the Hopper path takes and how it splits their keys (dispatch/sm90_policy.cpp), run
+// by tests/test_sm90_fwd_plan.py: KV-cache lengths served, appends in the call and packed GQA decode steps declined,
+// the backward declining seqused_k, paged caches only where pages fit the key blocks with the in-place flag on, and
+// sm90_fwd_num_splits on the H200's 132 SMs (no split once the query tiles fill the SMs; otherwise the fewest splits
+// of the least waves x blocks per split; at most 128; at least four key blocks a split).
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+
+#include "dispatch/sm90_policy.h"
+#include "sm90/fwd_tile_config.h"
+
+namespace {
+
+constexpr int kH200Sms = 132;
+const int32_t kUsed[1] = {0};  // only addresses are read: the policy never dereferences device pointers
+float probs_buffer[1];
+
+flash::FwdParams call(int64_t batch, int64_t heads, int64_t seqlen_q, int64_t seqlen_k, int64_t head_dim = 128,
+                      bool causal = false) {
+  flash::FwdParams p;
+  p.dtype = flash::DType::kBFloat16;
+  p.shape.batch = batch;
+  p.shape.nheads_q = heads;
+  p.shape.nheads_k = heads;
+  p.shape.seqlen_q = seqlen_q;
+  p.shape.seqlen_k = seqlen_k;
+  p.shape.head_dim = head_dim;
+  p.softmax_scale = 0.088;
+  p.mask.window_left = -1;
+  p.mask.window_right = causal ? 0 : -1;
+  const int64_t row = heads * head_dim;
+  p.q_strides = flash::TensorStrides{seqlen_q * row, row, head_dim};
+  p.k_strides = flash::TensorStrides{seqlen_k * row, row, head_dim};
+  p.v_strides = p.k_strides;
+  return p;
+}
+
+int failures = 0;
+int cases = 0;
+
+void expect_splits(const char* what, const flash::FwdParams& p, int want) {
+  ++cases;
+  const int got = flash::sm90_fwd_num_splits(p, kH200Sms);
+  if (got != want) {
+    ++failures;
+    std::printf("FAIL %s: %d splits, want %d\n", what, got, want);
+  }
+}
+
+// declined: null (the path serves the call) or a piece of the reason it names.
+void expect_declines(const char* what, const char* declined, const char* want) {
+  ++cases;
+  const bool ok = want == nullptr ? declined == nullptr : declined != nullptr && std::strstr(declined, want) != nullptr;
+  if (!ok) {
+    ++failures;
+    std::printf("FAIL %s: declined '%s', want '%s'\n", what, declined ? declined : "(served)", want ? want : "(served)");
+  }
+}
+
+}  // namespace
+
+int main() {
+  // Splits. 512 tiles: none. 128 tiles of 128 key blocks: one wave either way, so none.
+  expect_splits("4 x 16 heads x 4k", call(4, 16, 4096, 4096), 1);
+  expect_splits("1 x 32 heads, 512 queries x 16k", call(1, 32, 512, 16384), 1);
+  // 32 tiles of 256 key blocks: 37 splits (9 waves of 7 blocks: 63 block times), or counting the partials' round trip
+  // 4 (one wave of 64).
+  expect_splits("1 x 32 heads, 128 queries x 32k", call(1, 32, 128, 32768),
+                flash::kFwdSplitCostCountsPartials ? 4 : 37);
+  expect_splits("2 x 32 heads, 128 queries x 16k", call(2, 32, 128, 16384), 2);
+  // One tile over 1M keys: the most the combine kernel merges.
+  expect_splits("1 x 1 head, 100 queries x 1M", call(1, 1, 100, 1 << 20), 128);
+  // Four key blocks: no split of fewer than four.
+  expect_splits("1 x 1 head, 100 queries x 512", call(1, 1, 100, 512), 1);
+  expect_splits("1 x 1 head, 100 queries x 1024", call(1, 1, 100, 1024), 2);
+  // hd 64 tiles of 192 rows: 2 x 2 heads x 1 tile over 5000 keys (40 blocks): 10 splits of 4.
+  expect_splits("hd 64, 2 x 2 heads, 100 queries x 5000", call(2, 2, 100, 5000, 64), 10);
+  // hd 256 blocks of 80 keys: 63 blocks, at most 15 splits; 13 splits of 5 blocks cost what 15 do, and fewer win.
+  expect_splits("hd 256, 2 x 2 heads, 100 queries x 5000", call(2, 2, 100, 5000, 256), 13);
+  flash::FwdParams probs = call(1, 1, 100, 1 << 20);
+  probs.probs = probs_buffer;
+  expect_splits("returned probabilities", probs, 1);
+
+  // What the path serves.
+  flash::FwdParams used = call(4, 8, 200, 640);
+  used.shape.seqused_k = kUsed;
+  expect_declines("seqused_k", flash::sm90_fwd_declines(used), nullptr);
+  flash::FwdParams appended = used;
+  appended.shape.appended_keys = 1;
+  expect_declines("appended keys", flash::sm90_fwd_declines(appended), "appended");
+  flash::FwdParams packed = used;
+  packed.packed_gqa_decode = true;
+  packed.shape.seqlen_q = 32;
+  expect_declines("packed GQA decode", flash::sm90_fwd_declines(packed), "decode");
+  flash::FwdParams split = used;
+  split.num_splits = 64;
+  expect_declines("64 splits", flash::sm90_fwd_declines(split), nullptr);
+  split.num_splits = 129;
+  expect_declines("129 splits", flash::sm90_fwd_declines(split), "splits");
+  flash::FwdParams paged = used;
+  paged.block_table = kUsed;
+  paged.page_size = 16;
+  paged.num_pages = 200;
+  expect_declines("pages of 16", flash::sm90_fwd_declines(paged),
+                  flash::sm90::kFwdReadsPagesInPlace ? nullptr : "paged");
+  paged.page_size = 48;
+  expect_declines("pages of 48", flash::sm90_fwd_declines(paged), "paged");
+  paged.page_size = 8;
+  expect_declines("pages of 8", flash::sm90_fwd_declines(paged), "paged");
+  flash::BwdParams bwd;
+  bwd.fwd = used;
+  expect_declines("backward with seqused_k", flash::sm90_bwd_declines(bwd), "seqused_k");
+
+  std::printf("%d cases, %d failures\n", cases, failures);
+  return failures == 0 ? 0 : 1;
+}
