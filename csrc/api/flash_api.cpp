@@ -164,8 +164,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_impl(
   CheckedCall call = check_call(kFwdOp, args);
   FwdParams& p = call.params;
   if (paged_rows > 0) {
-    // The decode kernels, and the Hopper forward where its pages fit (kFwdReadsPagesInPlace), read the pages in place;
-    // every other call (and CPU) reads a dense copy of its sequences.
+    // The decode kernels, and the Hopper forward where a page holds whole key blocks (sm90 fwd_pages_fit), read the
+    // pages in place; every other call (and CPU) reads a dense copy of its sequences.
     FwdParams probe = p;
     probe.block_table = block_table->data_ptr<int32_t>();
     probe.page_size = static_cast<int>(k.size(1));

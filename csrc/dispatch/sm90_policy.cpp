@@ -178,11 +178,11 @@ int sm90_fwd_num_splits(const FwdParams& p, int num_sms) {
   // The Hopper forward runs one CTA per SM, so a call of fewer query tiles than SMs leaves SMs idle for its whole
   // length: cut each tile's keys into splits (a CTA each), merged by the combine kernel. Cost model in key-block times
   // of the busiest SM: waves of tiles x splits over the SMs, each ceil(key_blocks / splits) long, plus one key block
-  // per split call for the fp32 partials and the combine; the fewest splits of the least cost. Each split keeps at
-  // least kMinKeyBlocksPerSplit key blocks. H200, bf16, hd 128, GQA 32/8, flash_attn_with_kvcache, us (thirty-eighth
-  // session; portable path's split plan / this plan / cuDNN on the same dense keys): 512 queries over 1 x 16k (128
-  // tiles: unsplit here) 422 / 203 / 206; 128 queries over 1 x 32k (32 tiles) 206 / 173 / 384, over 2 x 16k 221 / 143
-  // / 197.
+  // per split call and the fp32 partials' round trip through memory; the fewest splits of the least cost. Each split
+  // keeps at least kMinKeyBlocksPerSplit key blocks. H200, bf16, hd 128, GQA 32/8, flash_attn_with_kvcache from CUDA
+  // graphs, us (portable path's split plan / this plan / cuDNN on the same dense keys): 512 queries over 1 x 16k (128
+  // tiles: unsplit here) 422 / 213 / 210; 128 queries over 1 x 32k (32 tiles) 206 / 130 / 383, over 2 x 16k 221 / 146
+  // / 197 (thirty-eighth and thirty-ninth sessions).
   constexpr int64_t kMinKeyBlocksPerSplit = 4;
   constexpr double kSplitOverheadBlocks = 1.0;
   const AttentionShape& s = p.shape;
@@ -193,12 +193,12 @@ int sm90_fwd_num_splits(const FwdParams& p, int num_sms) {
   const int64_t key_blocks = (s.seqlen_k + tile.block_n - 1) / tile.block_n;
   if (tiles <= 0 || tiles >= num_sms) return 1;
   const int64_t most = std::min<int64_t>(key_blocks / kMinKeyBlocksPerSplit, sm80::kMaxKeySplits);
-  // With kFwdSplitCostCountsPartials, each (tile, split)'s fp32 partial, written and read back by the combine kernel
-  // at DRAM bandwidth, costs ~2 / block_n of a key block's GEMMs at an SM's tensor rate (128 rows x head dim x 8
-  // bytes at ~4.8 TB/s against 128 rows x block_n keys x head dim x 4 flops at ~5 TFLOP/s per SM), summed over the
-  // whole grid: the combine is one pass over every partial. Without it, 128 queries over 1 x 32k keys plan 37 splits
-  // (9 waves of 7 blocks) where 4 (one wave of 64) write a tenth of the partials.
-  const double partial_blocks = kFwdSplitCostCountsPartials ? 2.0 / tile.block_n : 0.0;
+  // Each (tile, split)'s fp32 partial, written and read back by the combine kernel at DRAM bandwidth, costs ~2 /
+  // block_n of a key block's GEMMs at an SM's tensor rate (128 rows x head dim x 8 bytes at ~4.8 TB/s against 128
+  // rows x block_n keys x head dim x 4 flops at ~5 TFLOP/s per SM), summed over the whole grid: the combine is one
+  // pass over every partial. Without this term, 128 queries over 1 x 32k keys planned 37 splits (9 waves of 7 blocks,
+  // 77 MB of partials) and ran 173 us; with it 4 (one wave of 64 blocks, 8 MB): 130 us (thirty-ninth session).
+  const double partial_blocks = 2.0 / tile.block_n;
   int64_t best = 1;
   double best_cost = static_cast<double>(key_blocks);  // one wave, unsplit
   for (int64_t splits = 2; splits <= most; ++splits) {

@@ -50,9 +50,6 @@ int64_t sm90_bwd_dq_splits(const BwdParams& p, int num_sms);
 
 // Key splits of a call the Hopper forward takes (FwdParams::num_splits, merged by the combine kernel): 1 unless its
 // query tiles leave SMs idle and its keys are long enough to share (the cost model is in sm90_policy.cpp).
-// kFwdSplitCostCountsPartials (off: written after the thirty-eighth session's budget, not yet timed): the model also
-// counts the partials' round trip through memory, so it plans fewer splits where more only shave a wave.
-constexpr bool kFwdSplitCostCountsPartials = false;
 int sm90_fwd_num_splits(const FwdParams& p, int num_sms);
 
 // The head-dim bucket whose Hopper kernel serves a call: the next whole 64-column segment count (96 -> 128, 160 -> 192,

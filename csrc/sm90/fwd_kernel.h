@@ -215,8 +215,8 @@ __device__ __forceinline__ void pass_turn(int consumer) {
   ptx::named_barrier_arrive(kPingpongBarrier + (1 - consumer), kPingpongThreads);
 }
 
-// A consumer warpgroup's own barrier (ids 3-5; 128 threads), or with kFwdZeroTailRowsShared id 3 over every consumer
-// thread: generic-proxy writes to a tile are done and fenced before any warp issues the wgmma that reads the tile.
+// A consumer warpgroup's own barrier (ids 3-5; 128 threads): generic-proxy writes to a tile are done and fenced before
+// any warp of the warpgroup issues the wgmma that reads the tile.
 constexpr int kOwnTileBarrier = kPingpongBarrier + 2;
 
 // KV-cache calls (seqused_k): the V rows of a tile's highest key block past the sequence's used keys hold whatever the
@@ -224,17 +224,14 @@ constexpr int kOwnTileBarrier = kPingpongBarrier + 2;
 // scores are masked to -inf, so K's rows there need nothing). Whole 128-byte rows: the swizzle permutes 16-byte chunks
 // within a row only. Each consumer warpgroup writes all of them itself (both write the same zeros, so neither waits
 // for the other) before its first P.V of the block, fenced for the async proxy and synced over its own 128 threads.
-// kFwdZeroTailRowsShared (off, compiled, not yet run on a GPU): the consumers share the rows out and meet at one
-// named barrier of all consumer threads instead, so no two threads write the same bytes (racecheck reports
-// same-address writes of different warps without a barrier between them as hazards, whatever the values).
-constexpr bool kFwdZeroTailRowsShared = false;
-template <int kHeadDim, int kBlockN, int kConsumers>
+// compute-sanitizer racecheck reports no hazard on it (test_kvcache_lengths, hd 128); sharing the rows out between
+// the warpgroups behind one barrier of all consumer threads ran level with it (thirty-ninth session) and was dropped.
+template <int kHeadDim, int kBlockN>
 __device__ __forceinline__ void zero_value_rows_from(uint8_t* v_tile, int first_row, int consumer, int thread) {
   constexpr int kChunkBytes = 16;
   constexpr int kSegmentTileBytes = kBlockN * kSegmentBytes;
-  constexpr int kWriters = kFwdZeroTailRowsShared ? kConsumers * ptx::kWarpgroupThreads : ptx::kWarpgroupThreads;
-  const int writer = kFwdZeroTailRowsShared ? consumer * ptx::kWarpgroupThreads + thread : thread;
-  const int begin = first_row * kSegmentBytes + writer * kChunkBytes;
+  constexpr int kWriters = ptx::kWarpgroupThreads;
+  const int begin = first_row * kSegmentBytes + thread * kChunkBytes;
 #pragma unroll
   for (int seg = 0; seg < kHeadDim / kSegmentElems; ++seg) {
     uint8_t* segment = v_tile + seg * kSegmentTileBytes;
@@ -243,54 +240,25 @@ __device__ __forceinline__ void zero_value_rows_from(uint8_t* v_tile, int first_
     }
   }
   ptx::fence_proxy_async_shared();
-  if constexpr (kFwdZeroTailRowsShared) {
-    ptx::named_barrier_sync(kOwnTileBarrier, kWriters);
-  } else {
-    ptx::named_barrier_sync(kOwnTileBarrier + consumer, ptx::kWarpgroupThreads);
-  }
+  ptx::named_barrier_sync(kOwnTileBarrier + consumer, ptx::kWarpgroupThreads);
 }
 
-// Key rows [key0, key0 + kBlockN) of one sequence of a paged cache (kFwdReadsPagesInPlace) into a K or V slot: `map`
-// spans the page pool (head dim, kv head, page row, page) in boxes of min(page_size, kBlockN) rows; `table` is the
-// sequence's block-table row of `columns` pages. A page of whole blocks gives one box per segment; smaller pages one
-// per page, kPageGroup page numbers loaded before their boxes are issued (each load's latency once per group, not
-// per page, in the producer's 24 registers: with 4, ptxas spilled 8-24 bytes at hd 64 / 128; with 2, none). Page
-// numbers are clamped to the pool and columns to the table: rows past a sequence's keys are masked, and their V rows
+// Key rows [key0, key0 + kBlockN) of one sequence of a paged cache into a K or V slot, from the page that holds them
+// (sm90/fwd_tile_config.h fwd_pages_fit: pages of whole key blocks): `map` spans the page pool (head dim, kv head,
+// page row, page) in boxes of kBlockN rows; `table` is the sequence's block-table row of `columns` pages. The page
+// number is clamped to the pool and its column to the table: rows past a sequence's keys are masked, and their V rows
 // zeroed (zero_value_rows_from).
-constexpr int kPageGroup = 2;
 template <int kSegments, int kBlockN>
 __device__ __forceinline__ void load_paged_block(uint8_t* slot, const CUtensorMap* map, uint64_t* barrier,
                                                  int kv_head, int key0, const int32_t* table, int columns,
                                                  int page_size, int num_pages) {
-  auto page_at = [&](int column) {
-    const int page = table[column < columns ? column : columns - 1];
-    return page < 0 ? 0 : (page < num_pages ? page : num_pages - 1);
-  };
-  if (page_size >= kBlockN) {
-    const int page = page_at(key0 / page_size);
+  const int column = key0 / page_size;
+  const int entry = table[column < columns ? column : columns - 1];
+  const int page = entry < 0 ? 0 : (entry < num_pages ? entry : num_pages - 1);
 #pragma unroll
-    for (int seg = 0; seg < kSegments; ++seg) {
-      ptx::tma_load_4d(slot + seg * kBlockN * kSegmentBytes, map, barrier, seg * kSegmentElems, kv_head,
-                       key0 % page_size, page);
-    }
-    return;
-  }
-  const int first = key0 / page_size;
-  const int boxes = kBlockN / page_size;
-  for (int group = 0; group < boxes; group += kPageGroup) {
-    int pages[kPageGroup];
-#pragma unroll
-    for (int i = 0; i < kPageGroup; ++i) pages[i] = group + i < boxes ? page_at(first + group + i) : 0;
-#pragma unroll
-    for (int i = 0; i < kPageGroup; ++i) {
-      if (group + i >= boxes) break;
-      const int row_bytes = (group + i) * page_size * kSegmentBytes;
-#pragma unroll
-      for (int seg = 0; seg < kSegments; ++seg) {
-        ptx::tma_load_4d(slot + seg * kBlockN * kSegmentBytes + row_bytes, map, barrier, seg * kSegmentElems,
-                         kv_head, 0, pages[i]);
-      }
-    }
+  for (int seg = 0; seg < kSegments; ++seg) {
+    ptx::tma_load_4d(slot + seg * kBlockN * kSegmentBytes, map, barrier, seg * kSegmentElems, kv_head,
+                     key0 % page_size, page);
   }
 }
 
@@ -524,21 +492,20 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
       int row;
       int batch;
     };
-    // Paged caches (kFwdReadsPagesInPlace): a key block's K or V from its sequence's pages. The dense loads below
-    // stay as they were written, so the kernels compile to the same code with the flag off.
+    // Paged caches: a key block's K or V from the page of its sequence that holds it.
     auto load_pages = [&](uint8_t* slot, const CUtensorMap* map, uint64_t* barrier, int kv_head, int row, int batch) {
       load_paged_block<kSegments, kBlockN>(slot, map, barrier, kv_head, row,
                                            p.block_table + batch * p.block_table_stride,
                                            static_cast<int>(p.shape.seqlen_k / p.page_size), p.page_size,
                                            p.num_pages);
     };
-    const bool paged = kFwdReadsPagesInPlace && p.block_table != nullptr;
+    const bool paged = p.block_table != nullptr;
     auto load_v = [&](const KvBlock& block) {
       const Slot slot(block.ring);
       uint8_t* v_slot = v_tiles + slot.stage * Layout::kKvBytes;
       ptx::mbarrier_wait_parity(&v_empty[slot.stage], slot.parity ^ 1);
       ptx::mbarrier_arrive_expect_tx(&v_full[slot.stage], Layout::kKvBytes);
-      if (kFwdReadsPagesInPlace && paged) {
+      if (paged) {
         load_pages(v_slot, &args.v_map, &v_full[slot.stage], block.kv_head, block.row, block.batch);
         return;
       }
@@ -569,7 +536,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
         uint8_t* k_slot = k_tiles + slot.stage * Layout::kKvBytes;
         ptx::mbarrier_wait_parity(&k_empty[slot.stage], slot.parity ^ 1);
         ptx::mbarrier_arrive_expect_tx(&k_full[slot.stage], Layout::kKvBytes);
-        if (kFwdReadsPagesInPlace && paged) {
+        if (paged) {
           load_pages(k_slot, &args.k_map, &k_full[slot.stage], kv_head, k_row0 + n * kBlockN, map_batch);
         } else {
           for (int seg = 0; seg < kSegments; ++seg) {
@@ -713,7 +680,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
           pack_probs<T, kBlockN>(s, a);
           ptx::mbarrier_wait_parity(&v_full[slot.stage], slot.parity);
           if (n == n_max - 1 && v_rows < kBlockN) {
-            zero_value_rows_from<kHeadDim, kBlockN, kConsumers>(v_tiles + slot.stage * Layout::kKvBytes, v_rows,
+            zero_value_rows_from<kHeadDim, kBlockN>(v_tiles + slot.stage * Layout::kKvBytes, v_rows,
                                                                 consumer, thread);
           }
           issue_pv<T, kHeadDim, kBlockN>(o, a, v_desc(slot));
@@ -764,7 +731,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
         pack_probs<T, kBlockN>(s, a);
         if (v_rows < kBlockN) {
           ptx::mbarrier_wait_parity(&v_full[first.stage], first.parity);
-          zero_value_rows_from<kHeadDim, kBlockN, kConsumers>(v_tiles + first.stage * Layout::kKvBytes, v_rows,
+          zero_value_rows_from<kHeadDim, kBlockN>(v_tiles + first.stage * Layout::kKvBytes, v_rows,
                                                               consumer, thread);
         }
         ++ring;

@@ -174,19 +174,16 @@ constexpr FwdTileConfig fwd_tile_config(int head_dim, MaskKind mask = MaskKind::
   return FwdTileConfig{block_m, 80, 2};
 }
 
-// Paged K / V caches (FwdParams::block_table) read in place: each key block's rows come by TMA from the page pool,
-// one box per page it spans (16-row boxes for vLLM's pages of 16), instead of a contiguous copy of every sequence's
-// pages per call (api/flash_api.cpp gather_pages; at 512 queries over 1 x 16k keys the copy made the call 263-268 us
-// against 203 contiguous, thirty-eighth session). Off: written and compiled, not yet run on a GPU (docs/perf_log.md,
-// thirty-eighth session, has the recipe). A page must hold whole key blocks, or a key block whole pages of at least
-// kFwdMinPageRows rows: a box then starts on a 1024-byte swizzle atom (8 rows of 128 bytes), and a block's page
-// numbers fit the producer's registers.
-constexpr bool kFwdReadsPagesInPlace = false;
-constexpr int kFwdMinPageRows = 16;
+// Paged K / V caches (FwdParams::block_table) read in place where a page holds whole key blocks: a key block's
+// segments come by TMA from its page, instead of a contiguous copy of every sequence's pages per call
+// (api/flash_api.cpp gather_pages). H200, bf16, hd 128, GQA 32/8, 512 queries, from CUDA graphs (thirty-ninth
+// session), pages of 256 in place / gathered, us: 1 x 16k 225 / 255, 4 x 4k 240 / 274, 16 x 2k 474 / 527 (contiguous
+// 211 / 235 / 471). Pages smaller than a key block took a box per page, the producer loading page numbers two at a
+// time: pages of 16 ran 484 / 470 / 966 in place, 1.8-1.9x the gathered copy (eight page-number round trips per K and
+// V block outlast the block's GEMMs), so they are gathered.
 constexpr bool fwd_pages_fit(int head_dim, MaskKind mask, int64_t page_size) {
   const int64_t block_n = fwd_tile_config(head_dim, mask).block_n;
-  return kFwdReadsPagesInPlace && page_size > 0 &&
-         (page_size % block_n == 0 || (block_n % page_size == 0 && page_size % kFwdMinPageRows == 0));
+  return page_size > 0 && page_size % block_n == 0;
 }
 
 }  // namespace flash::sm90

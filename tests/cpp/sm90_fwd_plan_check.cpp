@@ -1,6 +1,6 @@
 // Host check of which forward calls the Hopper path takes and how it splits their keys (dispatch/sm90_policy.cpp), run
 // by tests/test_sm90_fwd_plan.py: KV-cache lengths served, appends in the call and packed GQA decode steps declined,
-// the backward declining seqused_k, paged caches only where pages fit the key blocks with the in-place flag on, and
+// the backward declining seqused_k, paged caches only where a page holds whole key blocks, and
 // sm90_fwd_num_splits on the H200's 132 SMs (no split once the query tiles fill the SMs; otherwise the fewest splits
 // of the least waves x blocks per split; at most 128; at least four key blocks a split).
 #include <cstdint>
@@ -64,10 +64,9 @@ int main() {
   // Splits. 512 tiles: none. 128 tiles of 128 key blocks: one wave either way, so none.
   expect_splits("4 x 16 heads x 4k", call(4, 16, 4096, 4096), 1);
   expect_splits("1 x 32 heads, 512 queries x 16k", call(1, 32, 512, 16384), 1);
-  // 32 tiles of 256 key blocks: 37 splits (9 waves of 7 blocks: 63 block times), or counting the partials' round trip
-  // 4 (one wave of 64).
-  expect_splits("1 x 32 heads, 128 queries x 32k", call(1, 32, 128, 32768),
-                flash::kFwdSplitCostCountsPartials ? 4 : 37);
+  // 32 tiles of 256 key blocks: 4 splits (one wave of 64), where blocks alone would plan 37 (9 waves of 7 blocks: 63
+  // block times) and write nine times the partials.
+  expect_splits("1 x 32 heads, 128 queries x 32k", call(1, 32, 128, 32768), 4);
   expect_splits("2 x 32 heads, 128 queries x 16k", call(2, 32, 128, 16384), 2);
   // One tile over 1M keys: the most the combine kernel merges.
   expect_splits("1 x 1 head, 100 queries x 1M", call(1, 1, 100, 1 << 20), 128);
@@ -102,8 +101,12 @@ int main() {
   paged.block_table = kUsed;
   paged.page_size = 16;
   paged.num_pages = 200;
-  expect_declines("pages of 16", flash::sm90_fwd_declines(paged),
-                  flash::sm90::kFwdReadsPagesInPlace ? nullptr : "paged");
+  expect_declines("pages of 16", flash::sm90_fwd_declines(paged), "paged");
+  paged.page_size = 128;
+  expect_declines("pages of 128 (one key block)", flash::sm90_fwd_declines(paged), nullptr);
+  paged.page_size = 256;
+  paged.shape.seqlen_k = 768;  // a paged call's keys: its table's pages, 3 of 256 rows
+  expect_declines("pages of 256", flash::sm90_fwd_declines(paged), nullptr);
   paged.page_size = 48;
   expect_declines("pages of 48", flash::sm90_fwd_declines(paged), "paged");
   paged.page_size = 8;
