@@ -108,6 +108,44 @@ def test_gqa(forced, heads, causal):
     _check_forward(*_qkv(2, 333, 333, h, hk, 128, torch.bfloat16), causal=causal)
 
 
+GQA_PACKED_FEATURES = {
+    "plain": dict(),
+    "causal": dict(causal=True),
+    "window": dict(window_size=(40, 7)),
+    "softcap": dict(softcap=8.0),
+}
+
+
+@pytest.mark.parametrize("feature", list(GQA_PACKED_FEATURES))
+@pytest.mark.parametrize("seqlen_q", [17, 40, 100, 333])
+@pytest.mark.parametrize("heads", [(8, 2), (16, 2), (8, 1), (32, 1), (12, 4), (12, 2)])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_gqa_packed_rows(forced, head_dim, heads, seqlen_q, feature):
+    """Query heads of one KV head packed into a tile's rows (dispatch/sm90_policy.h sm90_fwd_packed_heads: groups of
+    2 ... 32 packed whole, a group of 6 in pairs, a group of 3 unpacked): each row's head and query position reach
+    the masks and the O / LSE rows; ragged last tiles, and causal rows with no key (seqlen_q > seqlen_k)."""
+    kwargs = GQA_PACKED_FEATURES[feature]
+    mask = "causal" if kwargs.get("causal") else ("local" if "window_size" in kwargs else "none")
+    _require(torch.bfloat16, head_dim, mask)
+    h, hk = heads
+    _check_forward(*_qkv(2, seqlen_q, 300, h, hk, head_dim, torch.bfloat16), **kwargs)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gqa_packed_varlen(forced, causal):
+    """Varlen sequences of few queries, 4 query heads a KV head packed: a packed Q box reads past a short sequence
+    into the next one's rows, which must never reach O."""
+    _require(torch.bfloat16, 128, "causal" if causal else "none")
+    seqlens_q, seqlens_k = [30, 1, 77, 5, 64], [300, 40, 700, 0, 64]
+    q, k, v, cu_q, cu_k = varlen_tensors(seqlens_q, seqlens_k, 8, 2, 128, torch.bfloat16, "cuda")
+    out, lse, _, _ = _flash_attn_varlen_forward(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), 0.0, None,
+                                                causal, -1, -1)
+    truth, naive = reference_pair(
+        lambda *x, **kw: attention_varlen_ref(*x, cu_q.cpu(), cu_k.cpu(), causal=causal, **kw),
+        (q.cpu(), k.cpu(), v.cpu()))
+    _check_out_lse(out, lse, truth, naive, 2.0)
+
+
 def test_packed_qkv_strides(forced):
     """q, k, v as views of one (b, s, 3, h, d) tensor: row strides of 3 h d elements reach the tensor maps."""
     _require(torch.bfloat16, 128)

@@ -48,8 +48,15 @@ int64_t sm90_bwd_head_splits(const BwdParams& p, int num_sms);
 // CTA.
 int64_t sm90_bwd_dq_splits(const BwdParams& p, int num_sms);
 
+// Query heads of one KV head that share a Hopper forward tile's rows (FwdParams::sm90_packed_heads): the largest power
+// of two dividing both the heads per KV head and the tile's rows, where that takes fewer tiles than a head per tile
+// (query rows short of a tile: speculative decoding, short chunked prefill); 1 (none) with ALiBi, whose slopes are per
+// head, or when nothing is saved. Measured in sm90_policy.cpp.
+int sm90_fwd_packed_heads(const FwdParams& p);
+
 // Key splits of a call the Hopper forward takes (FwdParams::num_splits, merged by the combine kernel): 1 unless its
-// query tiles leave SMs idle and its keys are long enough to share (the cost model is in sm90_policy.cpp).
+// query tiles (packed as FwdParams::sm90_packed_heads says) leave SMs idle and its keys are long enough to share (the
+// cost model is in sm90_policy.cpp).
 int sm90_fwd_num_splits(const FwdParams& p, int num_sms);
 
 // The head-dim bucket whose Hopper kernel serves a call: the next whole 64-column segment count (96 -> 128, 160 -> 192,

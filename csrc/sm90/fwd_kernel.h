@@ -37,8 +37,13 @@ struct FwdKernelArgs {
   float scale_log2;   // what multiplies a score in the exponent: softmax_scale * log2(e); 1 for general kernels,
                       // whose transform_scores turns scores into log2-domain logits first
   int heads_per_kv;   // nheads_q / nheads_k
-  int num_m_blocks;
-  int64_t num_tiles;  // query blocks x key splits x heads x batch entries (persistent kernels walk them)
+  // GQA packing (FwdParams::sm90_packed_heads = 2^pack_shift query heads of one KV head per tile): tile row l holds
+  // query l >> pack_shift of head (l & (2^pack_shift - 1)) of the tile's heads, and the Q map's boxes span those heads;
+  // tile_heads = nheads_q >> pack_shift tiles' worth of heads per batch entry. 0 / nheads_q: one head per tile.
+  int pack_shift;
+  int tile_heads;
+  int num_m_blocks;   // query blocks of a (packed) sequence
+  int64_t num_tiles;  // query blocks x key splits x tile heads x batch entries (persistent kernels walk them)
   int num_splits;     // key splits (FwdParams::num_splits; kSplit kernels): each tile's keys in num_splits parts,
                       // merged by the combine kernel from split_out / split_lse
 };
@@ -271,7 +276,7 @@ struct FwdTile {
   Sequence sequence;
   bool has_rows;      // false: a varlen sequence shorter than this tile's first row (nothing to do)
   int64_t offset;     // diagonal offset of the sequence
-  int64_t row_first;  // first query row, relative to the sequence
+  int64_t row_first;  // first query row, relative to the sequence (packed tiles: of each of the tile's heads)
   int n_min;          // key blocks [n_min, n_max) hold every key some row of the tile sees
   int n_max;
   int full_lo;        // key blocks [full_lo, full_hi) need no mask for any row
@@ -310,8 +315,8 @@ __device__ __forceinline__ FwdTile plan_tile(const FwdKernelArgs& args, int64_t 
       tile.split = static_cast<int>(split_head_batch % args.num_splits);
       head_batch = split_head_batch / args.num_splits;
     }
-    tile.head = static_cast<int>(head_batch % p.shape.nheads_q);
-    tile.batch = static_cast<int>(head_batch / p.shape.nheads_q);
+    tile.head = static_cast<int>(head_batch % args.tile_heads) << args.pack_shift;
+    tile.batch = static_cast<int>(head_batch / args.tile_heads);
   } else {
     (void)index;
     int unit = static_cast<int>(blockIdx.x);
@@ -320,17 +325,17 @@ __device__ __forceinline__ FwdTile plan_tile(const FwdKernelArgs& args, int64_t 
       unit -= tile.split * args.num_m_blocks;
     }
     tile.m_block = kMask == MaskKind::kNone ? unit : args.num_m_blocks - 1 - unit;
-    tile.head = blockIdx.y;
+    tile.head = static_cast<int>(blockIdx.y) << args.pack_shift;
     tile.batch = blockIdx.z;
   }
   tile.sequence = locate_sequence(p.shape, tile.batch);
   const int64_t seqlen_q = tile.sequence.seqlen_q;
   const int64_t seqlen_k = tile.sequence.seqlen_k;
-  tile.row_first = static_cast<int64_t>(tile.m_block) * kBlockM;
+  tile.row_first = (static_cast<int64_t>(tile.m_block) * kBlockM) >> args.pack_shift;
   tile.has_rows = tile.row_first < seqlen_q;
   tile.offset = diagonal_offset(p.mask, seqlen_q, seqlen_k);
-  const KeyBlocks blocks = key_blocks_of_rows(p.mask, tile.row_first, kBlockM, seqlen_q, seqlen_k, tile.offset,
-                                              kBlockN);
+  const KeyBlocks blocks = key_blocks_of_rows(p.mask, tile.row_first, kBlockM >> args.pack_shift, seqlen_q, seqlen_k,
+                                              tile.offset, kBlockN);
   tile.n_min = blocks.n_min;
   tile.n_max = tile.has_rows ? blocks.n_max : blocks.n_min;
   if constexpr (kSplit) {
@@ -362,16 +367,15 @@ struct TileOutput {
 // raw score; max * ln(2) for general ones, whose max is a log2-domain logit); rows that saw no key give O = 0 and
 // LSE = +inf. From registers: shared memory stays with the next tile's loads. Split calls write the tile's split's fp32
 // partial and natural-log lse instead (-inf where a row saw no key of the split), rows of the combine kernel's layout
-// ([split][batch][head][row], sm80/fwd_combine_kernel.h).
+// ([split][batch][head][row], sm80/fwd_combine_kernel.h). tile_row: the thread's first row in the tile (its second is
+// kSecondRow below), whose low pack_shift bits pick the row's head in a packed tile.
 template <typename T, int kHeadDim, bool kSplit>
 __device__ __forceinline__ void write_output(const FwdKernelArgs& args, const TileOutput& tile,
-                                             const ConsumerRows& rows, const float (&o)[kHeadDim / 2], int lane) {
+                                             const ConsumerRows& rows, const float (&o)[kHeadDim / 2], int lane,
+                                             int tile_row) {
   const FwdParams& p = args.params;
   const int quad_col = 2 * (lane % kQuadLanes);
-  T* out = static_cast<T*>(p.out) + tile.batch * p.out_strides.batch + tile.head * p.out_strides.head +
-           tile.q_row0 * p.out_strides.row;
-  float* lse = static_cast<float*>(p.lse) + tile.batch * p.lse_batch_stride + tile.head * p.lse_head_stride +
-               tile.q_row0;
+  const int head_mask = (1 << args.pack_shift) - 1;
   const float lse_scale = args.scale_log2 * static_cast<float>(kLn2);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -380,9 +384,10 @@ __device__ __forceinline__ void write_output(const FwdKernelArgs& args, const Ti
     sum += __shfl_xor_sync(kFullWarp, sum, 2);
     const float inverse = sum > 0.f ? 1.f / sum : 0.f;
     if (rows.row[r] >= tile.seqlen_q) continue;
+    const int head = tile.head + ((tile_row + kSecondRow * r) & head_mask);
     if constexpr (kSplit) {
       const int64_t rows_total = p.shape.batch * p.shape.nheads_q * p.shape.seqlen_q;
-      const int64_t flat = tile.split * rows_total + (tile.batch * p.shape.nheads_q + tile.head) * p.shape.seqlen_q +
+      const int64_t flat = tile.split * rows_total + (tile.batch * p.shape.nheads_q + head) * p.shape.seqlen_q +
                            rows.row[r];
       const int width =
           (static_cast<int>(p.shape.head_dim) + kSplitRowGranule - 1) / kSplitRowGranule * kSplitRowGranule;
@@ -398,7 +403,8 @@ __device__ __forceinline__ void write_output(const FwdKernelArgs& args, const Ti
       if (lane % kQuadLanes == 0) p.split_lse[flat] = sum > 0.f ? rows.max[r] * lse_scale + logf(sum) : -INFINITY;
       continue;
     }
-    T* out_row = out + rows.row[r] * p.out_strides.row;
+    T* out_row = static_cast<T*>(p.out) + tile.batch * p.out_strides.batch + head * p.out_strides.head +
+                 (tile.q_row0 + rows.row[r]) * p.out_strides.row;
 #pragma unroll
     for (int j = 0; j < kHeadDim / 8; ++j) {
       const int col = 8 * j + quad_col;
@@ -408,7 +414,8 @@ __device__ __forceinline__ void write_output(const FwdKernelArgs& args, const Ti
       }
     }
     if (lane % kQuadLanes == 0) {
-      lse[rows.row[r]] = sum > 0.f ? rows.max[r] * lse_scale + logf(sum) : INFINITY;
+      static_cast<float*>(p.lse)[tile.batch * p.lse_batch_stride + head * p.lse_head_stride + tile.q_row0 +
+                                 rows.row[r]] = sum > 0.f ? rows.max[r] * lse_scale + logf(sum) : INFINITY;
     }
   }
 }
@@ -563,6 +570,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
   const int warp = thread / kWarpSize;
   const int lane = thread % kWarpSize;
   const int quad_col = 2 * (lane % kQuadLanes);
+  const int tile_row = consumer * kRowsPerConsumer + warp * kRowsPerWarp + lane / kQuadLanes;
   auto release = [&](uint64_t* barrier) {
     if (thread == 0) ptx::mbarrier_arrive(barrier);
   };
@@ -598,7 +606,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
     ptx::warpgroup_wait<0>();
     pin_all(o);
     release(&v_empty[last.stage]);
-    write_output<T, kHeadDim, kSplit>(args, carried_tile, carried_rows, o, lane);
+    write_output<T, kHeadDim, kSplit>(args, carried_tile, carried_rows, o, lane, tile_row);
     carrying = false;
   };
 
@@ -614,8 +622,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
 
     ConsumerRows rows;
     for (int r = 0; r < 2; ++r) {
-      rows.row[r] =
-          tile.row_first + consumer * kRowsPerConsumer + warp * kRowsPerWarp + lane / kQuadLanes + kSecondRow * r;
+      rows.row[r] = tile.row_first + ((tile_row + kSecondRow * r) >> args.pack_shift);
       rows.keys[r] = visible_keys(p.mask, rows.row[r], tile.offset, seqlen_k);
       if (rows.keys[r].end > seqlen_k) rows.keys[r].end = seqlen_k;
       rows.max[r] = -INFINITY;
@@ -628,7 +635,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
     if (kCarry && n_max <= n_min) {
       if (carrying) finish_carried();
       zero_all(o);
-      write_output<T, kHeadDim, kSplit>(args, output, rows, o, lane);
+      write_output<T, kHeadDim, kSplit>(args, output, rows, o, lane, tile_row);
       continue;
     }
     if (n_max <= n_min) {
@@ -639,7 +646,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
       ScoreTransform transform{static_cast<float>(p.softmax_scale * kLog2e),
                                softcap ? static_cast<float>(p.softmax_scale / p.softcap) : 0.f,
                                static_cast<float>(p.softcap * kLog2e), 0.f, tile.offset};
-      if (kGeneral && p.mask.alibi_slopes != nullptr) {
+      if (kGeneral && p.mask.alibi_slopes != nullptr) {  // one head per tile: packing declines ALiBi's per-head slopes
         transform.alibi_slope_log2 =
             p.mask.alibi_slopes[tile.batch * p.mask.alibi_batch_stride + tile.head] * static_cast<float>(kLog2e);
       }
@@ -720,7 +727,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
           ptx::warpgroup_wait<0>();
           pin_all(o);
           release(&v_empty[carried_v.stage]);
-          write_output<T, kHeadDim, kSplit>(args, carried_tile, carried_rows, o, lane);
+          write_output<T, kHeadDim, kSplit>(args, carried_tile, carried_rows, o, lane, tile_row);
           carrying = false;
         } else {
           if (kPingpong) pass_turn(consumer);
@@ -773,7 +780,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
       }
       ++loaded_q;
     }
-    if constexpr (!kCarry) write_output<T, kHeadDim, kSplit>(args, output, rows, o, lane);
+    if constexpr (!kCarry) write_output<T, kHeadDim, kSplit>(args, output, rows, o, lane, tile_row);
   }
   if (kCarry && carrying) finish_carried();
   if (kCarriedPingpong && consumer == 0) take_turn(consumer);  // consumes warpgroup 1's last hand-over

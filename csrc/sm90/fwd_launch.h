@@ -23,10 +23,11 @@ template <DType kDType>
 using Element = std::conditional_t<kDType == DType::kFloat16, __half, __nv_bfloat16>;
 
 // (head dim, head, row, batch) map of a (batch, rows, heads, head_dim) 16-bit tensor in boxes of 64 columns x
-// box_rows rows of one head; rows and columns past the tensor read as zeros.
+// box_rows rows of box_heads heads (in shared memory row by row, each row's heads in turn: a packed GQA tile's rows);
+// rows and columns past the tensor read as zeros.
 template <typename T>
 bool encode_rows_map(CUtensorMap& map, const void* base, const TensorStrides& strides, int64_t head_dim,
-                     int64_t heads, int64_t rows, int64_t batch, int box_rows) {
+                     int64_t heads, int64_t rows, int64_t batch, int box_rows, int box_heads = 1) {
   TensorMapArg arg{};
   const CUtensorMapDataType type =
       std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
@@ -37,7 +38,7 @@ bool encode_rows_map(CUtensorMap& map, const void* base, const TensorStrides& st
   const uint64_t bytes[3] = {static_cast<uint64_t>(strides.head) * sizeof(T),
                              static_cast<uint64_t>(strides.row) * sizeof(T),
                              static_cast<uint64_t>(batch_stride) * sizeof(T)};
-  const uint32_t box[4] = {kSegmentElems, 1, static_cast<uint32_t>(box_rows), 1};
+  const uint32_t box[4] = {kSegmentElems, static_cast<uint32_t>(box_heads), static_cast<uint32_t>(box_rows), 1};
   if (!encode_16bit_swizzled_map_4d(arg, base, type, dims, bytes, box)) return false;
   map = arg.map;
   return true;
@@ -95,7 +96,7 @@ void launch_fwd_kernel(FwdKernelArgs& args, int64_t ctas, cudaStream_t stream) {
     kernel<<<static_cast<unsigned>(ctas), kThreads, Layout::kLaunchBytes, stream>>>(args);
   } else {
     const AttentionShape& shape = args.params.shape;
-    const dim3 grid(static_cast<unsigned>(args.num_m_blocks * args.num_splits), static_cast<unsigned>(shape.nheads_q),
+    const dim3 grid(static_cast<unsigned>(args.num_m_blocks * args.num_splits), static_cast<unsigned>(args.tile_heads),
                     static_cast<unsigned>(shape.batch));
     kernel<<<grid, kThreads, Layout::kLaunchBytes, stream>>>(args);
   }
@@ -158,9 +159,14 @@ void run_fwd(const FwdParams& params, void* stream) {
   args.params = params;
   args.scale_log2 = general ? 1.f : static_cast<float>(params.softmax_scale * kLog2e);
   args.heads_per_kv = static_cast<int>(shape.nheads_q / shape.nheads_k);
-  args.num_m_blocks = static_cast<int>((shape.seqlen_q + kTile.block_m - 1) / kTile.block_m);
+  // GQA packing (dispatch/sm90_policy.h sm90_fwd_packed_heads: a power of two dividing the heads per KV head and
+  // block_m): a tile's rows are block_m / packed queries of `packed` heads, so a sequence has seqlen_q * packed rows.
+  const int packed = params.sm90_packed_heads > 1 ? params.sm90_packed_heads : 1;
+  while ((1 << args.pack_shift) < packed) ++args.pack_shift;
+  args.tile_heads = static_cast<int>(shape.nheads_q >> args.pack_shift);
+  args.num_m_blocks = static_cast<int>((shape.seqlen_q * packed + kTile.block_m - 1) / kTile.block_m);
   args.num_splits = params.num_splits > 1 ? params.num_splits : 1;
-  args.num_tiles = static_cast<int64_t>(args.num_m_blocks) * args.num_splits * shape.nheads_q * shape.batch;
+  args.num_tiles = static_cast<int64_t>(args.num_m_blocks) * args.num_splits * args.tile_heads * shape.batch;
   // Varlen tensors: one map over every row, the sequence's first row added to the row coordinate (rows past a
   // sequence belong to the next one: masked keys, dropped query rows).
   // Paged caches: K / V maps over the page pool, a box per key block (pages hold whole key blocks: fwd_pages_fit).
@@ -170,7 +176,7 @@ void run_fwd(const FwdParams& params, void* stream) {
   const int64_t kv_entries = paged ? params.num_pages : rows.entries;
   const bool encoded =
       encode_rows_map<T>(args.q_map, params.q, params.q_strides, shape.head_dim, shape.nheads_q, rows.q_rows,
-                         rows.entries, kTile.block_m) &&
+                         rows.entries, kTile.block_m / packed, packed) &&
       encode_rows_map<T>(args.k_map, params.k, params.k_strides, shape.head_dim, shape.nheads_k, kv_rows, kv_entries,
                          kTile.block_n) &&
       encode_rows_map<T>(args.v_map, params.v, params.v_strides, shape.head_dim, shape.nheads_k, kv_rows, kv_entries,

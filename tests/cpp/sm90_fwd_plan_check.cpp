@@ -1,6 +1,6 @@
 // Host check of which forward calls the Hopper path takes and how it splits their keys (dispatch/sm90_policy.cpp), run
 // by tests/test_sm90_fwd_plan.py: KV-cache lengths served, appends in the call and packed GQA decode steps declined,
-// the backward declining seqused_k, paged caches only where a page holds whole key blocks, and
+// the backward declining seqused_k, paged caches only where a page holds whole key blocks, GQA packing, and
 // sm90_fwd_num_splits on the H200's 132 SMs (no split once the query tiles fill the SMs; otherwise the fewest splits
 // of the least waves x blocks per split; at most 128; at least four key blocks a split).
 #include <cstdint>
@@ -38,6 +38,24 @@ flash::FwdParams call(int64_t batch, int64_t heads, int64_t seqlen_q, int64_t se
 
 int failures = 0;
 int cases = 0;
+
+void expect_packed(const char* what, const flash::FwdParams& p, int want) {
+  ++cases;
+  const int got = flash::sm90_fwd_packed_heads(p);
+  if (got != want) {
+    ++failures;
+    std::printf("FAIL %s: %d packed heads, want %d\n", what, got, want);
+  }
+}
+
+// GQA: heads query heads over kv_heads KV heads, packed as the policy says (as api/fwd_cuda_plan.cpp plans a call).
+flash::FwdParams gqa(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seqlen_q, int64_t seqlen_k,
+                     int64_t head_dim = 128) {
+  flash::FwdParams p = call(batch, heads, seqlen_q, seqlen_k, head_dim);
+  p.shape.nheads_k = kv_heads;
+  p.sm90_packed_heads = flash::sm90_fwd_packed_heads(p);
+  return p;
+}
 
 void expect_splits(const char* what, const flash::FwdParams& p, int want) {
   ++cases;
@@ -77,6 +95,22 @@ int main() {
   expect_splits("hd 64, 2 x 2 heads, 100 queries x 5000", call(2, 2, 100, 5000, 64), 10);
   // hd 256 blocks of 80 keys: 63 blocks, at most 15 splits; 13 splits of 5 blocks cost what 15 do, and fewer win.
   expect_splits("hd 256, 2 x 2 heads, 100 queries x 5000", call(2, 2, 100, 5000, 256), 13);
+  // GQA packing: the largest power of two dividing the group and block_m, where it takes fewer tiles.
+  expect_packed("32 / 8 heads, 32 queries", gqa(16, 32, 8, 32, 8192), 4);
+  expect_packed("32 / 8 heads, 512 queries (no tile saved)", gqa(1, 32, 8, 512, 8192), 1);
+  expect_packed("32 / 8 heads, 333 queries (3 tiles a head: 11 packed)", gqa(1, 32, 8, 333, 8192), 4);
+  expect_packed("32 / 1 heads, 17 queries", gqa(1, 32, 1, 17, 8192), 32);
+  expect_packed("12 / 4 heads (groups of 3)", gqa(1, 12, 4, 32, 8192), 1);
+  expect_packed("24 / 4 heads (groups of 6), 32 queries", gqa(1, 24, 4, 32, 8192), 2);
+  expect_packed("hd 64 (192-row tiles), 64 / 8 heads, 24 queries", gqa(1, 64, 8, 24, 8192, 64), 8);
+  expect_packed("MHA", gqa(1, 32, 32, 32, 8192), 1);
+  flash::FwdParams alibi = gqa(1, 32, 8, 32, 8192);
+  alibi.mask.alibi_slopes = probs_buffer;
+  expect_packed("ALiBi", alibi, 1);
+  // Packed tiles are what the split plan counts: 16 x 8 packed tiles fill 128 of 132 SMs (no split); 1 x 8 over 32k
+  // keys split.
+  expect_splits("16 x 32 / 8 heads, 32 queries x 8k", gqa(16, 32, 8, 32, 8192), 1);
+  expect_splits("1 x 32 / 8 heads, 32 queries x 32k", gqa(1, 32, 8, 32, 32768), 16);
   flash::FwdParams probs = call(1, 1, 100, 1 << 20);
   probs.probs = probs_buffer;
   expect_splits("returned probabilities", probs, 1);

@@ -137,6 +137,9 @@ struct FwdParams {
   // Single-query GQA calls whose query heads of a KV head became rows (dispatch/fwd_plan.h pack_gqa_decode): decode
   // calls, whatever seqlen_q now says.
   bool packed_gqa_decode = false;
+  // Hopper forward calls of few query rows with GQA: this many query heads of one KV head share each tile's rows
+  // (dispatch/sm90_policy.h sm90_fwd_packed_heads; sm90/fwd_kernel.h FwdKernelArgs::pack_shift). 1: one head a tile.
+  int sm90_packed_heads = 1;
 
   // Paged K / V (flash_attn_with_kvcache's block_table; dense decode-tile CUDA calls whose pages hold whole key
   // blocks, with seqused_k: dispatch/fwd_plan.h fwd_reads_pages): k and v are (num_pages, page_size, nheads_k,
