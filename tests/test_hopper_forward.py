@@ -340,8 +340,9 @@ def test_kvcache_lengths(forced, seqlen_q, head_dim, feature):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
 def test_kvcache_pages(forced, page_size, causal, head_dim):
-    """A paged cache (block_table over a shuffled pool with spare pages) and 40 queries per sequence: the pages read in
-    place where they fit the key blocks (sm90/fwd_tile_config.h fwd_pages_fit), else a gathered copy; NaN in every
+    """A paged cache (block_table over a shuffled pool with spare pages) and 40 queries per sequence of 2 packed heads
+    (one query tile per KV head): the pages read in place where they fit the key blocks (sm90/fwd_tile_config.h
+    fwd_pages_fit: pages of whole blocks, or blocks of whole pages of 16+ rows), else a gathered copy; NaN in every
     row no sequence uses, spare pages included, and a split plan (20 query tiles)."""
     _require(torch.bfloat16, head_dim, "causal" if causal else "none")
     lengths, nheads, nheads_k, seqlen_q = [0, 1, 77, 300, 640], 4, 2, 40

@@ -29,9 +29,27 @@ bool strides_fit(const TensorStrides& strides) {
   return true;
 }
 
+// Pages read in place by the Hopper forward (sm90/fwd_tile_config.h fwd_pages_fit), where that beats the gathered
+// copy. Pages of whole key blocks always (page 256, 512 queries, us in place / gathered: 1 x 16k 225 / 255, 16 x 2k
+// 474 / 527). Smaller pages cost the producer a box per page and segment (32 TMA copies per key block at hd 128,
+// page 16), so a block takes longer to load than to multiply, and pay only where the copy of the whole cache
+// outweighs that: a call of one query tile per KV head (e.g. 32 queries of 4 packed heads). H200, bf16, hd 128, GQA
+// 32/8, page 16, from CUDA graphs (thirty-ninth session), in place / gathered / contiguous: 32 queries 16 x 8k 215 /
+// 439 / 144, 1 x 32k 64 / 134 / 55; 512 queries (16 tiles a KV head) 16 x 2k 829 / 541 / 471, 1 x 16k 390 / 254 /
+// 207.
 bool fwd_pages_fit_call(const FwdParams& p) {
-  return p.shape.cu_seqlens_q == nullptr && p.page_size > 0 && p.shape.seqlen_k % p.page_size == 0 &&
-         sm90::fwd_pages_fit(sm90_head_dim_bucket(p.shape.head_dim), mask_kind(p.mask), p.page_size);
+  const AttentionShape& s = p.shape;
+  const int bucket = sm90_head_dim_bucket(s.head_dim);
+  if (s.cu_seqlens_q != nullptr || p.page_size <= 0 || s.seqlen_k % p.page_size != 0 ||
+      !sm90::fwd_pages_fit(bucket, mask_kind(p.mask), p.page_size)) {
+    return false;
+  }
+  const int block_m = sm90::fwd_tile_config(bucket, mask_kind(p.mask)).block_m;
+  if (p.page_size >= sm90::fwd_tile_config(bucket, mask_kind(p.mask)).block_n || s.nheads_k < 1) return true;
+  const int64_t group = s.nheads_q / s.nheads_k;
+  const int64_t packed = sm90_fwd_packed_heads(p);
+  const int64_t tiles_per_kv_head = (group / packed) * ((s.seqlen_q * packed + block_m - 1) / block_m);
+  return tiles_per_kv_head == 1;
 }
 
 }  // namespace

@@ -248,22 +248,47 @@ __device__ __forceinline__ void zero_value_rows_from(uint8_t* v_tile, int first_
   ptx::named_barrier_sync(kOwnTileBarrier + consumer, ptx::kWarpgroupThreads);
 }
 
-// Key rows [key0, key0 + kBlockN) of one sequence of a paged cache into a K or V slot, from the page that holds them
-// (sm90/fwd_tile_config.h fwd_pages_fit: pages of whole key blocks): `map` spans the page pool (head dim, kv head,
-// page row, page) in boxes of kBlockN rows; `table` is the sequence's block-table row of `columns` pages. The page
-// number is clamped to the pool and its column to the table: rows past a sequence's keys are masked, and their V rows
-// zeroed (zero_value_rows_from).
+// Paged caches (FwdParams::block_table; sm90/fwd_tile_config.h fwd_pages_fit): the page numbers of the key block at
+// key0 of one sequence, lane i of the producer warp holding the block's i-th page (a page of whole key blocks: lane 0
+// its one page), so a block's page numbers cost one load latency whatever their count. `table`: the sequence's
+// block-table row of `columns` pages. Columns are clamped to the table and pages to the pool: rows past a sequence's
+// keys are masked, and their V rows zeroed (zero_value_rows_from).
+template <int kBlockN>
+__device__ __forceinline__ int lane_page(int key0, const int32_t* table, int columns, int page_size, int num_pages,
+                                         int lane) {
+  const int pages = page_size >= kBlockN ? 1 : kBlockN / page_size;
+  if (lane >= pages) return 0;
+  const int column = key0 / page_size + lane;
+  const int entry = table[column < columns ? column : columns - 1];
+  return entry < 0 ? 0 : (entry < num_pages ? entry : num_pages - 1);
+}
+
+// Key rows [key0, key0 + kBlockN) into a K or V slot from their pages (`page`: lane_page's, every lane of the warp
+// calls this): one box per segment from a page of whole key blocks, else a box of page_size rows per page, each
+// starting on a 1024-byte swizzle atom (pages of at least kFwdMinPageRows rows). `map` spans the page pool (head
+// dim, kv head, page row, page) in boxes of min(page_size, kBlockN) rows. Lane 0 issues the copies.
 template <int kSegments, int kBlockN>
 __device__ __forceinline__ void load_paged_block(uint8_t* slot, const CUtensorMap* map, uint64_t* barrier,
-                                                 int kv_head, int key0, const int32_t* table, int columns,
-                                                 int page_size, int num_pages) {
-  const int column = key0 / page_size;
-  const int entry = table[column < columns ? column : columns - 1];
-  const int page = entry < 0 ? 0 : (entry < num_pages ? entry : num_pages - 1);
+                                                 int kv_head, int key0, int page, int page_size, int lane) {
+  if (page_size >= kBlockN) {
+    if (lane != 0) return;
 #pragma unroll
-  for (int seg = 0; seg < kSegments; ++seg) {
-    ptx::tma_load_4d(slot + seg * kBlockN * kSegmentBytes, map, barrier, seg * kSegmentElems, kv_head,
-                     key0 % page_size, page);
+    for (int seg = 0; seg < kSegments; ++seg) {
+      ptx::tma_load_4d(slot + seg * kBlockN * kSegmentBytes, map, barrier, seg * kSegmentElems, kv_head,
+                       key0 % page_size, page);
+    }
+    return;
+  }
+  const int pages = kBlockN / page_size;
+  for (int i = 0; i < pages; ++i) {
+    const int page_i = __shfl_sync(kFullWarp, page, i);
+    if (lane != 0) continue;
+    const int row_bytes = i * page_size * kSegmentBytes;
+#pragma unroll
+    for (int seg = 0; seg < kSegments; ++seg) {
+      ptx::tma_load_4d(slot + seg * kBlockN * kSegmentBytes + row_bytes, map, barrier, seg * kSegmentElems, kv_head,
+                       0, page_i);
+    }
   }
 }
 
@@ -484,11 +509,15 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
 
   const int warpgroup = ptx::warpgroup_index();
   if (warpgroup == 0) {
-    // Producer: one thread. Q of the q-th loaded tile into Q slot q % kQStages once the consumers released that
-    // slot's previous tile; K[j] and V[j] of ring iteration i (counted across tiles) into slot i % kStages once
-    // released.
+    // Producer: one thread (a paged call's: one warp, lane 0 issuing every copy and barrier arrival, every lane
+    // loading one page number of a key block). Q of the q-th loaded tile into Q slot q % kQStages once the consumers
+    // released that slot's previous tile; K[j] and V[j] of ring iteration i (counted across tiles) into slot
+    // i % kStages once released.
     ptx::release_registers<kProducerRegisters>();
-    if (threadIdx.x != 0) return;
+    const bool paged = p.block_table != nullptr;
+    if (threadIdx.x >= (paged ? kWarpSize : 1)) return;
+    const int lane = static_cast<int>(threadIdx.x);
+    const bool leader = lane == 0;
     int ring = 0;
     int loaded_q = 0;
     // A key block's V by ring iteration and coordinates; with fwd_keys_before_values issued after the next block's K.
@@ -498,22 +527,16 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
       int kv_head;
       int row;
       int batch;
+      int page;  // paged calls: this lane's page of the block (lane_page), shared by its K and V
     };
-    // Paged caches: a key block's K or V from the page of its sequence that holds it.
-    auto load_pages = [&](uint8_t* slot, const CUtensorMap* map, uint64_t* barrier, int kv_head, int row, int batch) {
-      load_paged_block<kSegments, kBlockN>(slot, map, barrier, kv_head, row,
-                                           p.block_table + batch * p.block_table_stride,
-                                           static_cast<int>(p.shape.seqlen_k / p.page_size), p.page_size,
-                                           p.num_pages);
-    };
-    const bool paged = p.block_table != nullptr;
     auto load_v = [&](const KvBlock& block) {
       const Slot slot(block.ring);
       uint8_t* v_slot = v_tiles + slot.stage * Layout::kKvBytes;
       ptx::mbarrier_wait_parity(&v_empty[slot.stage], slot.parity ^ 1);
-      ptx::mbarrier_arrive_expect_tx(&v_full[slot.stage], Layout::kKvBytes);
+      if (leader) ptx::mbarrier_arrive_expect_tx(&v_full[slot.stage], Layout::kKvBytes);
       if (paged) {
-        load_pages(v_slot, &args.v_map, &v_full[slot.stage], block.kv_head, block.row, block.batch);
+        load_paged_block<kSegments, kBlockN>(v_slot, &args.v_map, &v_full[slot.stage], block.kv_head, block.row,
+                                             block.page, p.page_size, lane);
         return;
       }
       for (int seg = 0; seg < kSegments; ++seg) {
@@ -521,7 +544,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
                          seg * kSegmentElems, block.kv_head, block.row, block.batch);
       }
     };
-    KvBlock pending_v{-1, 0, 0, 0};
+    KvBlock pending_v{-1, 0, 0, 0, 0};
     for (int64_t index = tile_first; index < tile_count; index += tile_stride) {
       const FwdTile tile = plan_tile<kHeadDim, kMask, kPersistent, kBlockM, kBlockN, kSplit>(args, index);
       if (tile.n_max <= tile.n_min) continue;  // no rows, or no key any row sees: the consumers write O = 0
@@ -530,28 +553,36 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
       const QSlot q_slot(loaded_q);
       uint8_t* q_tile = q_tiles + q_slot.stage * Layout::kQBytes;
       ptx::mbarrier_wait_parity(&q_empty[q_slot.stage], q_slot.parity ^ 1);
-      ptx::mbarrier_arrive_expect_tx(&q_full[q_slot.stage], Layout::kQBytes);
-      for (int seg = 0; seg < kSegments; ++seg) {
-        ptx::tma_load_4d(q_tile + seg * kBlockM * kSegmentBytes, &args.q_map, &q_full[q_slot.stage],
-                         seg * kSegmentElems, tile.head, static_cast<int>(tile.sequence.q_row0 + tile.row_first),
-                         map_batch);
+      if (leader) {
+        ptx::mbarrier_arrive_expect_tx(&q_full[q_slot.stage], Layout::kQBytes);
+        for (int seg = 0; seg < kSegments; ++seg) {
+          ptx::tma_load_4d(q_tile + seg * kBlockM * kSegmentBytes, &args.q_map, &q_full[q_slot.stage],
+                           seg * kSegmentElems, tile.head, static_cast<int>(tile.sequence.q_row0 + tile.row_first),
+                           map_batch);
+        }
       }
       ++loaded_q;
       const int k_row0 = static_cast<int>(tile.sequence.k_row0);
       for (int n = tile.n_max - 1; n >= tile.n_min; --n, ++ring) {
         const Slot slot(ring);
         uint8_t* k_slot = k_tiles + slot.stage * Layout::kKvBytes;
+        // A paged block's page numbers load before the wait for its slot, so their latency hides under it.
+        const int page = paged ? lane_page<kBlockN>(k_row0 + n * kBlockN, p.block_table + map_batch *
+                                                    p.block_table_stride, static_cast<int>(p.shape.seqlen_k /
+                                                    p.page_size), p.page_size, p.num_pages, lane)
+                               : 0;
         ptx::mbarrier_wait_parity(&k_empty[slot.stage], slot.parity ^ 1);
-        ptx::mbarrier_arrive_expect_tx(&k_full[slot.stage], Layout::kKvBytes);
+        if (leader) ptx::mbarrier_arrive_expect_tx(&k_full[slot.stage], Layout::kKvBytes);
         if (paged) {
-          load_pages(k_slot, &args.k_map, &k_full[slot.stage], kv_head, k_row0 + n * kBlockN, map_batch);
+          load_paged_block<kSegments, kBlockN>(k_slot, &args.k_map, &k_full[slot.stage], kv_head,
+                                               k_row0 + n * kBlockN, page, p.page_size, lane);
         } else {
           for (int seg = 0; seg < kSegments; ++seg) {
             ptx::tma_load_4d(k_slot + seg * kBlockN * kSegmentBytes, &args.k_map, &k_full[slot.stage],
                              seg * kSegmentElems, kv_head, k_row0 + n * kBlockN, map_batch);
           }
         }
-        const KvBlock block{ring, kv_head, k_row0 + n * kBlockN, map_batch};
+        const KvBlock block{ring, kv_head, k_row0 + n * kBlockN, map_batch, page};
         if constexpr (kKeysBeforeValues) {
           if (pending_v.ring >= 0) load_v(pending_v);
           pending_v = block;

@@ -169,18 +169,19 @@ void run_fwd(const FwdParams& params, void* stream) {
   args.num_tiles = static_cast<int64_t>(args.num_m_blocks) * args.num_splits * args.tile_heads * shape.batch;
   // Varlen tensors: one map over every row, the sequence's first row added to the row coordinate (rows past a
   // sequence belong to the next one: masked keys, dropped query rows).
-  // Paged caches: K / V maps over the page pool, a box per key block (pages hold whole key blocks: fwd_pages_fit).
+  // Paged caches: K / V maps over the page pool, a box per key block or per page (fwd_pages_fit).
   const MapRows rows = map_rows(shape);
   const bool paged = params.block_table != nullptr;
   const int64_t kv_rows = paged ? params.page_size : rows.k_rows;
   const int64_t kv_entries = paged ? params.num_pages : rows.entries;
+  const int kv_box_rows = paged && params.page_size < kTile.block_n ? params.page_size : kTile.block_n;
   const bool encoded =
       encode_rows_map<T>(args.q_map, params.q, params.q_strides, shape.head_dim, shape.nheads_q, rows.q_rows,
                          rows.entries, kTile.block_m / packed, packed) &&
       encode_rows_map<T>(args.k_map, params.k, params.k_strides, shape.head_dim, shape.nheads_k, kv_rows, kv_entries,
-                         kTile.block_n) &&
+                         kv_box_rows) &&
       encode_rows_map<T>(args.v_map, params.v, params.v_strides, shape.head_dim, shape.nheads_k, kv_rows, kv_entries,
-                         kTile.block_n);
+                         kv_box_rows);
   if (!encoded) fail_tensor_maps("forward", "q, k, v", shape.head_dim);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (general) {

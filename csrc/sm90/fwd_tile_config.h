@@ -174,16 +174,21 @@ constexpr FwdTileConfig fwd_tile_config(int head_dim, MaskKind mask = MaskKind::
   return FwdTileConfig{block_m, 80, 2};
 }
 
-// Paged K / V caches (FwdParams::block_table) read in place where a page holds whole key blocks: a key block's
-// segments come by TMA from its page, instead of a contiguous copy of every sequence's pages per call
-// (api/flash_api.cpp gather_pages). H200, bf16, hd 128, GQA 32/8, 512 queries, from CUDA graphs (thirty-ninth
-// session), pages of 256 in place / gathered, us: 1 x 16k 225 / 255, 4 x 4k 240 / 274, 16 x 2k 474 / 527 (contiguous
-// 211 / 235 / 471). Pages smaller than a key block took a box per page, the producer loading page numbers two at a
-// time: pages of 16 ran 484 / 470 / 966 in place, 1.8-1.9x the gathered copy (eight page-number round trips per K and
-// V block outlast the block's GEMMs), so they are gathered.
+// Paged K / V caches (FwdParams::block_table) read in place: a key block's rows come by TMA from its pages, one box
+// per segment from a page of whole key blocks, else one per page (fwd_kernel.h load_paged_block), instead of a
+// contiguous copy of every sequence's pages per call (api/flash_api.cpp gather_pages). H200, bf16, hd 128, GQA 32/8,
+// 512 queries, from CUDA graphs (thirty-ninth session), pages of 256 in place / gathered, us: 1 x 16k 225 / 255,
+// 4 x 4k 240 / 274, 16 x 2k 474 / 527 (contiguous 211 / 235 / 471). Pages smaller than a key block: their page
+// numbers are loaded by the producer warp's lanes together, once per key block for its K and V; a single producer
+// thread loading them two at a time ran pages of 16 at 484 / 470 / 966, 1.8-1.9x the gathered copy; which calls
+// take them in place is dispatch/sm90_policy.cpp's (fwd_pages_fit_call). A page must hold whole key blocks, or a key
+// block whole pages of at least kFwdMinPageRows rows: each box then starts on a 1024-byte swizzle atom (8 rows of 128
+// bytes), and a block has at most a warp's lanes of pages.
+constexpr int kFwdMinPageRows = 16;
 constexpr bool fwd_pages_fit(int head_dim, MaskKind mask, int64_t page_size) {
   const int64_t block_n = fwd_tile_config(head_dim, mask).block_n;
-  return page_size > 0 && page_size % block_n == 0;
+  return page_size > 0 &&
+         (page_size % block_n == 0 || (block_n % page_size == 0 && page_size % kFwdMinPageRows == 0));
 }
 
 }  // namespace flash::sm90

@@ -1,6 +1,6 @@
 // Host check of which forward calls the Hopper path takes and how it splits their keys (dispatch/sm90_policy.cpp), run
 // by tests/test_sm90_fwd_plan.py: KV-cache lengths served, appends in the call and packed GQA decode steps declined,
-// the backward declining seqused_k, paged caches only where a page holds whole key blocks, GQA packing, and
+// the backward declining seqused_k, paged caches only where pages fit the key blocks, GQA packing, and
 // sm90_fwd_num_splits on the H200's 132 SMs (no split once the query tiles fill the SMs; otherwise the fewest splits
 // of the least waves x blocks per split; at most 128; at least four key blocks a split).
 #include <cstdint>
@@ -135,7 +135,18 @@ int main() {
   paged.block_table = kUsed;
   paged.page_size = 16;
   paged.num_pages = 200;
-  expect_declines("pages of 16", flash::sm90_fwd_declines(paged), "paged");
+  // Pages smaller than a key block: in place only for one query tile per KV head (here 200 queries: two).
+  expect_declines("pages of 16, 200 queries", flash::sm90_fwd_declines(paged), "paged");
+  flash::FwdParams few = gqa(16, 32, 8, 32, 640);
+  few.shape.seqused_k = kUsed;
+  few.block_table = kUsed;
+  few.num_pages = 200;
+  few.page_size = 16;
+  expect_declines("pages of 16, 32 queries of 4 packed heads", flash::sm90_fwd_declines(few), nullptr);
+  few.page_size = 64;
+  expect_declines("pages of 64, 32 queries of 4 packed heads", flash::sm90_fwd_declines(few), nullptr);
+  few.shape.seqlen_q = 64;
+  expect_declines("pages of 64, 64 queries of 4 packed heads (two tiles)", flash::sm90_fwd_declines(few), "paged");
   paged.page_size = 128;
   expect_declines("pages of 128 (one key block)", flash::sm90_fwd_declines(paged), nullptr);
   paged.page_size = 256;
