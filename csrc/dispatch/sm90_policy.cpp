@@ -85,8 +85,11 @@ const char* sm90_fwd_declines(const FwdParams& p) {
   if (p.splits_meet_in_cluster || p.decode_key_warps) return "decode-shaped calls (planned for the decode tiles)";
   // Decode-shaped calls are memory-bound, and the portable path has 16-row decode tiles for them
   // (sm80/fwd_tile_config.h kDecodeMaxRows) where a 128-row wgmma tile would be at least 7/8 padding. Predicted, to be
-  // timed.
-  if (s.seqlen_q <= sm80::kDecodeMaxRows) return "decode-shaped calls (at most 16 query rows)";
+  // timed. With kSm90PackedFewQueryRows, calls of 2-16 queries whose packed heads fill that many rows take the
+  // Hopper tile (appends in the call stay on the decode kernels, declined below).
+  const bool packed_rows_fill = kSm90PackedFewQueryRows > 0 && s.seqlen_q > 1 &&
+                                s.seqlen_q * sm90_fwd_packed_heads(p) >= kSm90PackedFewQueryRows;
+  if (s.seqlen_q <= sm80::kDecodeMaxRows && !packed_rows_fill) return "decode-shaped calls (at most 16 query rows)";
   if (p.packed_gqa_decode) return "decode-shaped calls (one query row, its GQA group packed into rows)";
   if (s.nheads_k < 1 || s.nheads_q % s.nheads_k != 0) return "query heads that are not a multiple of the KV heads";
   if (s.nheads_q > kMaxGridYZ || s.batch > kMaxGridYZ) return "more than 65535 heads or batch entries";

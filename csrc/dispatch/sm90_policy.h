@@ -54,6 +54,12 @@ int64_t sm90_bwd_dq_splits(const BwdParams& p, int num_sms);
 // head, or when nothing is saved. Measured in sm90_policy.cpp.
 int sm90_fwd_packed_heads(const FwdParams& p);
 
+// kSm90PackedFewQueryRows (0: off; written after the thirty-ninth session's budget, not yet timed): calls of 2-16
+// query rows (speculative decoding with few draft tokens) whose packed heads give at least this many tile rows take
+// the Hopper forward instead of the portable decode kernels. Packing took 32 queries of 4 heads over 16 x 8k keys
+// from 406 to 138 us there (cuDNN 401); the decode kernels' times at 4-16 queries are the comparison to make.
+constexpr int64_t kSm90PackedFewQueryRows = 0;
+
 // Key splits of a call the Hopper forward takes (FwdParams::num_splits, merged by the combine kernel): 1 unless its
 // query tiles (packed as FwdParams::sm90_packed_heads says) leave SMs idle and its keys are long enough to share (the
 // cost model is in sm90_policy.cpp).

@@ -126,6 +126,11 @@ int main() {
   packed.packed_gqa_decode = true;
   packed.shape.seqlen_q = 32;
   expect_declines("packed GQA decode", flash::sm90_fwd_declines(packed), "decode");
+  // 8 queries of 8 packed heads: 64 tile rows, on the Hopper tile only with kSm90PackedFewQueryRows at most 64.
+  flash::FwdParams draft = gqa(16, 64, 8, 8, 8192);
+  draft.shape.seqused_k = kUsed;
+  const bool draft_served = flash::kSm90PackedFewQueryRows > 0 && flash::kSm90PackedFewQueryRows <= 64;
+  expect_declines("8 queries of 8 packed heads", flash::sm90_fwd_declines(draft), draft_served ? nullptr : "decode");
   flash::FwdParams split = used;
   split.num_splits = 64;
   expect_declines("64 splits", flash::sm90_fwd_declines(split), nullptr);
