@@ -72,6 +72,17 @@ def _check_out_lse(out, lse, truth, naive, mult):
                     floor_dtype=torch.float32)
 
 
+def _check_varlen(seqlens_q, seqlens_k, nheads, nheads_k, causal):
+    """A varlen forward at hd 128 against the per-sequence reference."""
+    q, k, v, cu_q, cu_k = varlen_tensors(seqlens_q, seqlens_k, nheads, nheads_k, 128, torch.bfloat16, "cuda")
+    out, lse, _, _ = _flash_attn_varlen_forward(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), 0.0, None,
+                                                causal, -1, -1)
+    truth, naive = reference_pair(
+        lambda *x, **kw: attention_varlen_ref(*x, cu_q.cpu(), cu_k.cpu(), causal=causal, **kw),
+        (q.cpu(), k.cpu(), v.cpu()))
+    _check_out_lse(out, lse, truth, naive, 2.0)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("head_dim", [40, 64, 96, 100, 128, 160, 176, 192, 224, 232, 256])
 @pytest.mark.parametrize("causal", [False, True])
@@ -137,13 +148,7 @@ def test_gqa_packed_varlen(forced, causal):
     into the next one's rows, which must never reach O."""
     _require(torch.bfloat16, 128, "causal" if causal else "none")
     seqlens_q, seqlens_k = [30, 1, 77, 5, 64], [300, 40, 700, 0, 64]
-    q, k, v, cu_q, cu_k = varlen_tensors(seqlens_q, seqlens_k, 8, 2, 128, torch.bfloat16, "cuda")
-    out, lse, _, _ = _flash_attn_varlen_forward(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), 0.0, None,
-                                                causal, -1, -1)
-    truth, naive = reference_pair(
-        lambda *x, **kw: attention_varlen_ref(*x, cu_q.cpu(), cu_k.cpu(), causal=causal, **kw),
-        (q.cpu(), k.cpu(), v.cpu()))
-    _check_out_lse(out, lse, truth, naive, 2.0)
+    _check_varlen(seqlens_q, seqlens_k, 8, 2, causal)
 
 
 def test_packed_qkv_strides(forced):
@@ -434,13 +439,7 @@ def test_key_splits_varlen(forced, causal):
     """Varlen sequences of few queries over many keys (the plan splits them), one of them without keys."""
     _require(torch.bfloat16, 128, "causal" if causal else "none")
     seqlens_q, seqlens_k = [30, 1, 77, 5], [3000, 0, 4100, 700]
-    q, k, v, cu_q, cu_k = varlen_tensors(seqlens_q, seqlens_k, 4, 2, 128, torch.bfloat16, "cuda")
-    out, lse, _, _ = _flash_attn_varlen_forward(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), 0.0, None,
-                                                causal, -1, -1)
-    truth, naive = reference_pair(
-        lambda *x, **kw: attention_varlen_ref(*x, cu_q.cpu(), cu_k.cpu(), causal=causal, **kw),
-        (q.cpu(), k.cpu(), v.cpu()))
-    _check_out_lse(out, lse, truth, naive, 2.0)
+    _check_varlen(seqlens_q, seqlens_k, 4, 2, causal)
 
 
 def _dense_call(seqlen_q=200, **kwargs):

@@ -29,6 +29,12 @@ bool strides_fit(const TensorStrides& strides) {
   return true;
 }
 
+// Query tiles of block_m rows per (batch entry, KV head) with `packed` query heads of the KV head in each tile's rows.
+int64_t query_tiles_per_kv_head(const AttentionShape& s, int64_t packed, int block_m) {
+  const int64_t group = s.nheads_k > 0 ? s.nheads_q / s.nheads_k : 1;
+  return (group / packed) * ((s.seqlen_q * packed + block_m - 1) / block_m);
+}
+
 // Pages read in place by the Hopper forward (sm90/fwd_tile_config.h fwd_pages_fit), where that beats the gathered
 // copy. Pages of whole key blocks always (page 256, 512 queries, us in place / gathered: 1 x 16k 225 / 255, 16 x 2k
 // 474 / 527). Smaller pages cost the producer a box per page and segment (32 TMA copies per key block at hd 128,
@@ -44,12 +50,8 @@ bool fwd_pages_fit_call(const FwdParams& p) {
       !sm90::fwd_pages_fit(bucket, mask_kind(p.mask), p.page_size)) {
     return false;
   }
-  const int block_m = sm90::fwd_tile_config(bucket, mask_kind(p.mask)).block_m;
-  if (p.page_size >= sm90::fwd_tile_config(bucket, mask_kind(p.mask)).block_n || s.nheads_k < 1) return true;
-  const int64_t group = s.nheads_q / s.nheads_k;
-  const int64_t packed = sm90_fwd_packed_heads(p);
-  const int64_t tiles_per_kv_head = (group / packed) * ((s.seqlen_q * packed + block_m - 1) / block_m);
-  return tiles_per_kv_head == 1;
+  const sm90::FwdTileConfig tile = sm90::fwd_tile_config(bucket, mask_kind(p.mask));
+  return p.page_size >= tile.block_n || query_tiles_per_kv_head(s, sm90_fwd_packed_heads(p), tile.block_m) == 1;
 }
 
 }  // namespace
@@ -208,9 +210,9 @@ int sm90_fwd_packed_heads(const FwdParams& p) {
   const int block_m = sm90::fwd_tile_config(sm90_head_dim_bucket(s.head_dim), mask_kind(p.mask)).block_m;
   int64_t packed = 1;
   while (group % (2 * packed) == 0 && block_m % (2 * packed) == 0) packed *= 2;
-  const int64_t unpacked_tiles = packed * ((s.seqlen_q + block_m - 1) / block_m);
-  const int64_t packed_tiles = (s.seqlen_q * packed + block_m - 1) / block_m;
-  return packed_tiles < unpacked_tiles ? static_cast<int>(packed) : 1;
+  return query_tiles_per_kv_head(s, packed, block_m) < query_tiles_per_kv_head(s, 1, block_m)
+             ? static_cast<int>(packed)
+             : 1;
 }
 
 int sm90_fwd_num_splits(const FwdParams& p, int num_sms) {
@@ -229,7 +231,7 @@ int sm90_fwd_num_splits(const FwdParams& p, int num_sms) {
   const int bucket = sm90_head_dim_bucket(s.head_dim);
   const sm90::FwdTileConfig tile = sm90::fwd_tile_config(bucket, mask_kind(p.mask));
   const int64_t packed = p.sm90_packed_heads > 1 ? p.sm90_packed_heads : 1;
-  const int64_t tiles = s.batch * (s.nheads_q / packed) * ((s.seqlen_q * packed + tile.block_m - 1) / tile.block_m);
+  const int64_t tiles = s.batch * s.nheads_k * query_tiles_per_kv_head(s, packed, tile.block_m);
   const int64_t key_blocks = (s.seqlen_k + tile.block_n - 1) / tile.block_n;
   if (tiles <= 0 || tiles >= num_sms) return 1;
   const int64_t most = std::min<int64_t>(key_blocks / kMinKeyBlocksPerSplit, sm80::kMaxKeySplits);

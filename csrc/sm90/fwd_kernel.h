@@ -39,7 +39,7 @@ struct FwdKernelArgs {
   int heads_per_kv;   // nheads_q / nheads_k
   // GQA packing (FwdParams::sm90_packed_heads = 2^pack_shift query heads of one KV head per tile): tile row l holds
   // query l >> pack_shift of head (l & (2^pack_shift - 1)) of the tile's heads, and the Q map's boxes span those heads;
-  // tile_heads = nheads_q >> pack_shift tiles' worth of heads per batch entry. 0 / nheads_q: one head per tile.
+  // tile_heads = nheads_q >> pack_shift head groups per batch entry (pack_shift 0: one head per tile).
   int pack_shift;
   int tile_heads;
   int num_m_blocks;   // query blocks of a (packed) sequence
