@@ -52,7 +52,7 @@ def paged(cache: torch.Tensor, table: torch.Tensor, page_size: int) -> torch.Ten
     return pages
 
 
-def cases(fa, q, k, v, generator, num_splits=(), causal=False):
+def cases(fa, q, k, v, generator, num_splits=(), causal=False, page_sizes=PAGE_SIZES):
     """name -> a zero-argument call; every call attends q over the same kv_len keys k / v (causal: bottom-right)."""
     batch, kv_len = k.shape[0], k.shape[1]
     lengths = torch.full((batch,), kv_len, dtype=torch.int32, device=q.device)
@@ -72,7 +72,7 @@ def cases(fa, q, k, v, generator, num_splits=(), causal=False):
     for n in num_splits:  # over k / v themselves: the append cases above rewrite the caches' last row (rotated)
         calls[f"kvcache_s{n}"] = lambda n=n: fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=lengths, num_splits=n,
                                                                          causal=causal)
-    for page_size in PAGE_SIZES:
+    for page_size in page_sizes:
         table = block_table(batch, kv_len, page_size, generator, q.device)
         k_pages, v_pages = paged(k, table, page_size), paged(v, table, page_size)
         calls[f"paged{page_size}"] = (
@@ -138,9 +138,15 @@ def run(argv=None) -> list:
                         "causal is top-left when queries and keys differ in number, so its peers are not timed")
     parser.add_argument("--num-splits", default="",
                         help="comma list of num_splits values: also time the cache call with each (kvcache_s<n>)")
+    parser.add_argument("--page-sizes", default=",".join(map(str, PAGE_SIZES)),
+                        help="comma list of page sizes: the cache call over a paged cache of each (paged<n>)")
+    parser.add_argument("--impls", default="",
+                        help="comma list of the calls to time (e.g. kvcache,paged16,sdpa_cudnn; default: all)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     num_splits = [int(n) for n in args.num_splits.split(",") if n.strip()]
+    page_sizes = [int(n) for n in args.page_sizes.split(",") if n.strip()]
+    chosen = {name.strip() for name in args.impls.split(",") if name.strip()}
     warnings.filterwarnings("ignore", category=UserWarning)  # SDPA backends explain each refusal
     args.reps = args.reps or ba.DEFAULT_REPS[args.device]
     fa, fa_error = ba.import_flash_attn()
@@ -158,11 +164,13 @@ def run(argv=None) -> list:
             q = torch.randn(batch, args.query_len, p.nheads, p.headdim, device=p.device, dtype=dtype)
             k = torch.randn(batch, kv_len, p.nheads_k, p.headdim, device=p.device, dtype=dtype)
             v = torch.randn_like(k)
-            ours = cases(fa, q, k, v, generator, num_splits, args.causal)
+            ours = cases(fa, q, k, v, generator, num_splits, args.causal, page_sizes)
             expected = ours["func"]()
             line = [f"b{batch:<3} kv{kv_len:<7}" + (f" q{args.query_len}" if args.query_len > 1 else "")]
             peers = {} if args.causal else peer_calls(p, q, k, v)
             for name, call in {**ours, **peers}.items():
+                if chosen and name not in chosen:
+                    continue
                 for mode in ("eager", "graph") if args.graph else ("eager",):
                     row = {"impl": name, "mode": mode, "batch": batch, "kv_len": kv_len, "headdim": args.headdim,
                            "query_len": args.query_len, "ms": None, "tbps": None, "tflops": None, "error": None}

@@ -167,8 +167,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
     block_table (batch, max_blocks) int32 makes the caches paged, (num_blocks, page_size, nheads_k, headdim) with
     any page_size >= 1: row p of sequence b is row p % page_size of block block_table[b, p // page_size]. CUDA
-    decode-shaped calls (at most 16 query rows per KV head, no softcap / ALiBi) read the pages in place; other calls,
-    and calls that need gradients, read a gathered contiguous copy.
+    decode-shaped calls (at most 16 query rows per KV head, no softcap / ALiBi) read the pages in place, and so does
+    the Hopper forward where the pages fit its key blocks (pages of whole key blocks, or of 16+ rows when few query
+    tiles re-read them); other calls, and calls that need gradients, read a gathered contiguous copy.
 
     rotary_cos / rotary_sin (seqlen_ro >= cache rows, rotary_dim / 2), with k / v: the new keys are rotated at
     positions cache_seqlens[b] + i before they are written, the queries at cache_seqlens[b] + i when causal or local

@@ -143,6 +143,28 @@ def test_gqa_packed_rows(forced, head_dim, heads, seqlen_q, feature):
 
 
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q", [2, 5, 8, 16])
+@pytest.mark.parametrize("heads", [(32, 1), (32, 4), (16, 2), (8, 2)])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_gqa_packed_few_queries(monkeypatch, head_dim, heads, seqlen_q, causal):
+    """Speculative-decoding shapes (2-16 queries, GQA packed): right on whichever path dispatch picks; under force,
+    either the Hopper tile serves them (dispatch/sm90_policy.h kSm90PackedFewQueryRows: packed rows enough to take
+    it) or the call is declined as decode-shaped, and nothing else."""
+    _require(torch.bfloat16, head_dim, "causal" if causal else "none")
+    h, hk = heads
+    q, k, v = _qkv(2, seqlen_q, 517, h, hk, head_dim, torch.bfloat16)
+    monkeypatch.setenv(SWITCH, "1")
+    _check_forward(q, k, v, causal=causal)
+    monkeypatch.setenv(SWITCH, "force")
+    try:
+        _check_forward(q, k, v, causal=causal)
+    except RuntimeError as error:
+        if "at most 16 query rows" not in str(error):
+            raise
+        pytest.skip(f"{seqlen_q} queries x {h // hk} heads per KV head stay on the decode kernels")
+
+
+@pytest.mark.parametrize("causal", [False, True])
 def test_gqa_packed_varlen(forced, causal):
     """Varlen sequences of few queries, 4 query heads a KV head packed: a packed Q box reads past a short sequence
     into the next one's rows, which must never reach O."""
@@ -341,16 +363,17 @@ def test_kvcache_lengths(forced, seqlen_q, head_dim, feature):
     _check_out_lse(out, lse, truth, naive, 2.0)
 
 
+@pytest.mark.parametrize("seqlen_q", [40, 150, 300])
 @pytest.mark.parametrize("page_size", [16, 48, 64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
-def test_kvcache_pages(forced, page_size, causal, head_dim):
+def test_kvcache_pages(forced, page_size, causal, head_dim, seqlen_q):
     """A paged cache (block_table over a shuffled pool with spare pages) and 40 queries per sequence of 2 packed heads
-    (one query tile per KV head): the pages read in place where they fit the key blocks (sm90/fwd_tile_config.h
-    fwd_pages_fit: pages of whole blocks, or blocks of whole pages of 16+ rows), else a gathered copy; NaN in every
-    row no sequence uses, spare pages included, and a split plan (20 query tiles)."""
+    (one query tile per KV head, a split plan of 20 query tiles) or 300 (several tiles a KV head): the pages read in
+    place where they fit the key blocks and the call (dispatch/sm90_policy.cpp fwd_pages_fit_call), else a gathered
+    copy; NaN in every row no sequence uses, spare pages included."""
     _require(torch.bfloat16, head_dim, "causal" if causal else "none")
-    lengths, nheads, nheads_k, seqlen_q = [0, 1, 77, 300, 640], 4, 2, 40
+    lengths, nheads, nheads_k = [0, 1, 77, 300, 640], 4, 2
     pages_per_seq = -(-KV_CACHE_ROWS // page_size)
     rows = pages_per_seq * page_size
     spare = 3

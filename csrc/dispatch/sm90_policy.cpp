@@ -37,12 +37,13 @@ int64_t query_tiles_per_kv_head(const AttentionShape& s, int64_t packed, int blo
 
 // Pages read in place by the Hopper forward (sm90/fwd_tile_config.h fwd_pages_fit), where that beats the gathered
 // copy. Pages of whole key blocks always (page 256, 512 queries, us in place / gathered: 1 x 16k 225 / 255, 16 x 2k
-// 474 / 527). Smaller pages cost the producer a box per page and segment (32 TMA copies per key block at hd 128,
-// page 16), so a block takes longer to load than to multiply, and pay only where the copy of the whole cache
-// outweighs that: a call of one query tile per KV head (e.g. 32 queries of 4 packed heads). H200, bf16, hd 128, GQA
-// 32/8, page 16, from CUDA graphs (thirty-ninth session), in place / gathered / contiguous: 32 queries 16 x 8k 215 /
-// 439 / 144, 1 x 32k 64 / 134 / 55; 512 queries (16 tiles a KV head) 16 x 2k 829 / 541 / 471, 1 x 16k 390 / 254 /
-// 207.
+// 474 / 527). Smaller pages cost the producer a box per page and segment of every key block of every query tile, while
+// the copy costs one pass over the cache, so they pay where pages per key block x query tiles per KV head is small.
+// H200, bf16, hd 128 (128-key blocks), GQA 32/8 (4 heads packed), from CUDA graphs (fortieth session), us in place /
+// gathered (that product): pages of 64 at 128 queries 1 x 32k 153 / 207, 16 x 8k 564 / 720 (8); at 512 queries
+// 1 x 16k 260 / 254, 16 x 2k 559 / 532 (32); pages of 16 at 32 queries 1 x 32k 64 / 134 (8; thirty-ninth session), at
+// 128 queries 218 / 208, 16 x 8k 788 / 723 (32), at 512 queries 1 x 16k 391 / 259 (128).
+constexpr int64_t kMaxInPlacePageBoxes = 8;
 bool fwd_pages_fit_call(const FwdParams& p) {
   const AttentionShape& s = p.shape;
   const int bucket = sm90_head_dim_bucket(s.head_dim);
@@ -51,7 +52,9 @@ bool fwd_pages_fit_call(const FwdParams& p) {
     return false;
   }
   const sm90::FwdTileConfig tile = sm90::fwd_tile_config(bucket, mask_kind(p.mask));
-  return p.page_size >= tile.block_n || query_tiles_per_kv_head(s, sm90_fwd_packed_heads(p), tile.block_m) == 1;
+  if (p.page_size >= tile.block_n) return true;
+  const int64_t pages_per_block = tile.block_n / p.page_size;
+  return pages_per_block * query_tiles_per_kv_head(s, sm90_fwd_packed_heads(p), tile.block_m) <= kMaxInPlacePageBoxes;
 }
 
 }  // namespace
@@ -85,12 +88,11 @@ const char* sm90_fwd_declines(const FwdParams& p) {
   if (!(p.softmax_scale > 0.0) || !std::isfinite(p.softmax_scale)) return "a softmax_scale that is not positive";
   if (p.num_splits > sm80::kMaxKeySplits) return "more key splits than the combine kernel merges";
   if (p.splits_meet_in_cluster || p.decode_key_warps) return "decode-shaped calls (planned for the decode tiles)";
-  // Decode-shaped calls are memory-bound, and the portable path has 16-row decode tiles for them
-  // (sm80/fwd_tile_config.h kDecodeMaxRows) where a 128-row wgmma tile would be at least 7/8 padding. Predicted, to be
-  // timed. With kSm90PackedFewQueryRows, calls of 2-16 queries whose packed heads fill that many rows take the
-  // Hopper tile (appends in the call stay on the decode kernels, declined below).
-  const bool packed_rows_fill = kSm90PackedFewQueryRows > 0 && s.seqlen_q > 1 &&
-                                s.seqlen_q * sm90_fwd_packed_heads(p) >= kSm90PackedFewQueryRows;
+  // Decode-shaped calls (sm80/fwd_tile_config.h kDecodeMaxRows) stay on the portable decode tiles unless their
+  // query heads pack into at least kSm90PackedFewQueryRows rows (measured there); appends in the call stay on the
+  // decode kernels (declined below).
+  const int packed = sm90_fwd_packed_heads(p);
+  const bool packed_rows_fill = packed > 1 && s.seqlen_q > 1 && s.seqlen_q * packed >= kSm90PackedFewQueryRows;
   if (s.seqlen_q <= sm80::kDecodeMaxRows && !packed_rows_fill) return "decode-shaped calls (at most 16 query rows)";
   if (p.packed_gqa_decode) return "decode-shaped calls (one query row, its GQA group packed into rows)";
   if (s.nheads_k < 1 || s.nheads_q % s.nheads_k != 0) return "query heads that are not a multiple of the KV heads";

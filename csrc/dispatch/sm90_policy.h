@@ -54,11 +54,13 @@ int64_t sm90_bwd_dq_splits(const BwdParams& p, int num_sms);
 // head, or when nothing is saved. Measured in sm90_policy.cpp.
 int sm90_fwd_packed_heads(const FwdParams& p);
 
-// kSm90PackedFewQueryRows (0: off; written after the thirty-ninth session's budget, not yet timed): calls of 2-16
-// query rows (speculative decoding with few draft tokens) whose packed heads give at least this many tile rows take
-// the Hopper forward instead of the portable decode kernels. Packing took 32 queries of 4 heads over 16 x 8k keys
-// from 406 to 138 us there (cuDNN 401); the decode kernels' times at 4-16 queries are the comparison to make.
-constexpr int64_t kSm90PackedFewQueryRows = 0;
+// Calls of 2-16 query rows (speculative decoding with few draft tokens) whose query heads pack (sm90_fwd_packed_heads
+// > 1) into at least this many tile rows take the Hopper forward instead of the portable decode kernels. H200, bf16,
+// hd 128, GQA 32/8 (4 heads packed), from CUDA graphs, us Hopper / decode kernels (fortieth session): 2 queries (8 rows)
+// 16 x 8k 137 / 235, 1 x 32k 52 / 116; 4 queries 137 / 236, 52 / 117; 16 queries 140 / 237, 53 / 120 (cuDNN 403, 383);
+// over pages of 16, 4 queries 205 / 473, 60 / 128. Unpacked (MHA) calls of 8-16 queries were level (hd 128, 32
+// heads, eager, 16 x 8k 497 / 493, 1 x 32k 141 / 138), so they keep the decode kernels.
+constexpr int64_t kSm90PackedFewQueryRows = 8;
 
 // Key splits of a call the Hopper forward takes (FwdParams::num_splits, merged by the combine kernel): 1 unless its
 // query tiles (packed as FwdParams::sm90_packed_heads says) leave SMs idle and its keys are long enough to share (the

@@ -252,12 +252,9 @@ __device__ __forceinline__ void zero_value_rows_from(uint8_t* v_tile, int first_
 // key0 of one sequence, lane i of the producer warp holding the block's i-th page (a page of whole key blocks: lane 0
 // its one page), so a block's page numbers cost one load latency whatever their count. `table`: the sequence's
 // block-table row of `columns` pages. Columns are clamped to the table and pages to the pool: rows past a sequence's
-// keys are masked, and their V rows zeroed (zero_value_rows_from).
-// kFwdPrefetchesPages (off: written after the thirty-ninth session's budget, compiled, not yet run on a GPU): the
-// producer loads a key block's page numbers while it issues the previous block's copies, so no load latency sits
-// between a block's slot coming free and its copies. Pages of 16 at 512 queries ran 1.5x the gathered copy in place
-// (3.4 us a key block at 32 queries against 2.25 contiguous: perf log, thirty-ninth session).
-constexpr bool kFwdPrefetchesPages = false;
+// keys are masked, and their V rows zeroed (zero_value_rows_from). The producer loads a block's page numbers one block
+// ahead, under the previous block's copies (fortieth session, with in-place reads widened: pages of 64 at 128 queries,
+// H200 hd 128 GQA 32/8, 1 x 32k 153 us in place against 207 gathered; contiguous calls level).
 template <int kBlockN>
 __device__ __forceinline__ int lane_page(int key0, const int32_t* table, int columns, int page_size, int num_pages,
                                          int lane) {
@@ -572,19 +569,14 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
         return lane_page<kBlockN>(k_row0 + n * kBlockN, p.block_table + map_batch * p.block_table_stride,
                                   static_cast<int>(p.shape.seqlen_k / p.page_size), p.page_size, p.num_pages, lane);
       };
-      int page_ahead = kFwdPrefetchesPages && paged ? block_page(tile.n_max - 1) : 0;
+      int page_ahead = paged ? block_page(tile.n_max - 1) : 0;
       for (int n = tile.n_max - 1; n >= tile.n_min; --n, ++ring) {
         const Slot slot(ring);
         uint8_t* k_slot = k_tiles + slot.stage * Layout::kKvBytes;
-        // A paged block's page numbers load before the wait for its slot, so their latency hides under it (with
-        // kFwdPrefetchesPages a block ahead, under the previous block's copies too).
-        int page = 0;
-        if (kFwdPrefetchesPages && paged) {
-          page = page_ahead;
-          if (n > tile.n_min) page_ahead = block_page(n - 1);
-        } else if (paged) {
-          page = block_page(n);
-        }
+        // A paged block's page numbers were loaded a block ahead; the next block's load here, before the wait for this
+        // block's slot, hides its latency under the wait and this block's copies.
+        const int page = page_ahead;
+        if (paged && n > tile.n_min) page_ahead = block_page(n - 1);
         ptx::mbarrier_wait_parity(&k_empty[slot.stage], slot.parity ^ 1);
         if (leader) ptx::mbarrier_arrive_expect_tx(&k_full[slot.stage], Layout::kKvBytes);
         if (paged) {

@@ -126,11 +126,16 @@ int main() {
   packed.packed_gqa_decode = true;
   packed.shape.seqlen_q = 32;
   expect_declines("packed GQA decode", flash::sm90_fwd_declines(packed), "decode");
-  // 8 queries of 8 packed heads: 64 tile rows, on the Hopper tile only with kSm90PackedFewQueryRows at most 64.
+  // Few queries (speculative decoding) take the Hopper tile where their heads pack into kSm90PackedFewQueryRows rows.
   flash::FwdParams draft = gqa(16, 64, 8, 8, 8192);
   draft.shape.seqused_k = kUsed;
-  const bool draft_served = flash::kSm90PackedFewQueryRows > 0 && flash::kSm90PackedFewQueryRows <= 64;
-  expect_declines("8 queries of 8 packed heads", flash::sm90_fwd_declines(draft), draft_served ? nullptr : "decode");
+  expect_declines("8 queries of 8 packed heads", flash::sm90_fwd_declines(draft), nullptr);
+  draft = gqa(16, 32, 8, 2, 8192);
+  expect_declines("2 queries of 4 packed heads (8 rows)", flash::sm90_fwd_declines(draft), nullptr);
+  draft = gqa(16, 16, 8, 2, 8192);
+  expect_declines("2 queries of 2 packed heads (4 rows)", flash::sm90_fwd_declines(draft), "decode");
+  draft = gqa(16, 32, 32, 16, 8192);
+  expect_declines("16 queries, MHA (unpacked)", flash::sm90_fwd_declines(draft), "decode");
   flash::FwdParams split = used;
   split.num_splits = 64;
   expect_declines("64 splits", flash::sm90_fwd_declines(split), nullptr);
@@ -140,7 +145,7 @@ int main() {
   paged.block_table = kUsed;
   paged.page_size = 16;
   paged.num_pages = 200;
-  // Pages smaller than a key block: in place only for one query tile per KV head (here 200 queries: two).
+  // Pages smaller than a key block: in place where pages per block x query tiles per KV head is at most 8 (here 8 x 2).
   expect_declines("pages of 16, 200 queries", flash::sm90_fwd_declines(paged), "paged");
   flash::FwdParams few = gqa(16, 32, 8, 32, 640);
   few.shape.seqused_k = kUsed;
@@ -150,8 +155,13 @@ int main() {
   expect_declines("pages of 16, 32 queries of 4 packed heads", flash::sm90_fwd_declines(few), nullptr);
   few.page_size = 64;
   expect_declines("pages of 64, 32 queries of 4 packed heads", flash::sm90_fwd_declines(few), nullptr);
+  few.shape.seqlen_q = 128;
+  expect_declines("pages of 64, 128 queries of 4 packed heads (4 tiles)", flash::sm90_fwd_declines(few), nullptr);
+  few.shape.seqlen_q = 512;
+  expect_declines("pages of 64, 512 queries of 4 packed heads (16 tiles)", flash::sm90_fwd_declines(few), "paged");
   few.shape.seqlen_q = 64;
-  expect_declines("pages of 64, 64 queries of 4 packed heads (two tiles)", flash::sm90_fwd_declines(few), "paged");
+  few.page_size = 16;
+  expect_declines("pages of 16, 64 queries of 4 packed heads (2 tiles)", flash::sm90_fwd_declines(few), "paged");
   paged.page_size = 128;
   expect_declines("pages of 128 (one key block)", flash::sm90_fwd_declines(paged), nullptr);
   paged.page_size = 256;
