@@ -2,10 +2,10 @@
 # head-dim bucket (backward also with the tiles of an A100 and the compact ones of sm86/sm89), odd sequence lengths,
 # GQA, causal and not, varlen with empty sequences and rows past cu_seqlens[-1], a padded head dim, dropout, the wide
 # forward tile (and its persistent form), the forward's TMA K/V loads, the row-pair dq accumulator and the stmatrix
-# backward stores, malformed cu_seqlens, cache indices and block tables with the host checks off (the kernels'
-# clamps); forward, and backward where it is built. Small sizes keep the sanitizers' slowdown bearable; each case is
-# also checked against the fp64 reference, so the subset is an ordinary part of the CUDA suite as well (marker:
-# sanitize).
+# backward stores, the Hopper forward's packed heads over pages read in place, malformed cu_seqlens, cache indices and
+# block tables with the host checks off (the kernels' clamps); forward, and backward where it is built. Small sizes
+# keep the sanitizers' slowdown bearable; each case is also checked against the fp64 reference, so the subset is an
+# ordinary part of the CUDA suite as well (marker: sanitize).
 import functools
 
 import pytest
@@ -246,3 +246,32 @@ def test_malformed_block_table_unchecked(page_size, monkeypatch):
     out = flash_attn.flash_attn_with_kvcache(q, k_pool, v_pool, cache_seqlens=lengths, block_table=table)
     torch.cuda.synchronize()
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("page_size, seqlen_q", [(16, 4), (64, 4), (64, 150)])
+def test_paged_packed_heads(page_size, seqlen_q):
+    """Where the GPU takes the Hopper forward: 4 query heads a KV head packed into a tile's rows, 4 queries (a 16-row
+    tile, speculative decoding) or 150 (3 tiles), over pages smaller than a key block read in place by the producer
+    warp (page numbers a block ahead), sequences of 640 and 333 keys; elsewhere the same call on the portable path."""
+    _require(128, False)
+    batch, nheads, nheads_k, head_dim, rows = 2, 8, 2, 128, 640
+    pages_per_seq = rows // page_size
+    dense_k, dense_v = (randn(batch, rows, nheads_k, head_dim, dtype=DTYPE, device="cuda") for _ in range(2))
+    generator = torch.Generator().manual_seed(page_size + seqlen_q)
+    table = torch.randperm(batch * pages_per_seq, generator=generator).view(batch, pages_per_seq)
+    k_pool, v_pool = (torch.empty(batch * pages_per_seq, page_size, nheads_k, head_dim, dtype=DTYPE, device="cuda")
+                      for _ in range(2))
+    k_pool[table.view(-1)] = dense_k.reshape(-1, page_size, nheads_k, head_dim)
+    v_pool[table.view(-1)] = dense_v.reshape(-1, page_size, nheads_k, head_dim)
+    lengths = [rows, 333]
+    q = randn(batch, seqlen_q, nheads, head_dim, dtype=DTYPE, device="cuda")
+    out = flash_attn.flash_attn_with_kvcache(q, k_pool, v_pool, block_table=table.to("cuda", torch.int32),
+                                             cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device="cuda"))
+
+    def ref(q, k, v, compute_dtype):
+        parts = [attention_ref(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], compute_dtype=compute_dtype)
+                 for b, n in enumerate(lengths)]
+        return torch.cat([o for o, _ in parts]), torch.cat([lse for _, lse in parts])
+
+    truth, naive = reference_pair(ref, tuple(t.cpu() for t in (q, dense_k, dense_v)))
+    check_output_and_grads(out.cpu(), None, truth, naive)
