@@ -164,6 +164,29 @@ def test_gqa_packed_few_queries(monkeypatch, head_dim, heads, seqlen_q, causal):
         pytest.skip(f"{seqlen_q} queries x {h // hk} heads per KV head stay on the decode kernels")
 
 
+@pytest.mark.parametrize("page_size", [16, 64, 256])
+@pytest.mark.parametrize("seqlen_q", [2, 4, 16])
+def test_paged_few_queries_equal_contiguous(forced, seqlen_q, page_size):
+    """Speculative steps (packed heads, causal, 2 key splits) over pages read in place by the Hopper tile: bitwise the
+    call over the contiguous cache, with ragged lengths that cross pages."""
+    _require(torch.bfloat16, 128, "causal")
+    batch, rows, nheads, nheads_k = 3, 768, 16, 4
+    lengths = torch.tensor([rows, 1, rows // 2 + 3], dtype=torch.int32, device="cuda")
+    q = randn(batch, seqlen_q, nheads, 128, dtype=torch.bfloat16, device="cuda")
+    k_cache, v_cache = (randn(batch, rows, nheads_k, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    pages = rows // page_size
+    table = torch.randperm(batch * pages, generator=torch.Generator().manual_seed(page_size)).view(batch, pages)
+    k_pool, v_pool = (torch.empty(batch * pages, page_size, nheads_k, 128, dtype=torch.bfloat16, device="cuda")
+                      for _ in range(2))
+    k_pool[table.view(-1)] = k_cache.reshape(-1, page_size, nheads_k, 128)
+    v_pool[table.view(-1)] = v_cache.reshape(-1, page_size, nheads_k, 128)
+    kwargs = dict(cache_seqlens=lengths, causal=True, num_splits=2, return_softmax_lse=True)
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)
+    paged_out, paged_lse = flash_attn_with_kvcache(q, k_pool, v_pool, block_table=table.to("cuda", torch.int32),
+                                                   **kwargs)
+    assert torch.equal(out, paged_out) and torch.equal(lse, paged_lse)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_gqa_packed_varlen(forced, causal):
     """Varlen sequences of few queries, 4 query heads a KV head packed: a packed Q box reads past a short sequence

@@ -271,13 +271,16 @@ def test_paged_decode_step_in_cuda_graph(page_size):
 
 @pytest.mark.parametrize("page_size", [1, 16, 48, 64, 256])
 @pytest.mark.parametrize("shape", ["gqa_decode", "mha_decode", "mqa_decode", "speculative", "softcap", "splits"])
-def test_paged_decode_equals_contiguous(page_size, shape, device):
+def test_paged_decode_equals_contiguous(page_size, shape, device, monkeypatch):
     """Decode over pages read in place (CUDA decode tiles with pages of whole 32-key blocks: GQA-packed single tokens,
     MHA, speculative 4-token steps, forced key splits) or gathered by the op (CPU; pages of 1, 16 or 48 rows; MQA 32/1,
     whose packed rows exceed the decode tile; softcap): bitwise the call over the contiguous cache, at head dim 128,
     with ragged lengths that cross pages. Both calls take the same key splits: by default a paged call may split
     more (dispatch/fwd_plan.cpp split_ctas_per_sm plans every resident CTA for pages, two per SM for contiguous
-    caches), which changes the sums' order."""
+    caches), which changes the sums' order. The portable kernels only: on a Hopper GPU the speculative steps' packed
+    heads take the Hopper tile where its pages fit (test_hopper_forward.py test_paged_few_queries_equal_contiguous),
+    and the decode tiles where they do not (pages of 1), so the two calls would differ in kernel, not in memory."""
+    monkeypatch.setenv("FLASH_ATTN_HOPPER", "0")
     dtype = _dtype(device)
     require_supported(device, dtype, 128, backward=False)
     generator = torch.Generator().manual_seed(page_size)
