@@ -829,7 +829,6 @@ __device__ __forceinline__ void transform_scores(ptx::MmaC (&sc)[kStrips][kNTile
 }
 
 // Online softmax: new running max, rescale of the running sum and O, then P = 2^(x * x_scale - max).
-// fwd_softmax_reduces_rows_together: every row's tile max and its two shuffles issue before any row's rescale.
 template <int kStrips, int kNTiles, int kDTiles>
 __device__ __forceinline__ void online_softmax(ptx::MmaC (&sc)[kStrips][kNTiles], ptx::MmaC (&acc)[kStrips][kDTiles],
                                                float (&row_max)[kStrips][2], float (&row_sum)[kStrips][2],
@@ -868,32 +867,10 @@ __device__ __forceinline__ void online_softmax(ptx::MmaC (&sc)[kStrips][kNTiles]
     }
     row_sum[s][r] += sum;
   };
-  if constexpr (fwd_softmax_reduces_rows_together(kDTiles * kMmaN)) {
-    float tile_max[kStrips][2];
 #pragma unroll
-    for (int s = 0; s < kStrips; ++s) {
+  for (int s = 0; s < kStrips; ++s) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) tile_max[s][r] = thread_max(s, r);
-    }
-#pragma unroll
-    for (int lanes = 1; lanes <= 2; lanes *= 2) {
-#pragma unroll
-      for (int s = 0; s < kStrips; ++s) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) tile_max[s][r] = quad_max(tile_max[s][r], lanes);
-      }
-    }
-#pragma unroll
-    for (int s = 0; s < kStrips; ++s) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) finish_row(s, r, tile_max[s][r]);
-    }
-  } else {
-#pragma unroll
-    for (int s = 0; s < kStrips; ++s) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) finish_row(s, r, quad_max(quad_max(thread_max(s, r), 1), 2));
-    }
+    for (int r = 0; r < 2; ++r) finish_row(s, r, quad_max(quad_max(thread_max(s, r), 1), 2));
   }
 }
 

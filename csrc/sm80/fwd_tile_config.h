@@ -114,19 +114,10 @@ FLASH_HOST_DEVICE constexpr bool fwd_waits_v_before_softmax(int head_dim, bool m
 // The same pattern at head dim 96 (two strips per warp; ncu of the plain 4k call, thirty-seventh session): the S
 // GEMM's MMAs read the B fragment register just reloaded (`HMMA R4, R176, R172, R4` three times in a row), short
 // scoreboard 0.59-0.72 warps per issue against FA2's 0.22, IPC 1.47-1.61 against 1.95 at fewer instructions (576-612 M
-// against 696 M). Candidate: 96 (kPrefetchTwoStripsHeadDim), not yet timed; 0: none.
-constexpr int kPrefetchTwoStripsHeadDim = 0;
+// against 696 M). Taken at 96 together with the grouped loads (kGroupedColumnsHeadDim: the pair's measurement).
+constexpr int kPrefetchTwoStripsHeadDim = 96;
 FLASH_HOST_DEVICE constexpr bool fwd_prefetches_score_fragments(int head_dim, int strips) {
   return (head_dim == 256 && strips == 1) || (head_dim == kPrefetchTwoStripsHeadDim && strips == 2);
-}
-
-// Whether the online softmax issues every row's tile max and its two quad shuffles before any row's rescale and
-// exponentials (fwd_kernel.h online_softmax) rather than row by row. ncu of the plain hd 96 4k call with grouped loads
-// (thirty-seventh session) put 1-1.5 % of the samples on each FMNMX of the row-max chain, stalled on the shuffle
-// before it. Candidate: 96 (kSoftmaxRowsTogetherHeadDim), not yet timed; 0: none.
-constexpr int kSoftmaxRowsTogetherHeadDim = 0;
-FLASH_HOST_DEVICE constexpr bool fwd_softmax_reduces_rows_together(int head_dim) {
-  return head_dim == kSoftmaxRowsTogetherHeadDim;
 }
 
 // Whether a one-stage kernel issues V of its first key tile in the prologue, beside Q and K, rather than after K
@@ -249,8 +240,12 @@ FLASH_HOST_DEVICE constexpr bool fwd_loads_fixed_columns(int head_dim, bool gene
 // 64-row tile from one pointer, as FA2's loads do. A SASS liveness count of the plain hd 96 key loop
 // (tools/sass_liveness.py, thirty-sixth session) found 36 loop-invariant registers there against FA2's 11, most of
 // them per-copy load offsets and predicates, and 25 spilled values; its loop issues 7-8 integer instructions per
-// copy. Candidate: 96 (kGroupedColumnsHeadDim), not yet timed; 0: none.
-constexpr int kGroupedColumnsHeadDim = 0;
+// copy. Taken at 96 together with kPrefetchTwoStripsHeadDim (fortieth session, H200 bf16, hd 96, medians of 2-3
+// rounds, TFLOP/s tree / both, FA2 in brackets): 32 heads non-causal 512 259 / 270 (298), 1k 294 / 304 (322), 2k
+// 310 / 314, 8k 320 / 322, causal 512-8k within -1 to +1 %; softcap +0.4-2.6 %; GQA 32/8 non-causal 1k 297 / 309, 4k
+// 321 / 327, ALiBi +1-2 %, window -1 %; under an A100's 163 KB of shared memory 1k 294 / 304. The grouped loads alone
+// were within +-1 % (thirty-seventh session and this one), so most of the gain is the prefetch's.
+constexpr int kGroupedColumnsHeadDim = 96;
 FLASH_HOST_DEVICE constexpr bool fwd_loads_grouped_columns(int head_dim, bool general, FwdTileKind kind) {
   return !general && !fwd_is_decode_kind(kind) && head_dim == kGroupedColumnsHeadDim;
 }
