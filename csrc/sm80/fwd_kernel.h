@@ -711,28 +711,32 @@ __device__ __forceinline__ void compute_scores(ptx::MmaC (&sc)[kStrips][kNTiles]
     }
   };
   if constexpr (fwd_prefetches_score_fragments(kHeadDim, kStrips)) {
-    // Fragments of step kk + 1 load while the MMAs of step kk issue (two register sets, named by kk % 2).
-    uint32_t kb[2][kNTiles / 2][4];
-    ptx::MmaA qa[2][kStrips];
+    // Fragments of step kk + kAhead load while the MMAs of step kk issue (kAhead + 1 register sets, named by
+    // kk % kSets).
+    constexpr int kAhead = fwd_score_fragments_ahead(kHeadDim, kStrips);
+    constexpr int kSets = kAhead + 1;
+    uint32_t kb[kSets][kNTiles / 2][4];
+    ptx::MmaA qa[kSets][kStrips];
     const T* q_row = s_q + (warp * kMmaM + lane % 16) * kStride + (lane / 16) * 8;
-    auto load_step = [&](int kk, int buf) {
+    auto load_step = [&](int kk, int set) {
 #pragma unroll
-      for (int s = 0; s < kStrips; ++s) ptx::ldmatrix_x4(qa[buf][s].reg, q_row + s * kStripStride * kStride + kk * kMmaK);
+      for (int s = 0; s < kStrips; ++s) ptx::ldmatrix_x4(qa[set][s].reg, q_row + s * kStripStride * kStride + kk * kMmaK);
 #pragma unroll
-      for (int np = 0; np < kNTiles / 2; ++np) load_k_pair(kb[buf][np], np, kk);
+      for (int np = 0; np < kNTiles / 2; ++np) load_k_pair(kb[set][np], np, kk);
     };
-    load_step(0, 0);
+#pragma unroll
+    for (int kk = 0; kk < kAhead && kk < kKSteps; ++kk) load_step(kk, kk);
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
-      if (kk + 1 < kKSteps) load_step(kk + 1, (kk + 1) % 2);
+      if (kk + kAhead < kKSteps) load_step(kk + kAhead, (kk + kAhead) % kSets);
 #pragma unroll
       for (int np = 0; np < kNTiles / 2; ++np) {
-        const ptx::MmaB b0{{kb[kk % 2][np][0], kb[kk % 2][np][1]}};
-        const ptx::MmaB b1{{kb[kk % 2][np][2], kb[kk % 2][np][3]}};
+        const ptx::MmaB b0{{kb[kk % kSets][np][0], kb[kk % kSets][np][1]}};
+        const ptx::MmaB b1{{kb[kk % kSets][np][2], kb[kk % kSets][np][3]}};
 #pragma unroll
         for (int s = 0; s < kStrips; ++s) {
-          ptx::mma_m16n8k16(sc[s][2 * np], qa[kk % 2][s], b0, zero);
-          ptx::mma_m16n8k16(sc[s][2 * np + 1], qa[kk % 2][s], b1, zero);
+          ptx::mma_m16n8k16(sc[s][2 * np], qa[kk % kSets][s], b0, zero);
+          ptx::mma_m16n8k16(sc[s][2 * np + 1], qa[kk % kSets][s], b1, zero);
         }
       }
     }

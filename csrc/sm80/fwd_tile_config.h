@@ -120,6 +120,16 @@ FLASH_HOST_DEVICE constexpr bool fwd_prefetches_score_fragments(int head_dim, in
   return (head_dim == 256 && strips == 1) || (head_dim == kPrefetchTwoStripsHeadDim && strips == 2);
 }
 
+// How many k16 steps ahead fwd_prefetches_score_fragments loads (a register set per step in flight). One everywhere;
+// kScoreFragmentsTwoAheadHeadDim (0: none; candidate 96, compiled, not yet timed) takes two at that head dim (issue
+// 22: hd 96 forward 0.91-0.97x FA2). tools/sass_fragment_distance.py on the sm_80 hd 96 two-strip kernels, S GEMM
+// MMAs of 96 issued 25+ instructions after their ldmatrix, one / two steps ahead: plain 38 / 69 (loop 916 / 928
+// instructions), causal 52 / 67 (982 / 997, one 16-byte spill gone); FA2's: 72. With it 0 the SASS is identical.
+constexpr int kScoreFragmentsTwoAheadHeadDim = 0;
+FLASH_HOST_DEVICE constexpr int fwd_score_fragments_ahead(int head_dim, int strips) {
+  return head_dim == kScoreFragmentsTwoAheadHeadDim && strips == 2 ? 2 : 1;
+}
+
 // Whether a one-stage kernel issues V of its first key tile in the prologue, beside Q and K, rather than after K
 // landed: every later V(n) loads during S = Q K^T of tile n, but the first one's latency is the CTA's alone (512
 // tokens: 8 key tiles per CTA). The first tile then waits for one group fewer (a uniform branch in the loop).
