@@ -121,10 +121,13 @@ FLASH_HOST_DEVICE constexpr bool fwd_prefetches_score_fragments(int head_dim, in
 }
 
 // How many k16 steps ahead fwd_prefetches_score_fragments loads (a register set per step in flight). One everywhere;
-// kScoreFragmentsTwoAheadHeadDim (0: none; candidate 96, compiled, not yet timed) takes two at that head dim (issue
-// 22: hd 96 forward 0.91-0.97x FA2). tools/sass_fragment_distance.py on the sm_80 hd 96 two-strip kernels, S GEMM
-// MMAs of 96 issued 25+ instructions after their ldmatrix, one / two steps ahead: plain 38 / 69 (loop 916 / 928
-// instructions), causal 52 / 67 (982 / 997, one 16-byte spill gone); FA2's: 72. With it 0 the SASS is identical.
+// kScoreFragmentsTwoAheadHeadDim (0: none; candidate 96) takes two at that head dim (issue 22: hd 96 forward 0.91-0.97x
+// FA2). tools/sass_fragment_distance.py on the sm_80 hd 96 two-strip kernels, S GEMM MMAs of 96 issued 25+
+// instructions after their ldmatrix, one / two steps ahead: plain 38 / 69 (loop 916 / 928 instructions), causal 52 /
+// 67 (982 / 997, one 16-byte spill gone); FA2's: 72. With it 0 the SASS is identical. Timed once (H200, bf16, 32
+// heads, 1k, two rounds, TFLOP/s one / two ahead): 308 / 306, 305 / 305; causal 239 / 243, 240 / 243 (FA2 328, 260).
+// Predicted +2-4 % non-causal: level, so the loads' distance no longer limits it; causal +1.4 %, within what one
+// length and two rounds can tell, so it stays off until a fuller A/B.
 constexpr int kScoreFragmentsTwoAheadHeadDim = 0;
 FLASH_HOST_DEVICE constexpr int fwd_score_fragments_ahead(int head_dim, int strips) {
   return head_dim == kScoreFragmentsTwoAheadHeadDim && strips == 2 ? 2 : 1;
