@@ -42,7 +42,8 @@ int64_t query_tiles_per_kv_head(const AttentionShape& s, int64_t packed, int blo
 // H200, bf16, hd 128 (128-key blocks), GQA 32/8 (4 heads packed), from CUDA graphs (fortieth session), us in place /
 // gathered (that product): pages of 64 at 128 queries 1 x 32k 153 / 207, 16 x 8k 564 / 720 (8); at 512 queries
 // 1 x 16k 260 / 254, 16 x 2k 559 / 532 (32); pages of 16 at 32 queries 1 x 32k 64 / 134 (8; thirty-ninth session), at
-// 128 queries 218 / 208, 16 x 8k 788 / 723 (32), at 512 queries 1 x 16k 391 / 259 (128).
+// 128 queries 1 x 32k 218 / 208, 16 x 8k 788 / 723 (32), at 512 queries 1 x 16k 391 / 259 (128). Measured at hd 128
+// only; other head dims take the same rule through their block_n and block_m.
 constexpr int64_t kMaxInPlacePageBoxes = 8;
 bool fwd_pages_fit_call(const FwdParams& p) {
   const AttentionShape& s = p.shape;
