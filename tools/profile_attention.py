@@ -1,5 +1,6 @@
 # Runs a few attention calls of one shape for profilers (ncu/nsys), ours or a torch SDPA backend, forward or
-# forward+backward. Batch x heads follow BENCHMARKS.md (16k tokens, hidden 2048; --decode-batch: its decode shapes).
+# forward+backward. Batch x heads follow BENCHMARKS.md (16k tokens, hidden 2048; --decode-batch: its decode shapes;
+# --doc-len: the 16k tokens as one varlen batch of documents, ours through flash_attn_varlen_func, flex by a mask).
 # Example:
 #   ncu -k regex:bwd_kernel --launch-skip 2 --launch-count 1 python3 tools/profile_attention.py 128 8192 --direction bwd
 import argparse
@@ -16,7 +17,7 @@ parser.add_argument("seqlen", type=int)
 parser.add_argument("--causal", action="store_true")
 parser.add_argument("--direction", choices=("fwd", "bwd"), default="fwd")
 parser.add_argument("--impl", choices=("flash_attn", "flash_attn_hopper", "flash_attn_portable", "sdpa_flash",
-                                       "sdpa_cudnn"), default="flash_attn",
+                                       "sdpa_cudnn", "flex"), default="flash_attn",
                     help="flash_attn_hopper / _portable: ours with FLASH_ATTN_HOPPER=force / 0")
 parser.add_argument("--calls", type=int, default=4)
 parser.add_argument("--decode-batch", type=int, default=0,
@@ -25,6 +26,9 @@ parser.add_argument("--window", type=int, default=-1,
                     help="ours only: a sliding window of this many keys on the left (and on the right unless causal), "
                          "as benchmarks/bench_attention.py --feature window")
 parser.add_argument("--softcap", type=float, default=0.0, help="ours only: softcap")
+parser.add_argument("--doc-len", type=int, default=0,
+                    help="one varlen batch of the 16k tokens in documents of this many tokens (as bench_attention.py "
+                         "--feature varlen); ours and flex only; seqlen is then ignored")
 args = parser.parse_args()
 features = {}
 if args.window >= 0:
@@ -33,9 +37,18 @@ if args.softcap > 0:
     features["softcap"] = args.softcap
 if features and not args.impl.startswith("flash_attn"):
     parser.error(f"--window / --softcap run with our kernels only (torch SDPA has neither); got --impl {args.impl}")
+if args.doc_len and not (args.impl.startswith("flash_attn") or args.impl == "flex"):
+    parser.error(f"--doc-len runs with our kernels or flex only; got --impl {args.impl}")
+if args.doc_len and (args.decode_batch or TOKENS % args.doc_len):
+    parser.error(f"--doc-len must divide {TOKENS} tokens and excludes --decode-batch; got {args.doc_len}")
+if args.impl == "flex" and (features or args.decode_batch):
+    parser.error("--impl flex runs the plain, causal and --doc-len calls only")
 
 grad = args.direction == "bwd"
-if args.decode_batch:
+if args.doc_len:
+    batch, heads_q, heads_k, seqlen_q = 1, HIDDEN // args.head_dim, HIDDEN // args.head_dim, TOKENS
+    args.seqlen = TOKENS
+elif args.decode_batch:
     batch, heads_q, heads_k, seqlen_q = args.decode_batch, DECODE_HEADS_Q, DECODE_HEADS_K, 1
 else:
     batch, heads_q, heads_k, seqlen_q = TOKENS // args.seqlen, HIDDEN // args.head_dim, HIDDEN // args.head_dim, args.seqlen
@@ -52,7 +65,26 @@ if args.impl.startswith("flash_attn"):
         os.environ["FLASH_ATTN_HOPPER"] = switch
 
     def attention():
+        if args.doc_len:
+            cu_seqlens = torch.arange(0, TOKENS + 1, args.doc_len, device="cuda", dtype=torch.int32)
+            return flash_attn.flash_attn_varlen_func(q[0], k[0], v[0], cu_seqlens, cu_seqlens, args.doc_len,
+                                                     args.doc_len, causal=args.causal, **features)[None]
         return flash_attn.flash_attn_func(q, k, v, causal=args.causal, **features)
+elif args.impl == "flex":
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    compiled = torch.compile(flex_attention, dynamic=False)
+    doc_len = args.doc_len or args.seqlen
+
+    def visible(b, h, q_idx, kv_idx):
+        same_doc = q_idx // doc_len == kv_idx // doc_len
+        return same_doc & (q_idx >= kv_idx) if args.causal else same_doc
+
+    block_mask = create_block_mask(visible, B=None, H=None, Q_LEN=seqlen_q, KV_LEN=args.seqlen, device="cuda")
+
+    def attention():
+        out = compiled(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=block_mask)
+        return out.transpose(1, 2)
 else:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
