@@ -146,11 +146,13 @@ void launch_split_combine(const FwdParams& params, cudaStream_t stream) {
   }
 }
 
-// kSchedule, kTile, kPersistent and kPolyEvery: the policies' (fwd_schedule, fwd_tile_config, fwd_persistent,
-// fwd_poly_exp_every) unless a caller compares others (tools/sm90_fwd_check.cu).
+// kSchedule, kTile, kPersistent and kPolyEvery (lean kernels) / kPolyEveryGeneral (softcap / ALiBi kernels): the
+// policies' (fwd_schedule, fwd_tile_config, fwd_persistent, fwd_poly_exp_every{,_general}) unless a caller compares
+// others (tools/sm90_fwd_check.cu).
 template <DType kDType, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule = fwd_schedule(kHeadDim),
           FwdTileConfig kTile = fwd_tile_config(kHeadDim, kMask), bool kPersistent = fwd_persistent(kHeadDim, kMask),
-          int kPolyEvery = fwd_poly_exp_every(kHeadDim)>
+          int kPolyEvery = fwd_poly_exp_every(kHeadDim),
+          int kPolyEveryGeneral = fwd_poly_exp_every_general(kHeadDim)>
 void run_fwd(const FwdParams& params, void* stream) {
   using T = Element<kDType>;
   const AttentionShape& shape = params.shape;
@@ -185,7 +187,7 @@ void run_fwd(const FwdParams& params, void* stream) {
   if (!encoded) fail_tensor_maps("forward", "q, k, v", shape.head_dim);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (general) {
-    launch_fwd<T, kHeadDim, kMask, kSchedule, true, kTile, kPersistent, kPolyEvery>(args, s);
+    launch_fwd<T, kHeadDim, kMask, kSchedule, true, kTile, kPersistent, kPolyEveryGeneral>(args, s);
   } else {
     launch_fwd<T, kHeadDim, kMask, kSchedule, false, kTile, kPersistent, kPolyEvery>(args, s);
   }

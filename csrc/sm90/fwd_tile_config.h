@@ -139,6 +139,15 @@ constexpr int fwd_poly_exp_every(int head_dim) {
   return 0;
 }
 
+// The same share for the general kernels (softcap / ALiBi) alone. Softcap's tanh.approx is a second MUFU op per
+// score, the MUFU-to-MMA ratio of a plain hd 64 call, and the hd 128 softcap forward runs at the plain hd 64 call's
+// fraction of plain hd 128 (H200, 4k: 480 / 672 against 466 / 672, forty-first session). 0 until an A/B times it;
+// predicted to lose as the hd 64 share did, since those warps are issue-bound.
+constexpr int fwd_poly_exp_every_general(int head_dim) {
+  (void)head_dim;
+  return 0;
+}
+
 // kOverlap at every head dim. Measured on the H200 (tools/sm90_fwd_check.sh, bf16, 16k tokens per batch x heads x
 // 2048 columns), serial / overlap / pingpong in TFLOP/s: hd 128 16k 585 / 698 / -, 2k 545 / 609 / 606, 512 374 / 398
 // / 404; hd 64 16k 424 / 452 / 452, 512 275 / 283 / 290; hd 256 16k 691 / 734 / - (serial was never ahead).
