@@ -35,7 +35,7 @@ if args.window >= 0:
     features["window_size"] = (args.window, 0 if args.causal else args.window)
 if args.softcap > 0:
     features["softcap"] = args.softcap
-if features and not args.impl.startswith("flash_attn"):
+if features and not args.impl.startswith("flash_attn") and args.impl != "flex":
     parser.error(f"--window / --softcap run with our kernels only (torch SDPA has neither); got --impl {args.impl}")
 if args.doc_len and not (args.impl.startswith("flash_attn") or args.impl == "flex"):
     parser.error(f"--doc-len runs with our kernels or flex only; got --impl {args.impl}")
