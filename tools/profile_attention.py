@@ -64,9 +64,10 @@ if args.impl.startswith("flash_attn"):
     if switch is not None:
         os.environ["FLASH_ATTN_HOPPER"] = switch
 
+    cu_seqlens = torch.arange(0, TOKENS + 1, args.doc_len, device="cuda", dtype=torch.int32) if args.doc_len else None
+
     def attention():
         if args.doc_len:
-            cu_seqlens = torch.arange(0, TOKENS + 1, args.doc_len, device="cuda", dtype=torch.int32)
             return flash_attn.flash_attn_varlen_func(q[0], k[0], v[0], cu_seqlens, cu_seqlens, args.doc_len,
                                                      args.doc_len, causal=args.causal, **features)[None]
         return flash_attn.flash_attn_func(q, k, v, causal=args.causal, **features)
