@@ -213,8 +213,10 @@ def make_ours(fa_module, fa_error, backward: bool, name: str = OURS, determinist
             )
         if p.feature == "varlen":
             cu = torch.arange(0, p.seqlen_q + 1, p.doc_len, dtype=torch.int32, device=p.device)
+            # squeeze, not q[0]: the backward of a select builds a zeroed full-size gradient and copies into it
+            # (two extra passes over each of dq, dk, dv that a packed-tensor caller never pays).
             return lambda q, k, v: fa_module.flash_attn_varlen_func(
-                q[0], k[0], v[0], cu, cu, p.doc_len, p.doc_len, causal=p.causal,
+                q.squeeze(0), k.squeeze(0), v.squeeze(0), cu, cu, p.doc_len, p.doc_len, causal=p.causal,
                 deterministic=deterministic).unsqueeze(0)
         extra = {"deterministic": True} if deterministic else {}
         if p.feature == "softcap":
@@ -371,6 +373,20 @@ def feature_reference(p: Problem, q32, k32, v32):
     """Attention with p's feature written out in float32 (scores materialised): softcap, ALiBi, window, documents."""
     group = p.nheads // p.nheads_k
     k32, v32 = k32.repeat_interleave(group, dim=1), v32.repeat_interleave(group, dim=1)
+    if p.feature == "varlen":
+        # Equal documents back to back, each attending to itself: batched per document, since the whole sequence's
+        # masked scores (32 GiB at 16k tokens and 32 heads) do not fit.
+        docs, heads = p.seqlen_q // p.doc_len, q32.shape[1]
+
+        def per_document(t):
+            return t.reshape(heads, docs, p.doc_len, p.headdim).transpose(0, 1)
+
+        scores = per_document(q32) @ per_document(k32).transpose(-1, -2) * p.headdim ** -0.5
+        if p.causal:
+            local = torch.arange(p.doc_len, device=p.device)
+            scores = scores.masked_fill(local.view(1, -1) > local.view(-1, 1), float("-inf"))
+        out = torch.softmax(scores, dim=-1) @ per_document(v32)
+        return out.transpose(0, 1).reshape(1, heads, p.seqlen_q, p.headdim)
     scores = q32 @ k32.transpose(-1, -2) * p.headdim ** -0.5
     rows = torch.arange(p.seqlen_q, device=p.device).view(-1, 1) + (p.seqlen_k - p.seqlen_q)
     cols = torch.arange(p.seqlen_k, device=p.device).view(1, -1)
@@ -381,9 +397,6 @@ def feature_reference(p: Problem, q32, k32, v32):
         scores = scores - p.alibi_slopes().view(-1, 1, 1) * (rows - cols).abs()
     elif p.feature == "window":
         keep = keep & ((rows - cols).abs() <= p.window_left)
-    elif p.feature == "varlen":
-        ids = p.doc_ids()
-        keep = keep & (ids.view(-1, 1) == ids.view(1, -1))
     scores = scores.masked_fill(~keep, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v32
 

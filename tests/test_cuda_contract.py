@@ -110,6 +110,45 @@ def test_no_host_sync_dense_and_varlen(dropout_p):
         assert_close_fa(out[:63].cpu(), ref[0][:63], naive[0][:63], 2)
 
 
+def test_varlen_call_with_remembered_cu_seqlens_fills_nothing():
+    """Once cu_seqlens were checked, a varlen call no longer reads them on the host; the rows past cu_seqlens[-1] are
+    zeroed on the device (their count read there), so a call whose rows are all owned writes no zero-filled outputs:
+    zero-filling out, dq, dk, dv cost 4 passes over them per step (H200, documents of 128, forty-second session)."""
+    _require(64, backward=True)
+    cu = cu_from_seqlens([30, 0, 33, 7], "cuda")
+    q, k, v = (randn(70, 4, 64, dtype=DTYPE, device="cuda", requires_grad=True) for _ in range(3))
+    dout = randn(70, 4, 64, dtype=DTYPE, device="cuda")
+
+    def step():
+        out = flash_attn_varlen_func(q, k, v, cu, cu, 33, 33, causal=True)
+        torch.autograd.grad(out, (q, k, v), dout)
+
+    step()  # reads and remembers cu's values
+    assert not (_ops_run(step) & {"aten::zeros", "aten::zero_"})  # lse (rows past the end: +inf) is aten::full
+
+
+@pytest.mark.parametrize("host_reads", [True, False], ids=["values_read", "values_remembered"])
+def test_varlen_unowned_rows_zero_in_reused_memory(host_reads):
+    """Rows past cu_seqlens[-1] of out, dq, dk, dv are 0 even where the caching allocator hands the outputs memory
+    full of NaN: whether the host read cu_seqlens in this call or remembered them."""
+    _require(64, backward=True)
+    cu_q, cu_k = cu_from_seqlens([30, 0, 33], "cuda"), cu_from_seqlens([50, 7, 40], "cuda")
+    q = randn(140, 4, 64, dtype=DTYPE, device="cuda", requires_grad=True)
+    k, v = (randn(180, 2, 64, dtype=DTYPE, device="cuda", requires_grad=True) for _ in range(2))
+    dout = randn(140, 4, 64, dtype=DTYPE, device="cuda")
+    if not host_reads:
+        flash_attn_varlen_func(q, k, v, cu_q, cu_k, 33, 50)
+    torch.cuda.synchronize()
+    # Freed blocks of the outputs' sizes, full of NaN, for the allocator to reuse.
+    poison = [torch.full(t.shape, float("nan"), dtype=DTYPE, device="cuda") for t in (q, q, k, k, k, k)]
+    del poison
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 33, 50)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    for name, t, owned in (("out", out, 63), ("dq", dq, 63), ("dk", dk, 97), ("dv", dv, 97)):
+        assert torch.isfinite(t[:owned]).all(), name
+        assert t[owned:].abs().max() == 0, f"{name}: rows past cu_seqlens[-1] must be 0"
+
+
 def test_no_host_sync_backward():
     _require(64, backward=True)
     q, k, v = (randn(2, 70, 2, 64, dtype=DTYPE, device="cuda", requires_grad=True) for _ in range(3))

@@ -29,6 +29,9 @@ parser.add_argument("--softcap", type=float, default=0.0, help="ours only: softc
 parser.add_argument("--doc-len", type=int, default=0,
                     help="one varlen batch of the 16k tokens in documents of this many tokens (as bench_attention.py "
                          "--feature varlen); ours and flex only; seqlen is then ignored")
+parser.add_argument("--kernel-times", action="store_true",
+                    help="print each GPU kernel's mean time over the calls after the first (torch.profiler) instead of "
+                         "running bare for an outside profiler")
 args = parser.parse_args()
 features = {}
 if args.window >= 0:
@@ -68,8 +71,9 @@ if args.impl.startswith("flash_attn"):
 
     def attention():
         if args.doc_len:
-            return flash_attn.flash_attn_varlen_func(q[0], k[0], v[0], cu_seqlens, cu_seqlens, args.doc_len,
-                                                     args.doc_len, causal=args.causal, **features)[None]
+            # squeeze, not q[0]: a select's backward zero-fills a full-size gradient and copies into it.
+            return flash_attn.flash_attn_varlen_func(q.squeeze(0), k.squeeze(0), v.squeeze(0), cu_seqlens, cu_seqlens,
+                                                     args.doc_len, args.doc_len, causal=args.causal, **features)[None]
         return flash_attn.flash_attn_func(q, k, v, causal=args.causal, **features)
 elif args.impl == "flex":
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -98,8 +102,31 @@ else:
                 enable_gqa=heads_q != heads_k)
         return out.transpose(1, 2)
 
-for _ in range(args.calls):
-    out = attention()
-    if grad:
-        out.backward(dout)
-torch.cuda.synchronize()
+
+
+def run_calls(calls):
+    for _ in range(calls):
+        out = attention()
+        if grad:  # gradients returned, not accumulated into .grad (which adds an elementwise kernel per input)
+            torch.autograd.grad(out, (q, k, v), dout)
+    torch.cuda.synchronize()
+
+
+if args.kernel_times:
+    # The first call compiles (flex) and allocates; the profiled calls after it run as a training step does.
+    run_calls(1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        run_calls(args.calls)
+    totals = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            entry = totals.setdefault(event.name, [0.0, 0])
+            entry[0] += event.time_range.elapsed_us()
+            entry[1] += 1
+    print(f"{'us/call':>9} {'launches':>8}  kernel ({args.impl}, hd {args.head_dim}, seqlen {args.seqlen}, doc "
+          f"{args.doc_len}, causal {args.causal}, {args.direction})")
+    for name, (time_us, count) in sorted(totals.items(), key=lambda item: -item[1][0]):
+        print(f"{time_us / args.calls:9.1f} {count:8d}  {name[:150]}")
+    print(f"{sum(t for t, _ in totals.values()) / args.calls:9.1f} {'':8}  total")
+else:
+    run_calls(args.calls)

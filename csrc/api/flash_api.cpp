@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <vector>
 
 #include "../cpu/attention_cpu.h"
 #include "../dispatch/device_attributes.h"
@@ -28,6 +29,7 @@
 #include <cuda_runtime_api.h>
 
 #include "../sm80/probs_kernel.h"
+#include "../sm80/zero_unowned_rows_kernel.h"
 #endif
 
 namespace flash::api {
@@ -109,6 +111,35 @@ void launch_cuda(const FwdParams& params, const BwdParams* bwd_params, const at:
     entry->bwd(*bwd_params, stream);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+#endif
+}
+
+// Varlen outputs (contiguous, rows first) whose rows past cu_seqlens[-1] belong to no sequence and must read 0.
+struct UnownedOutput {
+  const at::Tensor* tensor;
+  const at::Tensor* cu_seqlens;  // contiguous int32, batch + 1 entries
+};
+
+// Zeroes those rows of each output on the current stream (sm80/zero_unowned_rows_kernel.h: the end is read on the
+// device, so a call whose host did not read cu_seqlens writes only the rows that need it, not the whole tensor).
+void zero_unowned_rows(const std::vector<UnownedOutput>& outputs, int64_t batch, const at::Device& device) {
+#if defined(FLASH_WITH_CUDA)
+  const c10::cuda::CUDAGuard guard(device);
+  sm80::UnownedRowsParams params;
+  for (const UnownedOutput& output : outputs) {
+    const at::Tensor& t = *output.tensor;
+    FLASH_CHECK(t.is_contiguous() && t.dim() >= 1 && params.count < sm80::kMaxUnownedRowTensors,
+                "flash_attn internal error: zero_unowned_rows takes up to ", sm80::kMaxUnownedRowTensors,
+                " contiguous outputs; got ", t.dim(), " dims, contiguous=", t.is_contiguous());
+    params.tensors[params.count++] = sm80::UnownedRows{t.data_ptr(), t.stride(0) * t.element_size(), t.size(0),
+                                                       output.cu_seqlens->data_ptr<int32_t>() + batch};
+  }
+  sm80::launch_zero_unowned_rows(params, c10::cuda::getCurrentCUDAStream().stream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+#else
+  (void)outputs;
+  (void)batch;
+  (void)device;
 #endif
 }
 
@@ -194,8 +225,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_impl(
   }
   const KernelInputs in = prepare_kernel_inputs(call, q, k, v);
   // Allocated in the kernel layout: contiguous, head dim padded like q's (the contract in params.h).
-  at::Tensor out = call.varlen && call.unowned_rows_q ? at::zeros(in.q.sizes(), q.options())
-                                                      : at::empty(in.q.sizes(), q.options());
+  // Varlen rows past cu_seqlens_q[-1] belong to no sequence: O = 0 there (zero-filled on CPU, where the values are
+  // always read; zeroed after the kernel on CUDA, zero_unowned_rows).
+  const bool unowned_out = call.varlen && call.unowned_rows_q;
+  at::Tensor out = unowned_out && q.is_cpu() ? at::zeros(in.q.sizes(), q.options())
+                                             : at::empty(in.q.sizes(), q.options());
   at::Tensor lse = call.varlen ? at::full({p.shape.nheads_q, call.total_q}, std::numeric_limits<float>::infinity(),
                                          lse_options)
                                : at::empty({p.shape.batch, p.shape.nheads_q, p.shape.seqlen_q}, lse_options);
@@ -239,6 +273,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_impl(
       launch_kvcache_append(append->append, k);
     }
     launch_cuda(p, nullptr, q.device());
+    if (unowned_out) zero_unowned_rows({{&out, &call.cu_seqlens_q_device}}, p.shape.batch, q.device());
     if (return_probs) launch_cuda_probs(p, q.device());
   }
   out = from_kernel_layout(out, in.head_dim);
@@ -387,9 +422,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
   bp.deterministic = deterministic;
 
   // Gradients are allocated contiguous in the kernel layout (head dim padded like the inputs'). Varlen rows
-  // past cu_seqlens[-1] belong to no sequence: their gradient is 0 (see CheckedCall::unowned_rows_q).
+  // past cu_seqlens[-1] belong to no sequence: their gradient is 0 (see CheckedCall::unowned_rows_q), zero-filled on
+  // CPU, zeroed after the kernels on CUDA (zero_unowned_rows).
   auto grad_like = [&](const at::Tensor& t, bool unowned_rows) {
-    return call.varlen && unowned_rows ? at::zeros(t.sizes(), t.options()) : at::empty(t.sizes(), t.options());
+    return call.varlen && unowned_rows && q.is_cpu() ? at::zeros(t.sizes(), t.options())
+                                                     : at::empty(t.sizes(), t.options());
   };
   at::Tensor dq = grad_like(in.q, call.unowned_rows_q);
   at::Tensor dk = grad_like(in.k, call.unowned_rows_k);
@@ -430,6 +467,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
     const at::Tensor workspace = at::empty({bwd_workspace_bytes(bp)}, q.options().dtype(at::kByte));
     bp.workspace = workspace.data_ptr();
     launch_cuda(p, &bp, q.device(), entry);
+    std::vector<UnownedOutput> unowned;
+    if (call.varlen && call.unowned_rows_q) unowned.push_back({&dq, &call.cu_seqlens_q_device});
+    if (call.varlen && call.unowned_rows_k) {
+      unowned.push_back({&dk, &call.cu_seqlens_k_device});
+      unowned.push_back({&dv, &call.cu_seqlens_k_device});
+    }
+    if (!unowned.empty()) zero_unowned_rows(unowned, p.shape.batch, q.device());
   }
   dq = from_kernel_layout(dq, in.head_dim);
   dk = from_kernel_layout(dk, in.head_dim);
