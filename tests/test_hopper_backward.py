@@ -4,7 +4,8 @@
 # kernel above 128 (csrc/sm90/bwd_wide_kernel.h: 160, 192 with zero-filled columns, 256), odd sequence
 # lengths both ways (ragged query and key blocks, rows and keys no one sees), causal, windows, GQA / MQA (dK, dV summed
 # over a group's query heads in registers), packed qkv strides, varlen with empty sequences, softcap and ALiBi (the
-# general kernels), deterministic mode (bitwise repeatable). Then the fallback: a bias gradient runs on the portable
+# general kernels), deterministic mode (bitwise repeatable), every sequence's keys in one key block (dQ stored
+# directly). Then the fallback: a bias gradient runs on the portable
 # kernels under FLASH_ATTN_HOPPER=1 and fails under force, naming the mask. Collected where a Hopper GPU runs sm_90a code of a build with sm90 backward kernels.
 import pytest
 import torch
@@ -151,6 +152,72 @@ def test_many_key_blocks(forced, case, head_dim):
     kwargs = {"none": {}, "gqa": {}, "softcap": {"softcap": 30.0}, "window": {"window_size": (100, 37)}}.get(
         case, {"causal": True})
     _dense(24 if case == "gqa" else 12, sq, 520, heads[0], heads[1], head_dim, **kwargs)
+
+
+def _poison_allocator(*tensors):
+    """Frees blocks of these tensors' sizes full of NaN, for the caching allocator to hand to the next outputs: a row
+    that a kernel leaves unwritten then reads NaN instead of the zeros fresh memory often holds."""
+    poison = [torch.full(t.shape, float("nan"), dtype=t.dtype, device=t.device) for t in tensors]
+    del poison
+
+
+# Every sequence's keys in one key block (csrc/sm90/bwd_direct_dq.h): dQ stored by the main kernel, the rows no step
+# reaches zeroed there (causal with more queries than keys, a window, sequences with queries and no keys), GQA (query
+# heads split over CTAs), the general kernel, deterministic mode, fp16, varlen documents of up to 128 keys.
+ONE_KEY_BLOCK_CASES = {
+    "causal_long_q": dict(shape=(3, 300, 77), causal=True),
+    "window": dict(shape=(2, 250, 128), window=(20, 3)),
+    "gqa": dict(shape=(4, 200, 128), heads=(8, 2), causal=True),
+    "softcap_alibi": dict(shape=(2, 150, 100), softcap=20.0, alibi=True, causal=True),
+    "deterministic": dict(shape=(2, 333, 97), causal=True, deterministic=True),
+    "fp16": dict(shape=(2, 190, 128), dtype=torch.float16),
+}
+
+
+@pytest.mark.parametrize("case", list(ONE_KEY_BLOCK_CASES))
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+def test_one_key_block(forced, case, head_dim):
+    spec = ONE_KEY_BLOCK_CASES[case]
+    causal, window = spec.get("causal", False), spec.get("window", (-1, -1))
+    dtype = spec.get("dtype", torch.bfloat16)
+    _require(dtype, head_dim, "local" if window != (-1, -1) else "causal" if causal else "none")
+    batch, seqlen_q, seqlen_k = spec["shape"]
+    h, hk = spec.get("heads", (4, 4))
+    kwargs = dict(causal=causal, window_size=window, softcap=spec.get("softcap", 0.0))
+    if spec.get("alibi"):
+        kwargs["alibi_slopes"] = torch.rand(batch, h, device="cuda") * 0.3
+    q, k, v = _leaves((batch, seqlen_q, h, head_dim), (batch, seqlen_k, hk, head_dim),
+                      (batch, seqlen_k, hk, head_dim), dtype=dtype)
+    dout = randn(batch, seqlen_q, h, head_dim, dtype=dtype, device="cuda")
+    deterministic = spec.get("deterministic", False)
+
+    def run():
+        return flash_attn_func(q, k, v, deterministic=deterministic, **kwargs)
+
+    def ref(*x, **kw):
+        return attention_ref(*x, **kwargs, **kw)
+
+    _poison_allocator(q, q, q)
+    if deterministic:
+        _repeatable_and_correct(run, (q, k, v), dout, ref)
+    else:
+        _check_grads(run(), (q, k, v), dout, ref)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_one_key_block_varlen(forced, causal, head_dim):
+    """Documents of at most 128 keys: empty ones, one with queries and no keys (its dQ rows 0), more queries than
+    keys, single rows."""
+    _require(torch.bfloat16, head_dim, "causal" if causal else "none")
+    seqlens_q, seqlens_k = [100, 0, 128, 1, 77, 40, 128], [128, 5, 0, 64, 77, 1, 128]
+    q, k, v, cu_q, cu_k = varlen_tensors(seqlens_q, seqlens_k, 4, 2, head_dim, torch.bfloat16, "cuda",
+                                         requires_grad=True)
+    dout = randn(*q.shape, dtype=torch.bfloat16, device="cuda")
+    _poison_allocator(q, q, q)
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), causal=causal)
+    _check_grads(out, (q, k, v), dout,
+                 lambda *x, **kw: attention_varlen_ref(*x, cu_q.cpu(), cu_k.cpu(), causal=causal, **kw)[:2])
 
 
 @pytest.mark.parametrize("feature", ["softcap", "alibi", "both"])

@@ -67,16 +67,19 @@ bool capturing(const at::Tensor& t) {
 
 }  // namespace
 
+bool remembered_check(const at::Tensor& t, const Requirement& requirement) {
+  if (t.is_cpu()) return false;
+  Remembered& cache = remembered_checks();
+  const std::lock_guard<std::mutex> lock(cache.mutex);
+  for (const Entry& entry : cache.entries) {
+    if (same_tensor(entry, t, requirement)) return true;
+  }
+  return false;
+}
+
 std::optional<at::Tensor> values_to_check(const at::Tensor& t, const Requirement& requirement) {
   if (t.is_cpu()) return t.contiguous();
-  {
-    Remembered& cache = remembered_checks();
-    const std::lock_guard<std::mutex> lock(cache.mutex);
-    for (const Entry& entry : cache.entries) {
-      if (same_tensor(entry, t, requirement)) return std::nullopt;
-    }
-  }
-  if (checks_disabled() || capturing(t)) return std::nullopt;
+  if (remembered_check(t, requirement) || checks_disabled() || capturing(t)) return std::nullopt;
   return t.to(at::kCPU).contiguous();  // copies on the current stream, then waits for it
 }
 

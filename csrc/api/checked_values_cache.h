@@ -24,6 +24,9 @@ enum class CheckedArgument : int64_t { kCuSeqlensQ, kCuSeqlensK, kIndexRange, kR
 // disabled, or impossible now (the current stream is capturing).
 std::optional<at::Tensor> values_to_check(const at::Tensor& t, const Requirement& requirement);
 
+// Whether `t`, as it is now, passed `requirement` in an earlier call (never for CPU tensors, checked every call).
+bool remembered_check(const at::Tensor& t, const Requirement& requirement);
+
 // Records that `t`, as it is now, passed `requirement`.
 void remember_checked(const at::Tensor& t, const Requirement& requirement);
 

@@ -225,11 +225,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_impl(
   }
   const KernelInputs in = prepare_kernel_inputs(call, q, k, v);
   // Allocated in the kernel layout: contiguous, head dim padded like q's (the contract in params.h).
-  // Varlen rows past cu_seqlens_q[-1] belong to no sequence: O = 0 there (zero-filled on CPU, where the values are
-  // always read; zeroed after the kernel on CUDA, zero_unowned_rows).
+  // Varlen rows past cu_seqlens_q[-1] belong to no sequence: O = 0 there (zeroed after the kernel where the values
+  // passed the checks on CUDA, zero_unowned_rows; zero-filled otherwise, CheckedCall::cu_seqlens_passed).
   const bool unowned_out = call.varlen && call.unowned_rows_q;
-  at::Tensor out = unowned_out && q.is_cpu() ? at::zeros(in.q.sizes(), q.options())
-                                             : at::empty(in.q.sizes(), q.options());
+  const bool zero_after = unowned_out && !q.is_cpu() && call.cu_seqlens_passed;
+  at::Tensor out = unowned_out && !zero_after ? at::zeros(in.q.sizes(), q.options())
+                                              : at::empty(in.q.sizes(), q.options());
   at::Tensor lse = call.varlen ? at::full({p.shape.nheads_q, call.total_q}, std::numeric_limits<float>::infinity(),
                                          lse_options)
                                : at::empty({p.shape.batch, p.shape.nheads_q, p.shape.seqlen_q}, lse_options);
@@ -273,7 +274,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_impl(
       launch_kvcache_append(append->append, k);
     }
     launch_cuda(p, nullptr, q.device());
-    if (unowned_out) zero_unowned_rows({{&out, &call.cu_seqlens_q_device}}, p.shape.batch, q.device());
+    if (zero_after) zero_unowned_rows({{&out, &call.cu_seqlens_q_device}}, p.shape.batch, q.device());
     if (return_probs) launch_cuda_probs(p, q.device());
   }
   out = from_kernel_layout(out, in.head_dim);
@@ -422,11 +423,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
   bp.deterministic = deterministic;
 
   // Gradients are allocated contiguous in the kernel layout (head dim padded like the inputs'). Varlen rows
-  // past cu_seqlens[-1] belong to no sequence: their gradient is 0 (see CheckedCall::unowned_rows_q), zero-filled on
-  // CPU, zeroed after the kernels on CUDA (zero_unowned_rows).
+  // past cu_seqlens[-1] belong to no sequence: their gradient is 0 (see CheckedCall::unowned_rows_q), zeroed after
+  // the kernels where the values passed the checks on CUDA (zero_unowned_rows), zero-filled otherwise.
+  const bool zero_after = call.varlen && !q.is_cpu() && call.cu_seqlens_passed;
   auto grad_like = [&](const at::Tensor& t, bool unowned_rows) {
-    return call.varlen && unowned_rows && q.is_cpu() ? at::zeros(t.sizes(), t.options())
-                                                     : at::empty(t.sizes(), t.options());
+    return call.varlen && unowned_rows && !zero_after ? at::zeros(t.sizes(), t.options())
+                                                      : at::empty(t.sizes(), t.options());
   };
   at::Tensor dq = grad_like(in.q, call.unowned_rows_q);
   at::Tensor dk = grad_like(in.k, call.unowned_rows_k);
@@ -468,8 +470,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
     bp.workspace = workspace.data_ptr();
     launch_cuda(p, &bp, q.device(), entry);
     std::vector<UnownedOutput> unowned;
-    if (call.varlen && call.unowned_rows_q) unowned.push_back({&dq, &call.cu_seqlens_q_device});
-    if (call.varlen && call.unowned_rows_k) {
+    if (zero_after && call.unowned_rows_q) unowned.push_back({&dq, &call.cu_seqlens_q_device});
+    if (zero_after && call.unowned_rows_k) {
       unowned.push_back({&dk, &call.cu_seqlens_k_device});
       unowned.push_back({&dv, &call.cu_seqlens_k_device});
     }

@@ -83,12 +83,16 @@ at::Tensor check_seqused_k(const char* op, const at::Tensor& used, const at::Ten
 // version counter (a Triton or raw CUDA kernel, .data) could have changed it, and callers size zero fills by it.
 std::optional<int64_t> check_cu_seqlens(const char* op, const char* name, const at::Tensor& cu, int64_t total,
                                         int64_t max_seqlen, const char* max_name, const char* tensor_name,
-                                        CheckedArgument argument) {
+                                        CheckedArgument argument, bool* passed) {
   const Requirement requirement{static_cast<int64_t>(argument), total, max_seqlen};
   const std::optional<at::Tensor> host = values_to_check(cu, requirement);
-  if (!host.has_value()) return std::nullopt;
+  if (!host.has_value()) {
+    if (passed != nullptr) *passed = remembered_check(cu, requirement);
+    return std::nullopt;
+  }
   const int64_t last = check_cu_seqlens_values(op, name, *host, total, max_seqlen, max_name, tensor_name);
   remember_checked(cu, requirement);
+  if (passed != nullptr) *passed = true;
   return last;
 }
 
@@ -205,12 +209,15 @@ CheckedCall check_call(const char* op, const CallArgs& a) {
     call.total_k = k.size(0);
     call.cu_seqlens_q_device = cu_q.contiguous();
     call.cu_seqlens_k_device = cu_k.contiguous();
+    bool passed_q = false;
+    bool passed_k = false;
     const std::optional<int64_t> last_q = check_cu_seqlens(op, "cu_seqlens_q", call.cu_seqlens_q_device, call.total_q,
                                                            a.max_seqlen_q, "max_seqlen_q", "q",
-                                                           CheckedArgument::kCuSeqlensQ);
+                                                           CheckedArgument::kCuSeqlensQ, &passed_q);
     const std::optional<int64_t> last_k = check_cu_seqlens(op, "cu_seqlens_k", call.cu_seqlens_k_device, call.total_k,
                                                            a.max_seqlen_k, "max_seqlen_k", "k",
-                                                           CheckedArgument::kCuSeqlensK);
+                                                           CheckedArgument::kCuSeqlensK, &passed_k);
+    call.cu_seqlens_passed = passed_q && passed_k;
     // Rows past cu_seqlens[-1] belong to no sequence; unless this call read the values any row may be such a row.
     call.unowned_rows_q = !last_q.has_value() || *last_q < call.total_q;
     call.unowned_rows_k = !last_k.has_value() || *last_k < call.total_k;

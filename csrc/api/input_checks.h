@@ -23,6 +23,10 @@ struct CheckedCall {
   // otherwise (a remembered check, CUDA-graph capture, or FLASH_ATTN_CHECK_DEVICE_VALUES=0).
   bool unowned_rows_q = false;
   bool unowned_rows_k = false;
+  // Varlen: whether both cu_seqlens passed the checks (in this call or remembered). Every row before cu_seqlens[-1]
+  // then belongs to a sequence and a device kernel zeroes the rows past it (flash_api.cpp zero_unowned_rows);
+  // unchecked values (capture, checks off) may leave rows inside uncovered, so the outputs are zero-filled instead.
+  bool cu_seqlens_passed = false;
   // No query row, no key or no sequence: every output row (if any) is 0 with lse +inf, and no kernel runs.
   bool no_work = false;
   at::Tensor cu_seqlens_q_device;  // varlen: what params.shape points at, on the call's device
@@ -70,10 +74,11 @@ DType to_dtype(at::ScalarType type);
 
 // Checks the values of a cu_seqlens tensor (start at 0, non-decreasing, last entry <= total, no length above
 // max_seqlen): on CPU always, on CUDA once per tensor version (checked_values_cache.h). Returns its last entry when
-// this call read the values, nullopt otherwise (remembered, CUDA-graph capture, or checks turned off).
+// this call read the values, nullopt otherwise (remembered, CUDA-graph capture, or checks turned off). *passed (when
+// given): whether the values passed, in this call or in a remembered one.
 std::optional<int64_t> check_cu_seqlens(const char* op, const char* name, const at::Tensor& cu, int64_t total,
                                         int64_t max_seqlen, const char* max_name, const char* tensor_name,
-                                        CheckedArgument argument);
+                                        CheckedArgument argument, bool* passed = nullptr);
 
 // Element strides of a (batch, seqlen, heads, dim) tensor, or of a varlen (total, heads, dim) one.
 TensorStrides strides_of(const at::Tensor& t, bool varlen);

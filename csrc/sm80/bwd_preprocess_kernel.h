@@ -16,8 +16,10 @@ constexpr int kRowwiseThreads = 256;
 constexpr int kRowThreads = 8;  // threads sharing one row (reduced with 3 shuffles)
 constexpr int kRowwiseRows = kRowwiseThreads / kRowThreads;
 
+// zero_dq: false where the main kernel stores dQ without the accumulator (sm90/bwd_direct_dq.h).
 template <typename T>
-__global__ void __launch_bounds__(kRowwiseThreads) bwd_preprocess_kernel(const BwdParams bp, DqLayout layout) {
+__global__ void __launch_bounds__(kRowwiseThreads) bwd_preprocess_kernel(const BwdParams bp, DqLayout layout,
+                                                                          bool zero_dq) {
   const FwdParams& p = bp.fwd;
   const int b = blockIdx.z;
   const int h = blockIdx.y;
@@ -81,6 +83,7 @@ __global__ void __launch_bounds__(kRowwiseThreads) bwd_preprocess_kernel(const B
   // its two rows' ranges. In row pairs, a sequence's last row that starts a pair zeroes the second row's range too:
   // no row may follow it (the last row of an odd total_q, or of the rows before cu_seqlens_q's end), and where one
   // does, it zeroes the same range (before the main kernel, so the double write is harmless).
+  if (!zero_dq) return;
   const float4 zeros = make_float4(0.f, 0.f, 0.f, 0.f);
   const bool pair_tail = layout == DqLayout::kRowPairs && global_row % 2 == 0 && row + 1 == si.seqlen_q;
   const int64_t zeroed = pair_tail ? 2 : 1;

@@ -4,9 +4,9 @@
 // consumer computes S^T = K.Q^T and dP^T = V.dO^T (wgmma, shared operands), P^T = exp2(S^T scale log2e - LSE log2e)
 // (the step's LSE and D come with Q, one bulk copy from the workspace's statistics blocks),
 // dS^T = P^T (dP^T - D), then dV += P^T.dO and dK += dS^T.Q with P^T, dS^T from registers, and dQ = dS.K through a
-// shared dS^T tile, added to the fp32 accumulator with red.global.add.v4. The portable path's preprocess (D, zeroed
-// accumulator) and dQ conversion run around it (bwd_launch.h). Serves what dispatch/sm90_policy.h's
-// sm90_bwd_declines() accepts.
+// shared dS^T tile, added to the fp32 accumulator (or, with one key block per sequence, stored: bwd_direct_dq.h). The
+// portable path's preprocess (D, zeroed accumulator) and dQ conversion run around it (bwd_launch.h). Serves what
+// dispatch/sm90_policy.h's sm90_bwd_declines() accepts.
 #pragma once
 
 #include <cuda.h>
@@ -30,6 +30,7 @@
 #include "flash_attn/tensor_map_sm90.h"
 #include "sm90/block_ranges.h"
 #include "sm90/bwd_cta.h"
+#include "sm90/bwd_direct_dq.h"
 #include "sm90/bwd_ordered_dq.h"
 #include "sm90/bwd_tile_config.h"
 #include "sm90/kernel_common.h"
@@ -196,6 +197,15 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
 
   for (int n_block = cta.first_block; n_block < args.num_n_blocks; n_block += cta.block_stride) {
     const BwdBlock block = cta.plan(p.mask, n_block);
+    if (args.dq_direct) {  // the sequence's only key block: the rows its walk does not reach get dQ = 0
+      const int64_t reached0 = block.has_keys ? std::min<int64_t>(int64_t{block.m_min} * kBlockM, seqlen_q) : 0;
+      const int64_t reached1 =
+          block.has_keys ? std::clamp<int64_t>(int64_t{block.m_min + block.m_count} * kBlockM, reached0, seqlen_q)
+                         : 0;
+      zero_unreached_dq_rows<T>(bp, direct_dq_rows<T>(bp, batch, cta.sequence.q_row0), seqlen_q, cta.head0, cta.heads_per_split, reached0, reached1,
+                                consumer * ptx::kWarpgroupThreads + thread,
+                                kBwdConsumerWarpgroups * ptx::kWarpgroupThreads);
+    }
     if (!block.has_keys) continue;
     // Deterministic bulk dQ (bwd_deterministic_dq_in_bulk): the previous key block's reductions complete before this
     // one's reach the same rows, so each element's adds arrive in key-block order.
@@ -447,6 +457,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
             }
             ptx::bulk_commit_group();
           }
+        } else if (args.dq_direct) {
+          store_direct_dq<T, kDqColumns>(bp, direct_dq_rows<T>(bp, batch, cta.sequence.q_row0) +
+                                                 head * bp.dq_strides.head,
+                                         dq, q0 + dq_row0, seqlen_q, dq_segment * kSegmentElems, warp, lane, quad_col);
         } else {
           float* dq_head =
               workspace.dq_accum + dq_accumulator * workspace.dq_split_stride + head * workspace.dq_head_stride;

@@ -1,6 +1,6 @@
 // run_bwd<dtype, head dim, mask>: the Hopper backward of one call on a stream: the portable path's preprocess (delta,
-// statistics blocks, zeroed dq accumulator in DqLayout::kRows), the sm90 main kernel (bwd_kernel.h: dK, dV, dQ accumulation), and the
-// portable dq conversion. Included by the generated translation units of the ("sm90", "bwd") kernel-table entries;
+// statistics blocks, zeroed dq accumulator in DqLayout::kRows), the sm90 main kernel (bwd_kernel.h: dK, dV, dQ
+// accumulation), and the portable dq conversion (neither accumulator nor conversion with direct dQ). Included by the generated translation units of the ("sm90", "bwd") kernel-table entries;
 // dispatch sends only the calls that dispatch/sm90_policy.h's sm90_bwd_declines() accepts. No allocation, no host
 // sync: the scratch is params.workspace (flash_attn/bwd_workspace.h).
 #pragma once
@@ -57,9 +57,12 @@ void run_bwd(const BwdParams& params, void* stream) {
   const unsigned heads_q = static_cast<unsigned>(shape.nheads_q);
   const unsigned batch = static_cast<unsigned>(shape.batch);
   const int64_t row_blocks = (shape.seqlen_q + rowwise::kRowwiseRows - 1) / rowwise::kRowwiseRows;
+  const int64_t key_blocks = (shape.seqlen_k + kTile.block_n - 1) / kTile.block_n;
+  // Every sequence's keys in one key block: dQ stored by the main kernel, no accumulator to zero or convert.
+  const bool direct_dq = bwd_stores_dq_directly(kHeadDim) && key_blocks == 1;
   if (row_blocks > 0) {
     rowwise::bwd_preprocess_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch),
-                                        rowwise::kRowwiseThreads, 0, s>>>(params, DqLayout::kRows);
+                                        rowwise::kRowwiseThreads, 0, s>>>(params, DqLayout::kRows, !direct_dq);
   }
 
   if (!params.block_stats) {
@@ -94,15 +97,16 @@ void run_bwd(const BwdParams& params, void* stream) {
   constexpr int64_t kMaxDqRows = int64_t{1} << 31;
   // Deterministic calls of the narrow kernel add into one accumulator in key-block order (bwd_orders_dq), which needs
   // the map: its bulk reductions are what the writer warp orders.
-  const bool ordered = params.deterministic && bwd_orders_dq(kHeadDim);
-  const bool bulk = ordered || (params.deterministic ? bwd_deterministic_dq_in_bulk(kHeadDim)
-                                                     : bwd_reduces_dq_in_bulk(kHeadDim));
+  const bool ordered = params.deterministic && bwd_orders_dq(kHeadDim) && !direct_dq;
+  const bool bulk = !direct_dq && (ordered || (params.deterministic ? bwd_deterministic_dq_in_bulk(kHeadDim)
+                                                                    : bwd_reduces_dq_in_bulk(kHeadDim)));
   if (bulk && dq_rows > 0 && dq_rows < kMaxDqRows) {
     encode_fp32_map_2d(args.dq_map, workspace.dq_accum, static_cast<uint64_t>(workspace.dq_row_stride),
                        static_cast<uint64_t>(dq_rows), static_cast<uint64_t>(workspace.dq_row_stride) * sizeof(float),
                        kDqSlotGroup, bwd_dq_rows(kHeadDim, kTile.block_m));
   }
   args.dq_ordered = ordered;
+  args.dq_direct = direct_dq;
   if (ordered) {
     // Arrival order (bwd_cta.h) for short sequences, whose key blocks fit on the GPU at one CTA per SM.
     int device = 0;
@@ -126,7 +130,6 @@ void run_bwd(const BwdParams& params, void* stream) {
                                cudaGetErrorString(zeroed));
     }
   }
-  const int64_t key_blocks = (shape.seqlen_k + kTile.block_n - 1) / kTile.block_n;
   args.num_n_blocks = static_cast<int>(key_blocks);
   if (key_blocks > 0) {
     // Deterministic without ordered dQ: one CTA per bwd_dq_accumulators_per_cta accumulators, walking key blocks x,
@@ -149,7 +152,7 @@ void run_bwd(const BwdParams& params, void* stream) {
     }
   }
   if (split_heads && key_blocks > 0) rowwise::launch_dkv_convert<T>(params, s);
-  if (row_blocks > 0) {
+  if (row_blocks > 0 && !direct_dq) {
     rowwise::bwd_convert_dq_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch),
                                         rowwise::kRowwiseThreads, 0, s>>>(params, DqLayout::kRows);
   }
