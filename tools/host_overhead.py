@@ -2,6 +2,8 @@
 # side: host = perf_counter time to enqueue one call (back-to-back loop), stream = CUDA-event time per call of that loop,
 # bench = the benchmark's timer (do_bench median, L2 flushed per call). host near or above bench: the entry is host-bound.
 # Usage (GPU machine, repo root): python3 tools/host_overhead.py [--impls a,b] [--seqlens 8192 --batch 1] [--calls 200]
+#   --doc-len N [--headdim 64 --hidden 2048 --causal]: the forward of one varlen batch of 16k tokens in documents of N
+#   (bench_attention.py --doc-len's shape) instead of the decode shapes.
 # Without a GPU it times the CPU decode shapes (host column only), as a smoke test.
 import argparse
 import sys
@@ -50,6 +52,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=None, help="batch for --seqlens (default 1)")
     parser.add_argument("--calls", type=int, default=200, help="calls per back-to-back loop (below the launch queue)")
     parser.add_argument("--rep-ms", type=float, default=30.0, help="do_bench budget for the bench column")
+    parser.add_argument("--doc-len", type=int, default=0, help="varlen documents of this many tokens instead")
+    parser.add_argument("--headdim", type=int, default=64, help="with --doc-len")
+    parser.add_argument("--hidden", type=int, default=bench.DEFAULT_HIDDEN,
+                        help="with --doc-len: heads = hidden / headdim")
+    parser.add_argument("--causal", action="store_true", help="with --doc-len")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     names = args.impls.split(",")
@@ -63,7 +70,17 @@ def main() -> None:
     fa_module, fa_error = bench.import_flash_attn()
     impls = bench.make_impls(names, fa_module, fa_error, backward=False)
     print(f"{'batch x kv':>12} {'impl':>15} {'host us':>9} {'stream us':>10} {'bench us':>9}")
-    for p in bench.decode_problems(shape_args):
+    if args.doc_len:
+        tokens = bench.DEFAULT_TOKENS[device]
+        if tokens % args.doc_len or args.hidden % args.headdim:
+            raise SystemExit(f"--doc-len must divide {tokens} and --headdim must divide --hidden; got {args.doc_len}, "
+                             f"{args.headdim}, {args.hidden}")
+        heads = args.hidden // args.headdim
+        problems = [bench.Problem(device, torch.bfloat16, 1, heads, heads, tokens, tokens, args.headdim, args.causal,
+                                  feature="varlen", doc_len=args.doc_len)]
+    else:
+        problems = bench.decode_problems(shape_args)
+    for p in problems:
         inputs = bench.make_inputs(p, need_grad=False)
         for impl in impls:
             q, k, v, _ = inputs[impl.layout]
