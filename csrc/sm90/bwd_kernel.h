@@ -202,8 +202,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
       const int64_t reached1 =
           block.has_keys ? std::clamp<int64_t>(int64_t{block.m_min + block.m_count} * kBlockM, reached0, seqlen_q)
                          : 0;
-      zero_unreached_dq_rows<T>(bp, direct_dq_rows<T>(bp, batch, cta.sequence.q_row0), seqlen_q, cta.head0, cta.heads_per_split, reached0, reached1,
-                                consumer * ptx::kWarpgroupThreads + thread,
+      zero_unreached_dq_rows<T>(bp, direct_dq_rows<T>(bp, batch, cta.sequence.q_row0), seqlen_q, cta.head0,
+                                cta.heads_per_split, reached0, reached1, consumer * ptx::kWarpgroupThreads + thread,
                                 kBwdConsumerWarpgroups * ptx::kWarpgroupThreads);
     }
     if (!block.has_keys) continue;

@@ -1,8 +1,9 @@
 // run_bwd<dtype, head dim, mask>: the Hopper backward of one call on a stream: the portable path's preprocess (delta,
 // statistics blocks, zeroed dq accumulator in DqLayout::kRows), the sm90 main kernel (bwd_kernel.h: dK, dV, dQ
-// accumulation), and the portable dq conversion (neither accumulator nor conversion with direct dQ). Included by the generated translation units of the ("sm90", "bwd") kernel-table entries;
-// dispatch sends only the calls that dispatch/sm90_policy.h's sm90_bwd_declines() accepts. No allocation, no host
-// sync: the scratch is params.workspace (flash_attn/bwd_workspace.h).
+// accumulation), and the portable dq conversion (neither accumulator nor conversion with direct dQ). Included by the
+// generated translation units of the ("sm90", "bwd") kernel-table entries; dispatch sends only the calls that
+// dispatch/sm90_policy.h's sm90_bwd_declines() accepts. No allocation, no host sync: the scratch is params.workspace
+// (flash_attn/bwd_workspace.h).
 #pragma once
 
 #include <cuda_runtime.h>
