@@ -45,9 +45,6 @@ struct BwdKernelArgs {
   // calls that are not deterministic: one CTA per key block and split).
   int head_splits;
   int heads_per_split;
-  // Direct dQ (bwd_tile_config.h bwd_stores_dq_directly, bwd_direct_dq.h): every sequence's keys fit one key block,
-  // so each step's dQ is complete and the consumers store it into BwdParams::dq; no accumulator, no conversion.
-  bool dq_direct;
 };
 
 // A CTA's (batch entry, KV head), its sequence, and which key blocks and query heads it walks.

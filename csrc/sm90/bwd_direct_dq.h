@@ -1,4 +1,4 @@
-// Direct dQ of the Hopper backward (BwdKernelArgs::dq_direct): when every sequence's keys fit one key block, a step's
+// Direct dQ of the Hopper backward (bwd_kernel's kDirectDq): when every sequence's keys fit one key block, a step's
 // dQ = dS.K is complete in the consumers' registers, so they store it, scaled and converted, straight into dq instead
 // of adding it into the zeroed fp32 accumulator that the conversion kernel reads back (bwd_launch.h skips both).
 // The rows no step reaches (no key visible to them) get dQ = 0 here, as the zeroed accumulator gave them.

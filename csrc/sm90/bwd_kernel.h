@@ -81,8 +81,11 @@ constexpr int kBwdDqStageBarrier = 8;   // + consumer: its dQ staging tile writt
 
 // kGeneral: softcap and / or ALiBi, recomputed as the forward's general kernels apply them (z = softcap tanh(s scale /
 // softcap) - slope |distance|); dS then carries softcap's derivative 1 - tanh^2 (the final softmax_scale factors of dQ
-// and dK stay where they are).
-template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, int kBlockM, int kBlockN, int kStages>
+// and dK stay where they are). kDirectDq: every sequence's keys fit one key block, each step's dQ is complete and
+// stored into BwdParams::dq (bwd_direct_dq.h); its own instantiation, so the other kernels' step loop carries none of
+// it (bwd_tile_config.h bwd_stores_dq_directly).
+template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, int kBlockM, int kBlockN, int kStages,
+          bool kDirectDq>
 __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_constant__ BwdKernelArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Layout = BwdSmemLayout<kHeadDim, kBlockM, kBlockN, kStages>;
@@ -197,7 +200,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
 
   for (int n_block = cta.first_block; n_block < args.num_n_blocks; n_block += cta.block_stride) {
     const BwdBlock block = cta.plan(p.mask, n_block);
-    if (args.dq_direct) {  // the sequence's only key block: the rows its walk does not reach get dQ = 0
+    if constexpr (kDirectDq) {  // the sequence's only key block: the rows its walk does not reach get dQ = 0
       const int64_t reached0 = block.has_keys ? std::min<int64_t>(int64_t{block.m_min} * kBlockM, seqlen_q) : 0;
       const int64_t reached1 =
           block.has_keys ? std::clamp<int64_t>(int64_t{block.m_min + block.m_count} * kBlockM, reached0, seqlen_q)
@@ -420,9 +423,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
         if constexpr (kPrefetchScores) {
           if (i + 1 < steps) issue_step_s(Slot(ring + 1));
         }
-        // dQ in the fp32 accumulator's order (DqLayout::kRows, columns interleaved by dq_slot): a thread's columns 8j +
-        // quad_col + e of j = 2g, 2g + 1 are slots 4 (lane % 4) .. + 3 of slot group g, one 16-byte value.
-        if (bulk_dq) {
+        if constexpr (kDirectDq) {
+          store_direct_dq<T, kDqColumns>(bp, direct_dq_rows<T>(bp, batch, cta.sequence.q_row0) +
+                                                 head * bp.dq_strides.head,
+                                         dq, q0 + dq_row0, seqlen_q, dq_segment * kSegmentElems, warp, lane, quad_col);
+        } else if (bulk_dq) {
+          // dQ in the fp32 accumulator's order (DqLayout::kRows, columns interleaved by dq_slot): a thread's columns
+          // 8j + quad_col + e of j = 2g, 2g + 1 are slots 4 (lane % 4) .. + 3 of slot group g, one 16-byte value.
           // Staged as boxes of 16 columns x kDqRows dense rows (a warp's 8 rows x 64 bytes per store: conflict-free),
           // then added by the TMA unit. Rows past the sequence hold zeros (P = 0 there), so a box reaching into the
           // next sequence's or head's rows adds nothing; rows and columns past the map's end are skipped.
@@ -457,10 +464,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
             }
             ptx::bulk_commit_group();
           }
-        } else if (args.dq_direct) {
-          store_direct_dq<T, kDqColumns>(bp, direct_dq_rows<T>(bp, batch, cta.sequence.q_row0) +
-                                                 head * bp.dq_strides.head,
-                                         dq, q0 + dq_row0, seqlen_q, dq_segment * kSegmentElems, warp, lane, quad_col);
         } else {
           float* dq_head =
               workspace.dq_accum + dq_accumulator * workspace.dq_split_stride + head * workspace.dq_head_stride;

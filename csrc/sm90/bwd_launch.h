@@ -32,16 +32,24 @@ void launch_bwd_kernel(const dim3& grid, const BwdKernelArgs& args, cudaStream_t
 }
 
 // Head-dim buckets up to kBwdMaxNarrowHeadDim run bwd_kernel at their own width; those above run bwd_wide_kernel at
-// kBwdWideHeadDim (the TMA maps zero-fill the columns past the call's head dim, and no write reaches them).
+// kBwdWideHeadDim (the TMA maps zero-fill the columns past the call's head dim, and no write reaches them). direct_dq:
+// the narrow kernel's direct-dQ instantiation (bwd_stores_dq_directly says where one exists).
 template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, BwdTileConfig kTile>
-void launch_bwd(const dim3& grid, const BwdKernelArgs& args, cudaStream_t stream) {
+void launch_bwd(const dim3& grid, const BwdKernelArgs& args, bool direct_dq, cudaStream_t stream) {
   if constexpr (kHeadDim > kBwdMaxNarrowHeadDim) {
     using Layout = BwdWideSmemLayout<kBwdWideHeadDim, kTile.block_m, kTile.block_n, kTile.stages>;
     launch_bwd_kernel<bwd_wide_kernel<T, kBwdWideHeadDim, kMask, kGeneral, kTile.block_m, kTile.block_n, kTile.stages>,
                       Layout::kLaunchBytes>(grid, args, stream);
   } else {
     using Layout = BwdSmemLayout<kHeadDim, kTile.block_m, kTile.block_n, kTile.stages>;
-    launch_bwd_kernel<bwd_kernel<T, kHeadDim, kMask, kGeneral, kTile.block_m, kTile.block_n, kTile.stages>,
+    if constexpr (bwd_stores_dq_directly(kHeadDim, kGeneral)) {
+      if (direct_dq) {
+        launch_bwd_kernel<bwd_kernel<T, kHeadDim, kMask, kGeneral, kTile.block_m, kTile.block_n, kTile.stages, true>,
+                          Layout::kLaunchBytes>(grid, args, stream);
+        return;
+      }
+    }
+    launch_bwd_kernel<bwd_kernel<T, kHeadDim, kMask, kGeneral, kTile.block_m, kTile.block_n, kTile.stages, false>,
                       Layout::kLaunchBytes>(grid, args, stream);
   }
 }
@@ -60,7 +68,8 @@ void run_bwd(const BwdParams& params, void* stream) {
   const int64_t row_blocks = (shape.seqlen_q + rowwise::kRowwiseRows - 1) / rowwise::kRowwiseRows;
   const int64_t key_blocks = (shape.seqlen_k + kTile.block_n - 1) / kTile.block_n;
   // Every sequence's keys in one key block: dQ stored by the main kernel, no accumulator to zero or convert.
-  const bool direct_dq = bwd_stores_dq_directly(kHeadDim) && key_blocks == 1;
+  const bool general = fwd_needs_general_kernel(p);
+  const bool direct_dq = bwd_stores_dq_directly(kHeadDim, general) && key_blocks == 1;
   if (row_blocks > 0) {
     rowwise::bwd_preprocess_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch),
                                         rowwise::kRowwiseThreads, 0, s>>>(params, DqLayout::kRows, !direct_dq);
@@ -107,7 +116,6 @@ void run_bwd(const BwdParams& params, void* stream) {
                        kDqSlotGroup, bwd_dq_rows(kHeadDim, kTile.block_m));
   }
   args.dq_ordered = ordered;
-  args.dq_direct = direct_dq;
   if (ordered) {
     // Arrival order (bwd_cta.h) for short sequences, whose key blocks fit on the GPU at one CTA per SM.
     int device = 0;
@@ -146,10 +154,10 @@ void run_bwd(const BwdParams& params, void* stream) {
                                : key_blocks * args.head_splits;
     if (split_heads) rowwise::zero_dkv_accumulators(params, s);
     const dim3 grid(static_cast<unsigned>(ctas_x), static_cast<unsigned>(shape.nheads_k), batch);
-    if (fwd_needs_general_kernel(p)) {
-      launch_bwd<T, kHeadDim, kMask, true, kTile>(grid, args, s);
+    if (general) {
+      launch_bwd<T, kHeadDim, kMask, true, kTile>(grid, args, direct_dq, s);
     } else {
-      launch_bwd<T, kHeadDim, kMask, false, kTile>(grid, args, s);
+      launch_bwd<T, kHeadDim, kMask, false, kTile>(grid, args, direct_dq, s);
     }
   }
   if (split_heads && key_blocks > 0) rowwise::launch_dkv_convert<T>(params, s);

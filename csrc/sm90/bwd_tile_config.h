@@ -145,10 +145,14 @@ constexpr bool bwd_orders_dq(int head_dim) {
 // it back: three passes over a tensor of 4 bytes per element and one launch less. Only where one consumer owns each
 // dQ element (column or row halves; own-keys dQ sums both consumers' tiles) and in the narrow kernel (the wide one
 // adds dQ column segment by column segment). ncu, H200, documents of 128, hd 128, 16 heads, causal (forty-second
-// session): preprocess 73 us, main kernel 258, conversion 55 (FlexAttention's whole backward: 80 + 291).
+// session): preprocess 73 us, main kernel 258, conversion 55 (FlexAttention's whole backward: 80 + 291); with it
+// (torch.profiler) preprocess 46, conversion 0, main kernel level; FlexAttention's backward 1.08-1.22x behind at
+// documents of 128 (docs/perf_log.md). An instantiation of its own (bwd_kernel's kDirectDq), for calls without
+// softcap / ALiBi only: with it as a branch in every kernel's step loop (hd 128 causal: 916 -> 1,120 static
+// instructions) the causal standard backward measured 4-8 % below the previous session's (no A/B yet).
 constexpr bool kBwdDirectDq = true;
-constexpr bool bwd_stores_dq_directly(int head_dim) {
-  return kBwdDirectDq && head_dim <= kBwdMaxNarrowHeadDim &&
+constexpr bool bwd_stores_dq_directly(int head_dim, bool general) {
+  return kBwdDirectDq && !general && head_dim <= kBwdMaxNarrowHeadDim &&
          bwd_dq_split(head_dim, bwd_tile_config(head_dim).block_m) != BwdDqSplit::kOwnKeys;
 }
 
