@@ -431,11 +431,23 @@ __device__ __forceinline__ void load_small_pages_by_lanes(T* smem, const T* base
 // range too. kPaging (page_stride elements between pages): kBlocks, a block within one page loads as a dense one
 // from it (`page`, from block_page, or looked up here); kRows, pages smaller than a block, row by row
 // (load_small_pages_async).
-template <typename KvLayout, int kHeadDim, int kBlockN, int kThreads, int kStages, KvPaging kPaging = KvPaging::kNone, typename T>
+// kFillsPastRange (fwd_fills_past_kv_range): a block before the range zero-fills the one slot from a valid address
+// instead of skipping behind a branch, so the caller's key loop stays one basic block.
+template <typename KvLayout, int kHeadDim, int kBlockN, int kThreads, int kStages, KvPaging kPaging = KvPaging::kNone,
+          bool kFillsPastRange = false, typename T>
 __device__ __forceinline__ void load_kv(T* ring, const T* base, int64_t row_stride, int n, const FwdCta& cta,
                                         int64_t page_stride = 0, const KvPages* pages = nullptr, int page = kNoPage) {
   constexpr int kStride = kHeadDim + kSmemRowPad;  // slots are allocated with padded rows (kernel_common.h)
-  if (n >= cta.n_first) {
+  if constexpr (kFillsPastRange) {
+    static_assert(kPaging == KvPaging::kNone && kStages == 1, "zero fill past the range: dense K / V, one slot");
+    (void)page_stride;
+    (void)pages;
+    (void)page;
+    const bool in_range = n >= cta.n_first;
+    const int n0 = in_range ? n * kBlockN : 0;
+    load_tile_async<kBlockN, kHeadDim, kThreads, KvLayout>(ring, base + n0 * row_stride, row_stride,
+                                                           in_range ? cta.seqlen_k - n0 : 0, cta.head_dim, cta.tid);
+  } else if (n >= cta.n_first) {
     const int n0 = n * kBlockN;
     T* const slot = ring + ring_slot<kStages>(n) * kBlockN * kStride;
     if constexpr (kPaging != KvPaging::kNone) {
@@ -680,16 +692,16 @@ __device__ __forceinline__ void await_k(const FwdParams& p, const FwdCta& cta, c
 
 // Either right after S = Q K^T or after the softmax (fwd_waits_v_before_softmax): V(n) landed; every warp is
 // done with K(n), whose slot takes K(n - kStages).
-template <typename KvLayout, int kHeadDim, int kBlockN, int kThreads, int kStages, KvPaging kPaging = KvPaging::kNone, typename T>
+template <typename KvLayout, int kHeadDim, int kBlockN, int kThreads, int kStages, KvPaging kPaging = KvPaging::kNone,
+          bool kFillsPastRange = false, typename T>
 __device__ __forceinline__ void await_v(const FwdParams& p, const FwdCta& cta, const FwdTiles<T>& tiles,
                                         const int& n) {
   int k_page = kNoPage;
   if constexpr (kPaging != KvPaging::kNone) k_page = block_page<kBlockN>(tiles.pages, n - kStages, cta);
   ptx::cp_async_wait<kYoungerGroups<kStages>>();
   tile_sync<kThreads>();
-  load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaging>(tiles.s_k_ring, tiles.k, p.k_strides.row,
-                                                                  n - kStages, cta, p.k_strides.batch, &tiles.pages,
-                                                                  k_page);
+  load_kv<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaging, kFillsPastRange>(
+      tiles.s_k_ring, tiles.k, p.k_strides.row, n - kStages, cta, p.k_strides.batch, &tiles.pages, k_page);
 }
 
 // S = Q K^T of this warp's strips against the key tile s_k: each K fragment feeds every strip. `a` holds one k16
@@ -1279,6 +1291,10 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
   constexpr int kStages = kTile.kv_stages;
   constexpr bool kEarlyV = fwd_waits_v_before_softmax(kHeadDim, kMask != MaskKind::kNone);
   constexpr bool kFirstV = fwd_prefetches_first_v(kHeadDim, kGeneral, kWarps, kStages);
+  // The loop ends with cp_async_wait<0> before the epilogue, so a zero fill past the range lands before any reuse.
+  // Not in the softcap / ALiBi lean kernel: there it spilled (hd 96, 253 -> 255 registers and 24 bytes of stack).
+  constexpr bool kFillsPastRange =
+      !kTma && !kLeanMods && kPaging == KvPaging::kNone && fwd_fills_past_kv_range(kHeadDim, kKind, kStages);
   using KvTiles = TileLayout<fwd_swizzles_kv(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone), kHeadDim>;
   using CheckedLayout =
       std::conditional_t<fwd_branches_whole_tiles(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone),
@@ -1358,7 +1374,7 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
         issue_kv_tile_tma<kHeadDim, kBlockN>(tiles.s_k_ring, maps.k, bars.k_full, cta, n - 1);
       }
     } else {
-      await_v<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaging>(p, cta, tiles, n);
+      await_v<KvLayout, kHeadDim, kBlockN, kThreads, kStages, kPaging, kFillsPastRange>(p, cta, tiles, n);
     }
   };
   for (int n = cta.n_last; n >= cta.n_first; --n) {

@@ -147,6 +147,18 @@ FLASH_HOST_DEVICE constexpr bool fwd_prefetches_first_v(int head_dim, bool gener
   return !general && kv_stages == 1 && head_dim > 128 && warps == kFirstVWarps;
 }
 
+// Whether the key loop's look-ahead load of K(n - 1) (fwd_kernel.h await_v) zero-fills the one K slot past the CTA's
+// first key block instead of skipping behind a branch. ncu of the hd 96 forward at 1k keys (H200, bf16, forty-third
+// session): that branch sat between the softmax and P V, so ptxas issued the 96 P V MMAs back to back after every
+// exponential, where FA2's kernel interleaves them; MMA instructions held 21 % of our warp samples in fixed-latency
+// waits against FA2's 9 %, and the kernel took 456 against 431 us. One stage only (its slot is free by then), the
+// standard tile only. Not at hd 192: its loop already interleaves them (V awaited before the softmax), and the fill
+// added spill (ptxas: 8 -> 16 bytes of stack).
+constexpr int kFillsPastRangeHeadDim = 96;
+FLASH_HOST_DEVICE constexpr bool fwd_fills_past_kv_range(int head_dim, FwdTileKind kind, int kv_stages) {
+  return kv_stages == 1 && kind == FwdTileKind::kStandard && head_dim == kFillsPastRangeHeadDim;
+}
+
 // Whether S = Q K^T hides its K lane offset from ptxas (kernel_common.h hide_from_compiler) in the swizzled 4-warp
 // tiles (two strips per warp, head dims <= 128): otherwise ptxas folds it into every fragment address, and those
 // kernels spill (ptxas, non-causal standard tile: hd 64 100 / 136 -> 40 / 88 bytes, hd 128 32 / 32 -> 16 / 16).
