@@ -2,7 +2,8 @@
 # before spending GPU time. The loop is the back edge (BRA to a lower address) whose body holds the most
 # HMMA. It also lists the loops inside that one: each runs its body more than once per iteration while the static count
 # holds it once (the backward's rolled tile loads at hd 192 were 78 static instructions, 37 % of what ran; ncu,
-# thirty-fourth session). Usage: python3 tools/sass_stats.py OBJ_OR_CUBIN KERNEL_SUBSTRING [--all]
+# thirty-fourth session), and what splits its schedule (schedule_notes). Usage: python3 tools/sass_stats.py
+# OBJ_OR_CUBIN KERNEL_SUBSTRING [--all]
 #   (cuobjdump comes with the toolkit, or with `pip install triton` under triton/backends/nvidia/bin)
 import collections
 import re
@@ -88,6 +89,26 @@ def inner_loops(body: list[tuple[int, str, str]]) -> list[tuple[int, int, collec
     return out
 
 
+def schedule_notes(body: list[tuple[int, str, str]]) -> str:
+    """Forward branches inside the loop (each skipped block ends a basic block, which ptxas does not schedule across),
+    spill instructions, and the matrix instructions issued after the loop's last exponential (MUFU.EX2). In a forward
+    key loop those are P V MMAs that could not interleave with the softmax: the portable hd 96 forward's one branch
+    between them left all 96 after it, and ncu put 21 % of the kernel's samples on those MMAs' fixed-latency waits
+    against FA2's 9 % (forty-third session; without the branch 20 of 96, +3-8 %)."""
+    if not body:
+        return ""
+    hi = body[-1][0]
+    skips = sum(1 for addr, op, args in body if op.startswith("BRA") and (t := re.search(r"0x([0-9a-f]+)", args))
+                and addr < int(t.group(1), 16) <= hi)
+    spills = sum(1 for _, op, _ in body if op.startswith(("LDL", "STL")))
+    exps = [i for i, (_, op, _) in enumerate(body) if op.startswith("MUFU.EX2")]
+    mma = [i for i, (_, op, _) in enumerate(body) if op.startswith(MATRIX_OPS)]
+    after = ""
+    if exps:
+        after = f", matrix instructions after the last exponential {sum(i > exps[-1] for i in mma)} of {len(mma)}"
+    return f"  forward branches {skips}, spill instructions {spills}{after}"
+
+
 def main() -> None:
     obj, want = sys.argv[1], sys.argv[2]
     sass = subprocess.run([cuobjdump(), "--dump-sass", obj], capture_output=True, text=True, check=True).stdout
@@ -99,6 +120,7 @@ def main() -> None:
         print(f"{name}: {len(body)} instructions in {'the kernel' if '--all' in sys.argv else 'the hottest loop'}")
         print("  " + ", ".join(f"{op} {n}" for op, n in hist.most_common()))
         if "--all" not in sys.argv:
+            print(schedule_notes(body))
             for start, end, ops in inner_loops(body):
                 top = ", ".join(f"{op} {n}" for op, n in ops.most_common(4))
                 print(f"  inner loop {start:#x}-{end:#x}: {sum(ops.values())} instructions, repeated within each iteration ({top})")
