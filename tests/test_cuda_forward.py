@@ -58,6 +58,20 @@ def test_head_dims(head_dim, causal, dtype):
     _check(out, lambda *x, **kw: attention_ref(*x, causal=causal, **kw), (q, k, v))
 
 
+# The portable forward's look-ahead K load at a CTA's first key block (sm80/fwd_tile_config.h fwd_fills_past_kv_range:
+# zero-filled copies into the free K slot instead of a branch, hd 96): ranges of one block, of whole and ragged blocks,
+# and windows whose first visible block is not block 0, so the fill lands while other ranges still read their keys.
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("head_dim", [32, 96])
+@pytest.mark.parametrize("sq, sk", [(1, 1), (64, 64), (65, 130), (113, 1000), (200, 129)])
+@pytest.mark.parametrize("window", [(-1, -1), (100, 37), (0, 0), (-1, 0)])
+def test_key_loop_look_ahead(head_dim, sq, sk, window, dtype, portable_kernels):
+    _require(dtype, head_dim)
+    q, k, v = _qkv(2, sq, sk, 4, 2, head_dim, dtype)
+    out = flash_attn_func(q, k, v, window_size=window)
+    _check(out, lambda *x, **kw: attention_ref(*x, window_size=window, **kw), (q, k, v))
+
+
 @pytest.mark.parametrize("dtype", LOW)
 @pytest.mark.parametrize("shape", [(1, 1, 1, 2, 2), (2, 17, 1, 4, 1), (1, 1, 1000, 4, 4), (2, 1000, 113, 2, 1),
                                    (1, 128, 128, 8, 2), (3, 255, 128, 4, 4)])
