@@ -1289,7 +1289,7 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
   constexpr int kNTiles = kBlockN / kMmaN;
   constexpr int kDTiles = kHeadDim / kMmaN;
   constexpr int kStages = kTile.kv_stages;
-  constexpr bool kEarlyV = fwd_waits_v_before_softmax(kHeadDim, kMask != MaskKind::kNone);
+  constexpr bool kEarlyV = fwd_waits_v_before_softmax(kHeadDim, kMask != MaskKind::kNone, kTma);
   constexpr bool kFirstV = fwd_prefetches_first_v(kHeadDim, kGeneral, kWarps, kStages);
   // The loop ends with cp_async_wait<0> before the epilogue, so a zero fill past the range lands before any reuse.
   // Not in the softcap / ALiBi lean kernel: there it spilled (hd 96, 253 -> 255 registers and 24 bytes of stack).

@@ -26,8 +26,8 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim).warps* kWarpSize)
   constexpr int kNTiles = kBlockN / kMmaN;
   constexpr int kDTiles = kHeadDim / kMmaN;
   constexpr int kStages = kTile.kv_stages;
-  constexpr bool kEarlyV = fwd_waits_v_before_softmax(kHeadDim, false);
   constexpr bool kTma = fwd_persistent_loads_kv_by_tma(kHeadDim);
+  constexpr bool kEarlyV = fwd_waits_v_before_softmax(kHeadDim, false, kTma);
   using KvLayout = std::conditional_t<kTma, SegmentSwizzledRows<kBlockN, kHeadDim>,
                                       TileLayout<fwd_swizzles_kv(kHeadDim, false, kKind, false), kHeadDim>>;
   // The prefetch below takes the place of the one-stage order's last K load (where V is awaited: after S = Q K^T

@@ -99,9 +99,15 @@ constexpr int kStagesUpTo128 = 1;
 // MMAs; but V's load then has only Q K^T to hide behind. Measured on the H200 (three runs of interleaved
 // rounds, bf16, docs/perf_log.md "forward: V awaited before the softmax"): head dim 64 causal +5-9 % early
 // (8k 312-325 against 300-304), non-causal -3-5 % (8k 301-306 against 315-319); head dims 65-128 -3-6 % early
-// at every shape; above 128 the 8-warp wide tile needs it (above). `masked`: causal or local.
-FLASH_HOST_DEVICE constexpr bool fwd_waits_v_before_softmax(int head_dim, bool masked) {
-  return head_dim > 128 || (head_dim <= 64 && masked);
+// at every shape; above 128 the 8-warp wide tile needs it (above). `masked`: causal or local. `tma`: K / V by TMA
+// (fwd_tma_kernel): there V's wait is an mbarrier spin loop, which ptxas does not move, so waited late it splits the
+// softmax from P V; at hd 64 (sm_90a, non-causal) late V also spilled: 48 bytes of stack and 26 spill instructions
+// in the key loop, none early (softcap / ALiBi kernel 16 -> 4), and the P V MMAs after the last exponential 128 ->
+// 14 of 128 (forty-third session, ptxas only; at hd 128 early V spilled instead, 8 -> 40 bytes, so it stays late
+// there until measured).
+constexpr int kTmaEarlyVMaxHeadDim = 64;
+FLASH_HOST_DEVICE constexpr bool fwd_waits_v_before_softmax(int head_dim, bool masked, bool tma) {
+  return head_dim > 128 || (head_dim <= 64 && masked) || (tma && head_dim <= kTmaEarlyVMaxHeadDim);
 }
 
 // Whether S = Q K^T loads the Q and K fragments of k16 step kk + 1 before issuing the MMAs of step kk (two register
