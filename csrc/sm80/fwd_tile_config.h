@@ -153,10 +153,14 @@ FLASH_HOST_DEVICE constexpr bool fwd_prefetches_first_v(int head_dim, bool gener
 // exponential, where FA2's kernel interleaves them; MMA instructions held 21 % of our warp samples in fixed-latency
 // waits against FA2's 9 %, and the kernel took 456 against 431 us. One stage only (its slot is free by then), the
 // standard tile only. Not at hd 192: its loop already interleaves them (V awaited before the softmax), and the fill
-// added spill (ptxas: 8 -> 16 bytes of stack).
+// added spill (ptxas: 8 -> 16 bytes of stack). hd 32 (non-causal; its masked kernels await V before the softmax,
+// which already puts the branch ahead of it): P V MMAs after the last exponential 64 -> 6 of 128, 253 -> 243
+// registers, no spill (sm_90a ptxas, forty-third session; not yet timed).
 constexpr int kFillsPastRangeHeadDim = 96;
+constexpr int kFillsPastRangeSmallHeadDim = 32;
 FLASH_HOST_DEVICE constexpr bool fwd_fills_past_kv_range(int head_dim, FwdTileKind kind, int kv_stages) {
-  return kv_stages == 1 && kind == FwdTileKind::kStandard && head_dim == kFillsPastRangeHeadDim;
+  return kv_stages == 1 && kind == FwdTileKind::kStandard &&
+         (head_dim == kFillsPastRangeHeadDim || head_dim == kFillsPastRangeSmallHeadDim);
 }
 
 // Whether S = Q K^T hides its K lane offset from ptxas (kernel_common.h hide_from_compiler) in the swizzled 4-warp
