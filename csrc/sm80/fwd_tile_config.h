@@ -103,8 +103,9 @@ constexpr int kStagesUpTo128 = 1;
 // (fwd_tma_kernel): there V's wait is an mbarrier spin loop, which ptxas does not move, so waited late it splits the
 // softmax from P V; at hd 64 (sm_90a, non-causal) late V also spilled: 48 bytes of stack and 26 spill instructions
 // in the key loop, none early (softcap / ALiBi kernel 16 -> 4), and the P V MMAs after the last exponential 128 ->
-// 14 of 128 (forty-third session, ptxas only; at hd 128 early V spilled instead, 8 -> 40 bytes, so it stays late
-// there until measured).
+// 14 of 128 (forty-third session; at hd 128 early V spilled instead, 8 -> 40 bytes, so it stays late there).
+// Measured (forty-fourth session, 32 heads, 512 / 2k / 8k keys, early / late, FA2): 304 / 356 / 364 against 279 /
+// 330 / 341 (266 / 298 / 307), softcap +2-5 %, causal level.
 constexpr int kTmaEarlyVMaxHeadDim = 64;
 FLASH_HOST_DEVICE constexpr bool fwd_waits_v_before_softmax(int head_dim, bool masked, bool tma) {
   return head_dim > 128 || (head_dim <= 64 && masked) || (tma && head_dim <= kTmaEarlyVMaxHeadDim);
@@ -161,10 +162,15 @@ FLASH_HOST_DEVICE constexpr bool fwd_prefetches_first_v(int head_dim, bool gener
 // standard tile only. Measured with the fill / without (FA2), 32 heads, TFLOP/s at 1k / 4k / 16k: 322 / 340 / 340
 // against 305 / 329 / 335 (327 / 347 / 350), causal 256 / 315 / 344 against 242 / 296 / 318 (262 / 315 / 336); window
 // level (benchmarks/results/2026-12-04-h200-hd96-fill-ab-s43.json). Not at hd 192: its loop already interleaves them
-// (V awaited before the softmax), and the fill added spill (ptxas: 8 -> 16 bytes of stack).
+// (V awaited before the softmax), and the fill added spill (ptxas: 8 -> 16 bytes of stack). hd 32 (non-causal; its
+// masked kernels await V before the softmax, which already puts the branch ahead of it): P V MMAs after the last
+// exponential 64 -> 6 of 128, 253 -> 243 registers, no spill; 64 heads, 512 / 2k / 8k keys: 189 / 236 / 249 against
+// 174 / 221 / 246 (FA2 181 / 213 / 224), causal +1-2 % (forty-fourth session).
 constexpr int kFillsPastRangeHeadDim = 96;
+constexpr int kFillsPastRangeSmallHeadDim = 32;
 FLASH_HOST_DEVICE constexpr bool fwd_fills_past_kv_range(int head_dim, FwdTileKind kind, int kv_stages) {
-  return kv_stages == 1 && kind == FwdTileKind::kStandard && head_dim == kFillsPastRangeHeadDim;
+  return kv_stages == 1 && kind == FwdTileKind::kStandard &&
+         (head_dim == kFillsPastRangeHeadDim || head_dim == kFillsPastRangeSmallHeadDim);
 }
 
 // Whether S = Q K^T hides its K lane offset from ptxas (kernel_common.h hide_from_compiler) in the swizzled 4-warp
