@@ -92,6 +92,16 @@ __host__ __device__ constexpr bool bwd_swizzles_queries(int head_dim, bool featu
   return !features && bwd_full_shapes(tiles);
 }
 
+// Whether the Q/dO tiles of a head dim of an odd number of 64-byte half segments (96 / 160 / 224: no whole segments,
+// so bwd_swizzles_queries leaves them padded) are laid out as kernel_common.h HalfSegmentSwizzledRows and loaded in
+// column groups of 4 chunks (one row per thread, 3 copies at hd 96). ncu, hd 96 plain backward at 1k (forty-fourth
+// session): 1.31 ms against FA2's 1.20; shared-memory wavefronts 210 M against 181 M, 19 M of them the padded rows'
+// conflicting Q / dO copies (3.0x ideal), and MIO stalls 10.0 % of our warp samples against 4.4 %. Not yet timed.
+constexpr int kBwdHalfSegmentSwizzleHeadDim = 96;
+__host__ __device__ constexpr bool bwd_swizzles_half_segments(int head_dim, bool features, BwdTiles tiles) {
+  return head_dim == kBwdHalfSegmentSwizzleHeadDim && bwd_swizzles_queries(head_dim, features, tiles);
+}
+
 // Whether a swizzling kernel hides its Q/dO lane offsets from ptxas (kernel_common.h OpaqueLaneOffset) and addresses
 // its padded tiles (K, V, P^T, dS^T) in the direct form. At head dim 128 the direct form cut the spill from 56 / 76
 // to 52 / 72 bytes and the hidden offsets to 28 / 44 (ptxas, plain non-causal); measured on the H200 (bf16, three
@@ -437,6 +447,8 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t src_stri
   }
   if constexpr (loads_whole_tiles<kRows, kHeadDim, kThreads, Layout>()) {
     load_tile_whole_first<kRows, kHeadDim, kThreads, Layout>(dst, src, src_stride, valid_rows, head_dim, tid);
+  } else if constexpr (loads_grouped_columns<kRows, kHeadDim, kThreads, Layout>()) {
+    load_tile_grouped_columns<kRows, kHeadDim, kThreads, Layout>(dst, src, src_stride, valid_rows, head_dim, tid);
   } else if constexpr (kThreads >= kChunksPerRow) {
     // Where the row's chunks do not divide the threads (hd 96 / 160 / 192 / 224: 12 / 20 / 24 / 28 chunks) too: the
     // rolled per-chunk loop this replaced there ran 37 instructions per copy, 6 passes each for Q and dO at hd 192,

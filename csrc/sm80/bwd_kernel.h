@@ -156,8 +156,13 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles, kS
   constexpr bool kSwizzleQueries = bwd_swizzles_queries(kHeadDim, kFeatures, kTiles) && kHeadDim % kSegmentElems == 0;
   constexpr bool kHideOffsets = kSwizzleQueries && bwd_hides_query_lane_offsets(kHeadDim);
   // Their loads branch on whole tiles where that measured faster (bwd_branches_whole_tiles).
-  using QueryTiles = std::conditional_t<kHideOffsets, OpaqueLaneOffset<SwizzledRows<kHeadDim>>,
-                                        TileLayout<kSwizzleQueries, kHeadDim>>;
+  // Head dims of odd half segments (bwd_swizzles_half_segments) swizzle within half segments; the other tiles keep
+  // the padded kernel's layouts and address forms.
+  constexpr bool kHalfSegmentQueries = bwd_swizzles_half_segments(kHeadDim, kFeatures, kTiles);
+  using QueryTiles = std::conditional_t<
+      kHideOffsets, OpaqueLaneOffset<SwizzledRows<kHeadDim>>,
+      std::conditional_t<kHalfSegmentQueries, GroupedColumnLoads<HalfSegmentSwizzledRows<kHeadDim>>,
+                         TileLayout<kSwizzleQueries, kHeadDim>>>;
   using KeyTiles = PaddedRows<kHeadDim, kSwizzleQueries && !kHideOffsets>;
   constexpr bool kWholeTiles = bwd_branches_whole_tiles(kHeadDim, kFeatures, kTiles);
   using QueryLayout = std::conditional_t<kWholeTiles, WholeTileLoads<QueryTiles>, QueryTiles>;

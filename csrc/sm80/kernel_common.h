@@ -146,6 +146,37 @@ struct SwizzledRows {
   }
 };
 
+// Unpadded rows of an odd number of 64-byte half segments (hd 96 / 160 / 224), the chunk index's low two bits XORed
+// with (row / 2) % 4. Such rows start on bank group 0 or 4 (192 bytes = 48 words), so unswizzled the 8 rows of an
+// ldmatrix matrix hit 2 bank groups; the XOR spreads them over all 8. cp.async stays conflict-free too: one 8-chunk
+// phase covers either 8 chunks of one row or 4 + 4 of two rows with the same XOR, one on groups 0-3, the other on
+// 4-7. Padded rows (13 chunks at hd 96) conflict on those copies instead: ncu counted 3.0x the ideal wavefronts for
+// the hd 96 backward's Q / dO copies (28.5 M against 9.5 M, 1k; FA2, 64-byte swizzle, 2.0x). The XOR touches only
+// column bits 3-4, so the split form XORs col_base's bit 4 into the lane offset, as SwizzledRows does.
+template <int kCols>
+struct HalfSegmentSwizzledRows {
+  static constexpr int kHalfSegmentElems = kSegmentElems / 2;
+  static_assert(kCols % kSegmentElems == kHalfSegmentElems, "an odd number of 64-byte half segments per row");
+  static constexpr int kStride = kCols;
+  static constexpr bool kSplitAddress = true;
+  static constexpr bool kOpaqueLaneOffset = false;
+  static constexpr int kChunksPerHalfSegment = kHalfSegmentElems / kChunkElems;
+  static constexpr bool kWholeTileBranch = false;
+  static constexpr bool kFixedColumnLoads = false;
+  static constexpr bool kGroupedColumnLoads = false;
+  static constexpr int kRowPeriod = 2 * kChunksPerHalfSegment;  // the XOR pattern repeats every 8 rows
+  static constexpr __host__ __device__ int offset(int row, int col) {
+    return row * kCols + (col ^ ((row / 2 % kChunksPerHalfSegment) * kChunkElems));
+  }
+  static constexpr __host__ __device__ int lane_offset(int row_lane, int col_lane) {
+    return offset(row_lane, col_lane);
+  }
+  static constexpr __host__ __device__ int ldmatrix_offset(int lane_offset, int row_base, int col_base) {
+    const int in_half = col_base % kHalfSegmentElems;
+    return (lane_offset ^ in_half) + row_base * kCols + (col_base - in_half);
+  }
+};
+
 // The layout a TMA tile load with the 128-byte swizzle writes (tma_load_sm90.h): the tile as kCols / 64 blocks of
 // kRows x 64 elements (one per 128-byte segment of a row, each block its own TMA box), rows of 128 bytes, the
 // 16-byte chunk index XORed with row % 8, as in SwizzledRows but segment-major. The blocks start 1024-byte aligned
@@ -256,12 +287,40 @@ constexpr bool ldmatrix_conflict_free() {
 }
 static_assert(split_form_matches<SwizzledRows<64>, 64>() && split_form_matches<SwizzledRows<256>, 256>() &&
                   split_form_matches<PaddedRows<96, true>, 96>() &&
-                  split_form_matches<SegmentSwizzledRows<kLayoutCheckRows, 256>, 256>(),
+                  split_form_matches<SegmentSwizzledRows<kLayoutCheckRows, 256>, 256>() &&
+                  split_form_matches<HalfSegmentSwizzledRows<96>, 96>() &&
+                  split_form_matches<HalfSegmentSwizzledRows<224>, 224>(),
               "split ldmatrix addressing");
 static_assert(ldmatrix_conflict_free<SwizzledRows<128>, 128>() && ldmatrix_conflict_free<SwizzledRows<192>, 192>() &&
                   ldmatrix_conflict_free<PaddedRows<96>, 96>() &&
-                  ldmatrix_conflict_free<SegmentSwizzledRows<kLayoutCheckRows, 256>, 256>(),
+                  ldmatrix_conflict_free<SegmentSwizzledRows<kLayoutCheckRows, 256>, 256>() &&
+                  ldmatrix_conflict_free<HalfSegmentSwizzledRows<96>, 96>() &&
+                  ldmatrix_conflict_free<HalfSegmentSwizzledRows<160>, 160>(),
               "ldmatrix phases without bank conflicts");
+// cp.async phases: 8 consecutive 16-byte chunks of the tile in row-major order (the fixed-column loads' thread order),
+// from any row's start, touch 8 different bank groups.
+template <typename Layout, int kCols>
+constexpr bool copy_phases_conflict_free() {
+  constexpr int kBankGroups = kSegmentElems / kChunkElems;
+  constexpr int kChunksPerRow = kCols / kChunkElems;
+  for (int row0 = 0; row0 < kLayoutCheckRows / 2; ++row0) {
+    for (int chunk0 = 0; chunk0 < kLayoutCheckRows / 2 * kChunksPerRow; chunk0 += kBankGroups) {
+      unsigned groups = 0;
+      for (int i = 0; i < kBankGroups; ++i) {
+        const int chunk = chunk0 + i;
+        const int row = row0 + chunk / kChunksPerRow, col = chunk % kChunksPerRow * kChunkElems;
+        groups |= 1u << (Layout::offset(row, col) / kChunkElems % kBankGroups);
+      }
+      if (groups != (1u << kBankGroups) - 1) return false;
+    }
+  }
+  return true;
+}
+static_assert(copy_phases_conflict_free<HalfSegmentSwizzledRows<96>, 96>() &&
+                  copy_phases_conflict_free<HalfSegmentSwizzledRows<160>, 160>() &&
+                  copy_phases_conflict_free<HalfSegmentSwizzledRows<224>, 224>() &&
+                  !copy_phases_conflict_free<PaddedRows<96>, 96>(),
+              "cp.async phases without bank conflicts");
 // Swizzled rows where asked for and the rows are whole segments, padded rows otherwise. Which tiles ask: forward K/V
 // (fwd_swizzles_kv) and backward Q/dO (bwd_swizzles_queries), chosen per head dim from measurements.
 template <bool kSwizzle, int kCols>
