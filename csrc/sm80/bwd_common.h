@@ -96,7 +96,10 @@ __host__ __device__ constexpr bool bwd_swizzles_queries(int head_dim, bool featu
 // so bwd_swizzles_queries leaves them padded) are laid out as kernel_common.h HalfSegmentSwizzledRows and loaded in
 // column groups of 4 chunks (one row per thread, 3 copies at hd 96). ncu, hd 96 plain backward at 1k (forty-fourth
 // session): 1.31 ms against FA2's 1.20; shared-memory wavefronts 210 M against 181 M, 19 M of them the padded rows'
-// conflicting Q / dO copies (3.0x ideal), and MIO stalls 10.0 % of our warp samples against 4.4 %. Not yet timed.
+// conflicting Q / dO copies (3.0x ideal), and MIO stalls 10.0 % of our warp samples against 4.4 %. Measured (32
+// heads, two interleaved rounds, best TFLOP/s, swizzled / padded; FA2): 1k / 4k / 16k 235 / 279 / 292 against 233 /
+// 274 / 290 (226 / 285 / 300), causal 172 / 245 / 289 against 169 / 235 / 274 (154 / 231 / 266); documents of 512
+// level (benchmarks/results/2026-12-04-h200-hd96-bwd-swizzle-ab-s44.json).
 constexpr int kBwdHalfSegmentSwizzleHeadDim = 96;
 __host__ __device__ constexpr bool bwd_swizzles_half_segments(int head_dim, bool features, BwdTiles tiles) {
   return head_dim == kBwdHalfSegmentSwizzleHeadDim && bwd_swizzles_queries(head_dim, features, tiles);
