@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "flash_attn/common/exp2_polynomial.h"
 #include "flash_attn/common/fast_tanh.h"
 #include "flash_attn/common/mask.h"
 #include "flash_attn/common/math.h"
@@ -844,8 +845,9 @@ __device__ __forceinline__ void transform_scores(ptx::MmaC (&sc)[kStrips][kNTile
   }
 }
 
-// Online softmax: new running max, rescale of the running sum and O, then P = 2^(x * x_scale - max).
-template <int kStrips, int kNTiles, int kDTiles>
+// Online softmax: new running max, rescale of the running sum and O, then P = 2^(x * x_scale - max). kPolyEvery > 0:
+// every kPolyEvery-th column group's exponentials on the FMA pipe (fwd_tile_config.h fwd_score_mods_poly_exp_every).
+template <int kPolyEvery = 0, int kStrips, int kNTiles, int kDTiles>
 __device__ __forceinline__ void online_softmax(ptx::MmaC (&sc)[kStrips][kNTiles], ptx::MmaC (&acc)[kStrips][kDTiles],
                                                float (&row_max)[kStrips][2], float (&row_sum)[kStrips][2],
                                                float x_scale) {
@@ -876,7 +878,9 @@ __device__ __forceinline__ void online_softmax(ptx::MmaC (&sc)[kStrips][kNTiles]
     for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const float prob = exp2f(fmaf(sc[s][nt].reg[2 * r + c], x_scale, -shift));
+        const float exponent = fmaf(sc[s][nt].reg[2 * r + c], x_scale, -shift);
+        const float prob = kPolyEvery > 0 && nt % kPolyEvery == kPolyEvery - 1 ? exp2_polynomial(exponent)
+                                                                                : exp2f(exponent);
         sum += prob;
         sc[s][nt].reg[2 * r + c] = prob;
       }
@@ -1435,7 +1439,7 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
       }
     }
 
-    online_softmax(sc, acc, row_max, row_sum, sp.x_scale);
+    online_softmax<kLeanMods ? fwd_score_mods_poly_exp_every(kHeadDim) : 0>(sc, acc, row_max, row_sum, sp.x_scale);
     if (kGeneral && sp.dropout) apply_dropout(sc, rows, n0, cta.t, sp);
     if constexpr (!kEarlyV) await_v_tile(n);
     ptx::MmaA pa[kStrips];

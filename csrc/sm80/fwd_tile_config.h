@@ -244,6 +244,18 @@ FLASH_HOST_DEVICE constexpr bool fwd_swizzles_kv(int head_dim, bool general, Fwd
   return head_dim > 128 ? masked || kind != FwdTileKind::kCompact : !masked && kind == FwdTileKind::kStandard;
 }
 
+// How many key-tile column groups of the lean softcap / ALiBi kernel (kLeanMods) share one group of exponentials on
+// the FMA pipe (flash/common/exp2_polynomial.h) instead of the MUFU unit; 0: none. Softcap's tanh.approx is a second
+// MUFU op per score, and at hd 64 a score's MUFU time is already about its tensor time (HOPPER_NOTES.md section 7):
+// the portable hd 64 softcap forward costs 23-30 % over the plain call (thirty-fifth session), against the 15 % bar.
+// The Hopper forward's share lost 4-9 % on its plain hd 64 kernel (issue-bound warps) and was level on softcap at hd
+// 128 / 256 (forty-third session); the portable kernel's share is not yet timed, so 0.
+constexpr int kFwdScoreModsPolyExpEvery = 0;
+constexpr int kFwdScoreModsPolyMaxHeadDim = 64;
+FLASH_HOST_DEVICE constexpr int fwd_score_mods_poly_exp_every(int head_dim) {
+  return head_dim <= kFwdScoreModsPolyMaxHeadDim ? kFwdScoreModsPolyExpEvery : 0;
+}
+
 // Whether the Q, K and V loads branch on whole tiles (kernel_common.h WholeTileLoads): 3 instructions per 16-byte
 // copy instead of 6 in the SASS, and ptxas allocates the rest of the loop differently. Measured on the H200 (bf16,
 // interleaved rounds, best TFLOP/s, with / without, FA2 in brackets; docs/perf_log.md "ninth session"): head dim 128
