@@ -41,9 +41,6 @@ export MAX_JOBS=$(( ${AB_JOBS:-16} / NV > 0 ? ${AB_JOBS:-16} / NV : 1 ))
 DIRECTION="${AB_DIRECTION:-fwd}"; HEADDIMS="${AB_HEADDIMS:-64,128,256}"; SEQLENS="${AB_SEQLENS:-512,2048,8192,16384}"
 REP_MS="${REP_MS:-30}"; ROUNDS="${AB_ROUNDS:-3}"; TESTS="${AB_TESTS:-}"; AB_HEADS_K="${AB_HEADS_K:-0}"
 
-# Each variant's tests and benchmarks import that variant's tree (PYTHONPATH): an editable install on the machine
-# (tools/hopper_validate.sh's pip install -e, earlier in the same warm call) otherwise serves every variant its build,
-# as in the forty-fourth session, where every variant ran the tree's hd 96 build and supported nothing.
 name_of() { [ "$1" = "." ] && echo new || basename "$1"; }
 start=$(date +%s)
 for v in "${VARIANTS[@]}"; do
@@ -64,8 +61,11 @@ if [ -n "$TESTS" ]; then  # correctness of every variant (of the first only with
   tested=("${VARIANTS[@]}"); [ "${AB_TEST_FIRST:-0}" = 1 ] && tested=("${VARIANTS[0]}")
   for v in "${tested[@]}"; do
     name=$(name_of "$v")
-    (cd "$WORK/$name" && export PYTHONPATH="$PWD" && timeout "${AB_TESTS_S:-150}" python3 -m pytest -q -n 8 -p no:cacheprovider $TESTS \
-      > "$OUT/tests_$name.log" 2>&1)
+    # Every run in a variant's tree imports that tree (PYTHONPATH): an editable install on the machine
+    # (tools/hopper_validate.sh's pip install -e, earlier in the same warm call) otherwise serves every variant its
+    # build, as in the forty-fourth session, where every variant ran the tree's hd 96 build and supported nothing.
+    (cd "$WORK/$name" && export PYTHONPATH="$PWD" &&
+      timeout "${AB_TESTS_S:-150}" python3 -m pytest -q -n 8 -p no:cacheprovider $TESTS > "$OUT/tests_$name.log" 2>&1)
     echo "tests $name: $(grep -E "^(FAILED|ERROR)" "$OUT/tests_$name.log" | head -5) $(tail -1 "$OUT/tests_$name.log")"
     # The failures' first assertion lines here: the device returns only 8 files, and the test logs may not be among them.
     grep -E "^E  " "$OUT/tests_$name.log" | head -8
@@ -89,18 +89,21 @@ for r in $(seq "$ROUNDS"); do
       for s in "${!arg_sets[@]}"; do
         [ "$s" -gt 0 ] && [ -z "${arg_sets[$s]// /}" ] && continue
         tag="hk$hk"; [ "$s" -gt 0 ] && tag="hk${hk}_s$s"
-        (cd "$WORK/$name" && export PYTHONPATH="$PWD" && python3 benchmarks/bench_attention.py --impls "$impls" --direction "$DIRECTION" \
-          --headdim "$hds" --seqlen "$SEQLENS" --causal both --rep-ms "$REP_MS" ${AB_HIDDEN:+--hidden "$AB_HIDDEN"} \
+        (cd "$WORK/$name" && export PYTHONPATH="$PWD" &&
+          python3 benchmarks/bench_attention.py --impls "$impls" --direction "$DIRECTION" --headdim "$hds" \
+          --seqlen "$SEQLENS" --causal both --rep-ms "$REP_MS" ${AB_HIDDEN:+--hidden "$AB_HIDDEN"} \
           --heads-k "$hk" ${AB_BENCH_ARGS:-} ${arg_sets[$s]} --out "$OUT/r${r}_${name}_$tag.json" \
           > "$OUT/r${r}_${name}_$tag.log" 2>&1) || echo "bench $name round $r $tag (${arg_sets[$s]:-plain}) failed"
       done
     done
     if [ "${AB_KVCACHE:-0}" = 1 ]; then
-      (cd "$WORK/$name" && export PYTHONPATH="$PWD" && python3 benchmarks/bench_kvcache.py --graph --rep-ms "$REP_MS" ${AB_KVCACHE_ARGS:-} \
+      (cd "$WORK/$name" && export PYTHONPATH="$PWD" &&
+        python3 benchmarks/bench_kvcache.py --graph --rep-ms "$REP_MS" ${AB_KVCACHE_ARGS:-} \
         --out "$OUT/kv${r}_${name}.json" > "$OUT/kv${r}_${name}.log" 2>&1) || echo "kvcache $name round $r failed"
     fi
     if [ "${AB_DECODE:-0}" = 1 ]; then
-      (cd "$WORK/$name" && export PYTHONPATH="$PWD" && python3 benchmarks/bench_attention.py --impls "$impls" --decode --rep-ms "$REP_MS" \
+      (cd "$WORK/$name" && export PYTHONPATH="$PWD" &&
+        python3 benchmarks/bench_attention.py --impls "$impls" --decode --rep-ms "$REP_MS" \
         --out "$OUT/r${r}_${name}_decode.json" > "$OUT/r${r}_${name}_decode.log" 2>&1) || echo "decode $name round $r failed"
     fi
   done
