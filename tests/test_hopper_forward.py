@@ -1,7 +1,7 @@
 # The Hopper forward path (csrc/sm90/, sm_90a: TMA, wgmma, warp specialisation) against the fp64 reference under the
 # FlashAttention rule, with FLASH_ATTN_HOPPER=force so that a call the path does not take fails instead of passing on
-# the portable kernels: each built head-dim bucket and head dims below it (96, 160 and 224 take the next whole-segment
-# kernel), odd sequence lengths both ways, causal (bottom-right and top-left through SDPA), sliding windows, GQA /
+# the portable kernels: each built head-dim bucket and head dims below it (65-96 take the 96 bucket's kernel, which
+# stores 128 columns and computes on 96; 160 and 224 the next whole-segment kernel), odd sequence lengths both ways, causal (bottom-right and top-left through SDPA), sliding windows, GQA /
 # MQA, packed (strided) qkv, rows that see no key, large scores, softcap and ALiBi (the general kernels), varlen with
 # empty and ragged sequences, KV-cache lengths over NaN-filled cache tails, LSE, and the backward on the Hopper
 # forward's output and LSE. Then the fallbacks: each
@@ -36,7 +36,8 @@ pytestmark = pytest.mark.skipif(not BUILT, reason="needs a Hopper GPU and a buil
 
 
 def _bucket(head_dim):
-    return next(b for b in (64, 128, 192, 256) if head_dim <= b)
+    """The Hopper forward's bucket of a head dim (dispatch/sm90_policy.h sm90_fwd_head_dim_bucket)."""
+    return next(b for b in (64, 96, 128, 192, 256) if head_dim <= b)
 
 
 def _require(dtype, head_dim, mask="none"):
@@ -84,7 +85,7 @@ def _check_varlen(seqlens_q, seqlens_k, nheads, nheads_k, causal):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim", [40, 64, 96, 100, 128, 160, 176, 192, 224, 232, 256])
+@pytest.mark.parametrize("head_dim", [40, 64, 72, 96, 100, 128, 160, 176, 192, 224, 232, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_head_dims(forced, head_dim, causal, dtype):
     _require(dtype, head_dim, "causal" if causal else "none")
@@ -94,7 +95,7 @@ def test_head_dims(forced, head_dim, causal, dtype):
 @pytest.mark.parametrize("seqlens", [(17, 1), (17, 1000), (1000, 17), (127, 129), (128, 128), (129, 127), (255, 640),
                                      (1000, 1000)])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 def test_seqlens(forced, seqlens, causal, head_dim):
     """Ragged last query and key tiles, several key tiles per query tile, and seqlen_q > seqlen_k causal (rows with no
     key: O = 0, LSE = +inf)."""
@@ -130,7 +131,7 @@ GQA_PACKED_FEATURES = {
 @pytest.mark.parametrize("feature", list(GQA_PACKED_FEATURES))
 @pytest.mark.parametrize("seqlen_q", [17, 40, 100, 333])
 @pytest.mark.parametrize("heads", [(8, 2), (16, 2), (8, 1), (32, 1), (12, 4), (12, 2)])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 def test_gqa_packed_rows(forced, head_dim, heads, seqlen_q, feature):
     """Query heads of one KV head packed into a tile's rows (dispatch/sm90_policy.h sm90_fwd_packed_heads: groups of
     2 ... 32 packed whole, a group of 6 in pairs, a group of 3 unpacked): each row's head and query position reach
@@ -224,7 +225,7 @@ def test_sdpa_top_left_causal(forced):
 
 @pytest.mark.parametrize("feature", ["softcap", "alibi", "both"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 def test_softcap_and_alibi(forced, feature, causal, head_dim):
     """The general kernels: softcap on the scaled scores, ALiBi by distance from the diagonal, per (batch, head)
     slopes."""
@@ -237,7 +238,7 @@ def test_softcap_and_alibi(forced, feature, causal, head_dim):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("window", [(-1, -1), (64, 16)])
-@pytest.mark.parametrize("head_dim", [64, 128, 192])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192])
 def test_varlen(forced, causal, window, head_dim):
     """Packed sequences of ragged lengths, one empty on each side and one longer than a tile on both, seqlen_q !=
     seqlen_k within a sequence: rows past a sequence's end belong to the next one and must not leak into it."""
@@ -257,7 +258,7 @@ def test_varlen(forced, causal, window, head_dim):
 
 @pytest.mark.parametrize("seqlens", [(300, 517), (517, 300), (129, 1000)])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
 def test_persistent_ctas_walk_many_tiles(forced, seqlens, causal, head_dim):
     """More tiles than SMs, so a persistent CTA walks several: each tile's last P.V and epilogue run in the next
     tile's first key block (fwd_tile_config.h fwd_carries_tile_tail), Q alternates between two slots, and causal
@@ -269,7 +270,7 @@ def test_persistent_ctas_walk_many_tiles(forced, seqlens, causal, head_dim):
 
 @pytest.mark.parametrize("shift", [-129, -64, -63, -1, 0, 1, 63, 64, 65, 191])
 @pytest.mark.parametrize("mask", ["causal", "local"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
 def test_diagonal_alignments(forced, shift, mask, head_dim):
     """The diagonal shifted by seqlen_k - seqlen_q across every 64-row alignment of the consumers' rows against the
     128-key blocks (hd 64's 192-row tiles put a consumer's rows before, across or past a block's diagonal), with more
@@ -283,7 +284,7 @@ def test_diagonal_alignments(forced, shift, mask, head_dim):
 
 
 @pytest.mark.parametrize("feature", ["window", "softcap", "alibi"])
-@pytest.mark.parametrize("head_dim", [64, 128, 192])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192])
 def test_persistent_ctas_walk_many_tiles_with_features(forced, feature, head_dim):
     """The carrying kernel's local-mask and general (softcap / ALiBi) forms over more tiles than SMs."""
     mask = "local" if feature == "window" else "none"
@@ -295,7 +296,7 @@ def test_persistent_ctas_walk_many_tiles_with_features(forced, feature, head_dim
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
 def test_varlen_many_sequences(forced, causal, head_dim):
     """Many ragged sequences (empty ones among them) over 16 heads: more tiles than SMs, walked by persistent CTAs."""
     _require(torch.bfloat16, head_dim, "causal" if causal else "none")
@@ -390,7 +391,7 @@ def test_kvcache_lengths(forced, seqlen_q, head_dim, feature):
 @pytest.mark.parametrize("seqlen_q", [40, 150, 300])
 @pytest.mark.parametrize("page_size", [16, 48, 64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
 def test_kvcache_pages(forced, page_size, causal, head_dim, seqlen_q):
     """A paged cache (block_table over a shuffled pool with spare pages) and 40 queries per sequence of 2 packed heads
     (one query tile per KV head, a split plan of 20 query tiles), 150 (2-3 tiles: pages of 64 still in place) or 300

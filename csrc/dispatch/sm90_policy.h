@@ -73,4 +73,8 @@ int sm90_fwd_num_splits(const FwdParams& p, int num_sms);
 // causal 406 / 258; hd 160 525 / 260; hd 224 547 / 256. Head dims up to 32, padded to 64, lose (sm90_fwd_pays).
 int sm90_head_dim_bucket(int64_t head_dim);
 
+// The Hopper forward's bucket: sm90_head_dim_bucket's, except head dims 65-96, which take the 96 bucket (its kernel
+// stores 128 columns but computes on 96: sm90/fwd_tile_config.h fwd_storage_dim).
+int sm90_fwd_head_dim_bucket(int64_t head_dim);
+
 }  // namespace flash

@@ -53,12 +53,12 @@ struct FwdKernelArgs {
 constexpr int kSplitRowGranule = 32;
 
 // Byte offsets of the tiles and barriers in the (1024-byte aligned) dynamic shared memory: kQStages Q tiles, then the
-// K and V rings.
-template <int kHeadDim, int kBlockM, int kBlockN, int kStages, int kQStages>
+// K and V rings, of kStorageDim columns (fwd_storage_dim: whole 64-column segments).
+template <int kStorageDim, int kBlockM, int kBlockN, int kStages, int kQStages>
 struct FwdSmemLayout {
-  static constexpr int kSegments = kHeadDim / kSegmentElems;
-  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
-  static constexpr int kKvBytes = kBlockN * kHeadDim * 2;  // one K (or V) stage
+  static constexpr int kSegments = kStorageDim / kSegmentElems;
+  static constexpr int kQBytes = kBlockM * kStorageDim * 2;
+  static constexpr int kKvBytes = kBlockN * kStorageDim * 2;  // one K (or V) stage
   static constexpr int kQ = 0;
   static constexpr int kK = kQ + kQStages * kQBytes;
   static constexpr int kV = kK + kStages * kKvBytes;
@@ -67,7 +67,7 @@ struct FwdSmemLayout {
   static constexpr int kBarrierCount = 2 * kQStages + 4 * kStages;
   static constexpr int kBytes = kBarriers + kBarrierCount * 8;
   static constexpr int kLaunchBytes = kBytes + static_cast<int>(ptx::kSwizzleAtomBytes);  // room to align the base
-  static_assert(kHeadDim % kSegmentElems == 0, "TMA segments of 64 columns");
+  static_assert(kStorageDim % kSegmentElems == 0, "TMA segments of 64 columns");
   static_assert(kQBytes % ptx::kSwizzleAtomBytes == 0 && kKvBytes % ptx::kSwizzleAtomBytes == 0,
                 "every tile starts on a swizzle atom");
   static_assert(kLaunchBytes <= kMaxSmemPerBlock, "the tiles must fit the shared memory a block may opt into");
@@ -77,9 +77,9 @@ struct FwdSmemLayout {
 // for them beside the K / V rings, so the producer loads the next tile's Q while the current tile's key blocks still
 // read theirs; with one it may load it only once the current tile's last S GEMM is done, about one key block before
 // the consumers wait for it.
-template <int kHeadDim, int kBlockM, int kBlockN, int kStages, bool kCarry>
+template <int kStorageDim, int kBlockM, int kBlockN, int kStages, bool kCarry>
 constexpr int fwd_q_stages() {
-  constexpr int kTwoQBytes = 2 * kBlockM * kHeadDim * 2 + 2 * kStages * kBlockN * kHeadDim * 2 +
+  constexpr int kTwoQBytes = 2 * kBlockM * kStorageDim * 2 + 2 * kStages * kBlockN * kStorageDim * 2 +
                              (4 + 4 * kStages) * 8 + static_cast<int>(ptx::kSwizzleAtomBytes);
   return kCarry && kFwdDoubleQ && kTwoQBytes <= kMaxSmemPerBlock ? 2 : 1;
 }
@@ -396,9 +396,9 @@ struct TileOutput {
 // partial and natural-log lse instead (-inf where a row saw no key of the split), rows of the combine kernel's layout
 // ([split][batch][head][row], sm80/fwd_combine_kernel.h). tile_row: the thread's first row in the tile (its second is
 // kSecondRow below), whose low pack_shift bits pick the row's head in a packed tile.
-template <typename T, int kHeadDim, bool kSplit>
+template <typename T, int kCols, bool kSplit>
 __device__ __forceinline__ void write_output(const FwdKernelArgs& args, const TileOutput& tile,
-                                             const ConsumerRows& rows, const float (&o)[kHeadDim / 2], int lane,
+                                             const ConsumerRows& rows, const float (&o)[kCols / 2], int lane,
                                              int tile_row) {
   const FwdParams& p = args.params;
   const int quad_col = 2 * (lane % kQuadLanes);
@@ -420,7 +420,7 @@ __device__ __forceinline__ void write_output(const FwdKernelArgs& args, const Ti
           (static_cast<int>(p.shape.head_dim) + kSplitRowGranule - 1) / kSplitRowGranule * kSplitRowGranule;
       float* part = p.split_out + flat * width;
 #pragma unroll
-      for (int j = 0; j < kHeadDim / 8; ++j) {
+      for (int j = 0; j < kCols / 8; ++j) {
         const int col = 8 * j + quad_col;
         if (col < width) {
           *reinterpret_cast<float2*>(part + col) =
@@ -433,7 +433,7 @@ __device__ __forceinline__ void write_output(const FwdKernelArgs& args, const Ti
     T* out_row = static_cast<T*>(p.out) + tile.batch * p.out_strides.batch + head * p.out_strides.head +
                  (tile.q_row0 + rows.row[r]) * p.out_strides.row;
 #pragma unroll
-    for (int j = 0; j < kHeadDim / 8; ++j) {
+    for (int j = 0; j < kCols / 8; ++j) {
       const int col = 8 * j + quad_col;
       if (col < p.shape.head_dim) {
         *reinterpret_cast<uint32_t*>(out_row + col) =
@@ -468,12 +468,17 @@ template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool 
 __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __grid_constant__ FwdKernelArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kConsumers = kBlockM / kRowsPerConsumer;
+  // Tiles are stored and loaded in whole 64-column segments (kStorageDim; TMA zero-fills the columns past the head
+  // dim), the S GEMM runs over kHeadDim's k16 steps, O over kPvCols columns (fwd_tile_config.h fwd_pv_columns), and
+  // the policies measured per whole-segment bucket take kStorageDim.
+  constexpr int kStorageDim = fwd_storage_dim(kHeadDim);
+  constexpr int kPvCols = fwd_pv_columns(kHeadDim);
   static_assert(kBlockM % kRowsPerConsumer == 0, "one 64-row slice per consumer warpgroup");
   static_assert(kConsumers == 2 || kSchedule != FwdSchedule::kPingpong, "ping-pong pairs two warpgroups");
   static_assert(!kCarry || (kPersistent && kSchedule != FwdSchedule::kSerial), "carrying needs tiles to walk");
   static_assert(!kSplit || !kCarry, "split calls run a CTA per tile");
-  constexpr int kQStages = fwd_q_stages<kHeadDim, kBlockM, kBlockN, kStages, kCarry>();
-  using Layout = FwdSmemLayout<kHeadDim, kBlockM, kBlockN, kStages, kQStages>;
+  constexpr int kQStages = fwd_q_stages<kStorageDim, kBlockM, kBlockN, kStages, kCarry>();
+  using Layout = FwdSmemLayout<kStorageDim, kBlockM, kBlockN, kStages, kQStages>;
   constexpr int kSegments = Layout::kSegments;
   using Slot = RingSlot<kStages>;
   using QSlot = RingSlot<kQStages>;
@@ -496,7 +501,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
   const int64_t tile_count = kPersistent ? args.num_tiles : 1;
   const int64_t tile_stride = kPersistent ? gridDim.x : 1;
   const int64_t tile_first = kPersistent ? blockIdx.x : 0;
-  if (!kPersistent && !plan_tile<kHeadDim, kMask, kPersistent, kBlockM, kBlockN, kSplit>(args, 0).has_rows) return;
+  if (!kPersistent && !plan_tile<kStorageDim, kMask, kPersistent, kBlockM, kBlockN, kSplit>(args, 0).has_rows) return;
 
   if (threadIdx.x == 0) {
     init_pipeline_barriers(q_full, q_empty, k_full, v_full, k_empty, v_empty, kStages, kConsumers, kConsumers,
@@ -523,7 +528,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
     int ring = 0;
     int loaded_q = 0;
     // A key block's V by ring iteration and coordinates; with fwd_keys_before_values issued after the next block's K.
-    constexpr bool kKeysBeforeValues = fwd_keys_before_values(kHeadDim);
+    constexpr bool kKeysBeforeValues = fwd_keys_before_values(kStorageDim);
     struct KvBlock {
       int ring;  // -1: none
       int kv_head;
@@ -548,7 +553,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
     };
     KvBlock pending_v{-1, 0, 0, 0, 0};
     for (int64_t index = tile_first; index < tile_count; index += tile_stride) {
-      const FwdTile tile = plan_tile<kHeadDim, kMask, kPersistent, kBlockM, kBlockN, kSplit>(args, index);
+      const FwdTile tile = plan_tile<kStorageDim, kMask, kPersistent, kBlockM, kBlockN, kSplit>(args, index);
       if (tile.n_max <= tile.n_min) continue;  // no rows, or no key any row sees: the consumers write O = 0
       const int kv_head = tile.head / args.heads_per_kv;
       const int map_batch = varlen ? 0 : tile.batch;  // varlen maps are (head dim, head, total rows, 1)
@@ -629,7 +634,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
   };
   int ring = 0;
   int loaded_q = 0;
-  float o[kHeadDim / 2];
+  float o[kPvCols / 2];
   uint32_t a[kBlockN / 16][4];
   // kCarry: the previous tile's P of its last key block (in `a`, its V in ring slot ring - 1) is not yet multiplied
   // into O, nor O written.
@@ -639,18 +644,18 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
   auto finish_carried = [&]() {
     const Slot last(ring - 1);
     ptx::mbarrier_wait_parity(&v_full[last.stage], last.parity);
-    issue_pv<T, kHeadDim, kBlockN>(o, a, v_desc(last));
+    issue_pv<T, kPvCols, kBlockN>(o, a, v_desc(last));
     ptx::warpgroup_wait<0>();
     pin_all(o);
     release(&v_empty[last.stage]);
-    write_output<T, kHeadDim, kSplit>(args, carried_tile, carried_rows, o, lane, tile_row);
+    write_output<T, kPvCols, kSplit>(args, carried_tile, carried_rows, o, lane, tile_row);
     carrying = false;
   };
 
   constexpr bool kCarriedPingpong = kCarry && kSchedule == FwdSchedule::kPingpong;
   if (kCarriedPingpong && consumer == 1) pass_turn(consumer);  // warpgroup 0 takes the CTA's first turn
   for (int64_t index = tile_first; index < tile_count; index += tile_stride) {
-    const FwdTile tile = plan_tile<kHeadDim, kMask, kPersistent, kBlockM, kBlockN, kSplit>(args, index);
+    const FwdTile tile = plan_tile<kStorageDim, kMask, kPersistent, kBlockM, kBlockN, kSplit>(args, index);
     if (!tile.has_rows) continue;
     const int64_t seqlen_q = tile.sequence.seqlen_q;
     const int64_t seqlen_k = tile.sequence.seqlen_k;
@@ -672,7 +677,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
     if (kCarry && n_max <= n_min) {
       if (carrying) finish_carried();
       zero_all(o);
-      write_output<T, kHeadDim, kSplit>(args, output, rows, o, lane, tile_row);
+      write_output<T, kPvCols, kSplit>(args, output, rows, o, lane, tile_row);
       continue;
     }
     if (n_max <= n_min) {
@@ -720,14 +725,14 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
           scores_done(n);
           prepare_scores(s, n);
           softmax_step<kBlockN, kPolyEvery>(s, rows, args.scale_log2, factor);
-          rescale_o<kHeadDim>(o, factor);
+          rescale_o<kPvCols>(o, factor);
           pack_probs<T, kBlockN>(s, a);
           ptx::mbarrier_wait_parity(&v_full[slot.stage], slot.parity);
           if (n == n_max - 1 && v_rows < kBlockN) {
-            zero_value_rows_from<kHeadDim, kBlockN>(v_tiles + slot.stage * Layout::kKvBytes, v_rows,
+            zero_value_rows_from<kStorageDim, kBlockN>(v_tiles + slot.stage * Layout::kKvBytes, v_rows,
                                                                 consumer, thread);
           }
-          issue_pv<T, kHeadDim, kBlockN>(o, a, v_desc(slot));
+          issue_pv<T, kPvCols, kBlockN>(o, a, v_desc(slot));
           ptx::warpgroup_wait<0>();
           pin_all(o);
           release(&v_empty[slot.stage]);
@@ -757,14 +762,14 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
         // serialise every wgmma of the kernel (C7515: warpgroup.wait injected before each).
         if (finishes_carried) {
           ptx::mbarrier_wait_parity(&v_full[carried_v.stage], carried_v.parity);
-          issue_pv<T, kHeadDim, kBlockN>(o, a, v_desc(carried_v));
+          issue_pv<T, kPvCols, kBlockN>(o, a, v_desc(carried_v));
           if (kPingpong) pass_turn(consumer);
           ptx::warpgroup_wait<1>();
           first_softmax();
           ptx::warpgroup_wait<0>();
           pin_all(o);
           release(&v_empty[carried_v.stage]);
-          write_output<T, kHeadDim, kSplit>(args, carried_tile, carried_rows, o, lane, tile_row);
+          write_output<T, kPvCols, kSplit>(args, carried_tile, carried_rows, o, lane, tile_row);
           carrying = false;
         } else {
           if (kPingpong) pass_turn(consumer);
@@ -775,7 +780,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
         pack_probs<T, kBlockN>(s, a);
         if (v_rows < kBlockN) {
           ptx::mbarrier_wait_parity(&v_full[first.stage], first.parity);
-          zero_value_rows_from<kHeadDim, kBlockN>(v_tiles + first.stage * Layout::kKvBytes, v_rows,
+          zero_value_rows_from<kStorageDim, kBlockN>(v_tiles + first.stage * Layout::kKvBytes, v_rows,
                                                               consumer, thread);
         }
         ++ring;
@@ -785,7 +790,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
           if (kPingpong) take_turn(consumer);
           issue_scores<T, kHeadDim, kBlockM, kBlockN>(s, q_tile_desc, k_desc(slot));
           ptx::mbarrier_wait_parity(&v_full[previous.stage], previous.parity);
-          issue_pv<T, kHeadDim, kBlockN>(o, a, v_desc(previous));
+          issue_pv<T, kPvCols, kBlockN>(o, a, v_desc(previous));
           if (kPingpong) pass_turn(consumer);
           ptx::warpgroup_wait<1>();
           pin_all(s);
@@ -796,7 +801,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
           ptx::warpgroup_wait<0>();
           pin_all(o);
           release(&v_empty[previous.stage]);
-          rescale_o<kHeadDim>(o, factor);
+          rescale_o<kPvCols>(o, factor);
           pack_probs<T, kBlockN>(s, a);
         }
         if constexpr (kCarry) {
@@ -807,7 +812,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
           const Slot last(ring - 1);
           ptx::mbarrier_wait_parity(&v_full[last.stage], last.parity);
           if (kPingpong) take_turn(consumer);
-          issue_pv<T, kHeadDim, kBlockN>(o, a, v_desc(last));
+          issue_pv<T, kPvCols, kBlockN>(o, a, v_desc(last));
           if (kPingpong) pass_turn(consumer);
           ptx::warpgroup_wait<0>();
           pin_all(o);
@@ -817,7 +822,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
       }
       ++loaded_q;
     }
-    if constexpr (!kCarry) write_output<T, kHeadDim, kSplit>(args, output, rows, o, lane, tile_row);
+    if constexpr (!kCarry) write_output<T, kPvCols, kSplit>(args, output, rows, o, lane, tile_row);
   }
   if (kCarry && carrying) finish_carried();
   if (kCarriedPingpong && consumer == 0) take_turn(consumer);  // consumes warpgroup 1's last hand-over

@@ -83,8 +83,9 @@ inline bool fwd_needs_general_kernel(const FwdParams& p) {
 template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool kGeneral, FwdTileConfig kTile,
           bool kPersistent, int kPolyEvery, bool kCarry, bool kSplit>
 void launch_fwd_kernel(FwdKernelArgs& args, int64_t ctas, cudaStream_t stream) {
-  using Layout = FwdSmemLayout<kHeadDim, kTile.block_m, kTile.block_n, kTile.stages,
-                               fwd_q_stages<kHeadDim, kTile.block_m, kTile.block_n, kTile.stages, kCarry>()>;
+  constexpr int kStorageDim = fwd_storage_dim(kHeadDim);
+  using Layout = FwdSmemLayout<kStorageDim, kTile.block_m, kTile.block_n, kTile.stages,
+                               fwd_q_stages<kStorageDim, kTile.block_m, kTile.block_n, kTile.stages, kCarry>()>;
   auto kernel = fwd_kernel<T, kHeadDim, kMask, kSchedule, kGeneral, kTile.block_m, kTile.block_n, kTile.stages,
                            kPersistent, kPolyEvery, kCarry, kSplit>;
   constexpr int kThreads = fwd_threads(kTile.block_m);
@@ -117,11 +118,12 @@ void launch_fwd(FwdKernelArgs& args, cudaStream_t stream) {
     int device = 0;
     cudaGetDevice(&device);
     const int64_t sms = device_attributes(device).num_sms;
-    const int64_t max_ctas = fwd_persistent_pays(kHeadDim, kMask, args.params.shape.seqlen_k) ? sms : kMaxGridX;
+    constexpr int kStorageDim = fwd_storage_dim(kHeadDim);
+    const int64_t max_ctas = fwd_persistent_pays(kStorageDim, kMask, args.params.shape.seqlen_k) ? sms : kMaxGridX;
     const int64_t ctas = args.num_tiles < max_ctas ? args.num_tiles : max_ctas;
-    constexpr bool kCanCarry = fwd_carries_tile_tail(kHeadDim) && kSchedule == FwdSchedule::kOverlap;
+    constexpr bool kCanCarry = fwd_carries_tile_tail(kStorageDim) && kSchedule == FwdSchedule::kOverlap;
     if (kCanCarry && ctas < args.num_tiles) {
-      launch_fwd_kernel<T, kHeadDim, kMask, fwd_carrying_schedule(kHeadDim, kMask), kGeneral, kTile, true, kPolyEvery,
+      launch_fwd_kernel<T, kHeadDim, kMask, fwd_carrying_schedule(kStorageDim, kMask), kGeneral, kTile, true, kPolyEvery,
                         kCanCarry, false>(args, ctas, stream);
     } else {
       launch_fwd_kernel<T, kHeadDim, kMask, kSchedule, kGeneral, kTile, true, kPolyEvery, false, false>(args, ctas,
@@ -148,11 +150,12 @@ void launch_split_combine(const FwdParams& params, cudaStream_t stream) {
 
 // kSchedule, kTile, kPersistent and kPolyEvery (lean kernels) / kPolyEveryGeneral (softcap / ALiBi kernels): the
 // policies' (fwd_schedule, fwd_tile_config, fwd_persistent, fwd_poly_exp_every{,_general}) unless a caller compares
-// others (tools/sm90_fwd_check.cu).
-template <DType kDType, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule = fwd_schedule(kHeadDim),
-          FwdTileConfig kTile = fwd_tile_config(kHeadDim, kMask), bool kPersistent = fwd_persistent(kHeadDim, kMask),
-          int kPolyEvery = fwd_poly_exp_every(kHeadDim),
-          int kPolyEveryGeneral = fwd_poly_exp_every_general(kHeadDim)>
+// others (tools/sm90_fwd_check.cu), at the head dim's storage bucket (fwd_storage_dim: hd 96 takes hd 128's).
+template <DType kDType, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule = fwd_schedule(fwd_storage_dim(kHeadDim)),
+          FwdTileConfig kTile = fwd_tile_config(fwd_storage_dim(kHeadDim), kMask),
+          bool kPersistent = fwd_persistent(fwd_storage_dim(kHeadDim), kMask),
+          int kPolyEvery = fwd_poly_exp_every(fwd_storage_dim(kHeadDim)),
+          int kPolyEveryGeneral = fwd_poly_exp_every_general(fwd_storage_dim(kHeadDim))>
 void run_fwd(const FwdParams& params, void* stream) {
   using T = Element<kDType>;
   const AttentionShape& shape = params.shape;
