@@ -1,6 +1,7 @@
 # The Hopper backward path (csrc/sm90/bwd_kernel.h, sm_90a) against the fp64 reference under the FlashAttention rule
 # (gradients within 3x the low-precision reference's error), with FLASH_ATTN_HOPPER=force so that a call it does not
-# take fails instead of passing on the portable kernels: head dims 64 and 128 (and below their buckets), the wide
+# take fails instead of passing on the portable kernels: head dims 64, 96 (its bucket's kernel stores 128 columns and
+# runs S^T, dP^T over 96) and 128 (and below their buckets), the wide
 # kernel above 128 (csrc/sm90/bwd_wide_kernel.h: 160, 192 with zero-filled columns, 256), odd sequence
 # lengths both ways (ragged query and key blocks, rows and keys no one sees), causal, windows, GQA / MQA (dK, dV summed
 # over a group's query heads in registers), packed qkv strides, varlen with empty sequences, softcap and ALiBi (the
@@ -35,9 +36,8 @@ pytestmark = pytest.mark.skipif(not any(k[0] == "bwd" for k in BUILT),
 
 
 def _require(dtype, head_dim, mask="none"):
-    buckets = {"fwd": (64, 96, 128, 192, 256), "bwd": (64, 128, 192, 256)}  # the forward has a 96 bucket
+    bucket = next(b for b in (64, 96, 128, 192, 256) if head_dim <= b)
     for direction in ("fwd", "bwd"):
-        bucket = next(b for b in buckets[direction] if head_dim <= b)
         if (direction, DTYPE_NAMES[dtype], bucket, mask) not in BUILT:
             pytest.skip(f"no sm90 {direction} kernel for {DTYPE_NAMES[dtype]} head dim {head_dim} mask {mask}")
 
@@ -87,7 +87,7 @@ def test_head_dims(forced, head_dim, causal, dtype):
 
 @pytest.mark.parametrize("seqlens", [(17, 1), (17, 300), (300, 17), (127, 129), (128, 128), (129, 127), (640, 255)])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 def test_seqlens(forced, seqlens, causal, head_dim):
     """Ragged query and key blocks; seqlen_q > seqlen_k causal leaves rows that see no key (LSE +inf: P = 0) and
     seqlen_q < seqlen_k leaves keys that no row sees (dK = dV = 0 there)."""
@@ -105,7 +105,7 @@ def test_windows(forced, window, head_dim):
 
 @pytest.mark.parametrize("heads", [(8, 2), (8, 1)])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 def test_gqa(forced, heads, causal, head_dim):
     """dK, dV summed over a KV head's query heads. Grids this small split the group over CTAs
     (sm90_bwd_head_splits: fp32 accumulators, then a conversion); test_deterministic covers the unsplit sums."""
@@ -130,7 +130,7 @@ def test_packed_qkv_strides(forced):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 def test_varlen(forced, causal, head_dim):
     _require(torch.bfloat16, head_dim, "causal" if causal else "none")
     _varlen([129, 0, 17, 300, 5], [200, 9, 0, 333, 128], 4, 2, head_dim, causal)
@@ -140,7 +140,7 @@ def test_varlen(forced, causal, head_dim):
 # ragged so that sequences end mid-block: causal with more query rows than keys, a window, GQA, the general kernel,
 # and varlen with empty sequences. The thirtieth session's persistent and two-blocks-per-CTA forms ran these too.
 @pytest.mark.parametrize("case", ["none", "causal", "causal_long_q", "window", "gqa", "softcap", "varlen"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
 def test_many_key_blocks(forced, case, head_dim):
     mask = {"none": "none", "gqa": "none", "softcap": "none", "window": "local"}.get(case, "causal")
     _require(torch.bfloat16, head_dim, mask)
@@ -206,7 +206,7 @@ def test_one_key_block(forced, case, head_dim):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
 def test_one_key_block_varlen(forced, causal, head_dim):
     """Documents of at most 128 keys: empty ones, one with queries and no keys (its dQ rows 0), more queries than
     keys, single rows."""
@@ -223,7 +223,7 @@ def test_one_key_block_varlen(forced, causal, head_dim):
 
 @pytest.mark.parametrize("feature", ["softcap", "alibi", "both"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 def test_softcap_and_alibi(forced, feature, causal, head_dim):
     """The general kernels: softcap (its derivative in dS) and ALiBi per (batch, query head) of a GQA group."""
     _require(torch.bfloat16, head_dim, "causal" if causal else "none")
@@ -240,7 +240,7 @@ def test_softcap_and_alibi(forced, feature, causal, head_dim):
     _check_grads(out, (q, k, v), dout, lambda *x, **kw: attention_ref(*x, **kwargs, **kw))
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic(forced, head_dim, causal):
     """deterministic=True: up to hd 128 the key blocks add into one dq accumulator in a fixed order per query block
@@ -281,7 +281,7 @@ ORDER_CASES = {
 
 
 @pytest.mark.parametrize("case", list(ORDER_CASES))
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
 def test_deterministic_orders(forced, case, head_dim):
     spec = ORDER_CASES[case]
     causal = spec.get("causal", False)
@@ -295,7 +295,7 @@ def test_deterministic_orders(forced, case, head_dim):
                             lambda *x, **kw: attention_ref(*x, **kwargs, **kw))
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
 def test_deterministic_varlen(forced, head_dim):
     _require(torch.bfloat16, head_dim, "causal")
     seqlens_q, seqlens_k = [300, 0, 517, 64], [260, 40, 700, 1]

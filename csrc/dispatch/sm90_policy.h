@@ -67,14 +67,12 @@ constexpr int64_t kSm90PackedFewQueryRows = 8;
 // cost model is in sm90_policy.cpp).
 int sm90_fwd_num_splits(const FwdParams& p, int num_sms);
 
-// The head-dim bucket whose Hopper kernel serves a call: the next whole 64-column segment count (96 -> 128, 160 -> 192,
-// 224 -> 256), its columns past head_dim zero-filled by TMA, since the Hopper kernels exist only there
-// (tools/kernel_matrix.py PAIR_HEAD_DIMS). Measured (H200, bf16, 4k, Hopper / portable TFLOP/s): hd 96 448 / 303,
-// causal 406 / 258; hd 160 525 / 260; hd 224 547 / 256. Head dims up to 32, padded to 64, lose (sm90_fwd_pays).
+// The head-dim bucket whose Hopper kernel serves a call: 96 for head dims 65-96 (its kernels store 128 columns and
+// run the score GEMMs over 96: sm90/fwd_tile_config.h fwd_storage_dim), else the next whole 64-column segment count
+// (160 -> 192, 224 -> 256), its columns past head_dim zero-filled by TMA, since the Hopper kernels exist only there
+// (tools/kernel_matrix.py PAIR_HEAD_DIMS). Measured (H200, bf16, 4k, Hopper / portable TFLOP/s, in the 128 kernel):
+// hd 96 448 / 303, causal 406 / 258; hd 160 525 / 260; hd 224 547 / 256. Head dims up to 32, padded to 64, lose
+// (sm90_fwd_pays). Tile and workspace policies take the bucket's storage width (fwd_storage_dim).
 int sm90_head_dim_bucket(int64_t head_dim);
-
-// The Hopper forward's bucket: sm90_head_dim_bucket's, except head dims 65-96, which take the 96 bucket (its kernel
-// stores 128 columns but computes on 96: sm90/fwd_tile_config.h fwd_storage_dim).
-int sm90_fwd_head_dim_bucket(int64_t head_dim);
 
 }  // namespace flash

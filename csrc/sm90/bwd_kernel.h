@@ -84,8 +84,10 @@ constexpr int kBwdDqStageBarrier = 8;   // + consumer: its dQ staging tile writt
 // and dK stay where they are). kDirectDq: every sequence's keys fit one key block, each step's dQ is complete and
 // stored into BwdParams::dq (bwd_direct_dq.h); its own instantiation, so the other kernels' step loop carries none of
 // it (bwd_tile_config.h bwd_stores_dq_directly).
+// kScoreDim: the head-dim columns S^T and dP^T run over (the 96 bucket: 6 k16 steps of its 128 stored columns, whose
+// last 32 are TMA's zero fill); dK, dV and dQ keep kHeadDim's.
 template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, int kBlockM, int kBlockN, int kStages,
-          bool kDirectDq>
+          bool kDirectDq, int kScoreDim = kHeadDim>
 __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_constant__ BwdKernelArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Layout = BwdSmemLayout<kHeadDim, kBlockM, kBlockN, kStages>;
@@ -100,6 +102,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   constexpr int kDqRows = Layout::kDqRows;
   constexpr int kStatRows = static_cast<int>(kBwdStatsRows);
   static_assert(kDqColumns == kSegmentElems, "each consumer's dQ columns are one 64-column segment of K");
+  static_assert(kScoreDim <= kHeadDim && kScoreDim % 16 == 0, "S^T / dP^T over whole k16 steps of the stored columns");
   static_assert(kDqRows == kBwdRowsPerConsumer, "a consumer's dQ is one m64 accumulator");
 
   extern __shared__ uint8_t smem_raw[];
@@ -232,13 +235,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
     auto issue_step_s = [&](const Slot& step_slot) {
       const uint8_t* q_slot = q_tiles + step_slot.stage * Layout::kRowsBytes;
       ptx::mbarrier_wait_parity(&q_full[step_slot.stage], step_slot.parity);
-      issue_scores<T, kHeadDim, kBlockN, kBlockM>(
+      issue_scores<T, kScoreDim, kBlockN, kBlockM>(
           s, k_rows_desc, ptx::smem_descriptor(q_slot, ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes));
     };
     auto issue_step_dp = [&](const Slot& step_slot) {
       const uint8_t* do_slot = do_tiles + step_slot.stage * Layout::kRowsBytes;
       ptx::mbarrier_wait_parity(&do_full[step_slot.stage], step_slot.parity);
-      issue_scores<T, kHeadDim, kBlockN, kBlockM>(
+      issue_scores<T, kScoreDim, kBlockN, kBlockM>(
           dp, v_rows_desc, ptx::smem_descriptor(do_slot, ptx::kDescriptorUnitBytes, ptx::kSwizzleAtomBytes));
     };
     auto issue_step_scores = [&](const Slot& step_slot) { issue_step_s(step_slot); issue_step_dp(step_slot); };

@@ -34,7 +34,8 @@ void launch_bwd_kernel(const dim3& grid, const BwdKernelArgs& args, cudaStream_t
 // Head-dim buckets up to kBwdMaxNarrowHeadDim run bwd_kernel at their own width; those above run bwd_wide_kernel at
 // kBwdWideHeadDim (the TMA maps zero-fill the columns past the call's head dim, and no write reaches them). direct_dq:
 // the narrow kernel's direct-dQ instantiation (bwd_stores_dq_directly says where one exists).
-template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, BwdTileConfig kTile>
+// kScoreDim: the columns the S^T and dP^T GEMMs run over (the call's bucket), kHeadDim the tiles' stored columns.
+template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, BwdTileConfig kTile, int kScoreDim>
 void launch_bwd(const dim3& grid, const BwdKernelArgs& args, bool direct_dq, cudaStream_t stream) {
   if constexpr (kHeadDim > kBwdMaxNarrowHeadDim) {
     using Layout = BwdWideSmemLayout<kBwdWideHeadDim, kTile.block_m, kTile.block_n, kTile.stages>;
@@ -44,18 +45,23 @@ void launch_bwd(const dim3& grid, const BwdKernelArgs& args, bool direct_dq, cud
     using Layout = BwdSmemLayout<kHeadDim, kTile.block_m, kTile.block_n, kTile.stages>;
     if constexpr (bwd_stores_dq_directly(kHeadDim, kGeneral)) {
       if (direct_dq) {
-        launch_bwd_kernel<bwd_kernel<T, kHeadDim, kMask, kGeneral, kTile.block_m, kTile.block_n, kTile.stages, true>,
+        launch_bwd_kernel<bwd_kernel<T, kHeadDim, kMask, kGeneral, kTile.block_m, kTile.block_n, kTile.stages, true,
+                                     kScoreDim>,
                           Layout::kLaunchBytes>(grid, args, stream);
         return;
       }
     }
-    launch_bwd_kernel<bwd_kernel<T, kHeadDim, kMask, kGeneral, kTile.block_m, kTile.block_n, kTile.stages, false>,
+    launch_bwd_kernel<bwd_kernel<T, kHeadDim, kMask, kGeneral, kTile.block_m, kTile.block_n, kTile.stages, false,
+                                 kScoreDim>,
                       Layout::kLaunchBytes>(grid, args, stream);
   }
 }
 
-template <DType kDType, int kHeadDim, MaskKind kMask, BwdTileConfig kTile = bwd_tile_config(kHeadDim)>
+// kBucket: the call's head-dim bucket; its tiles, layouts and policies are those of its storage width (fwd_storage_dim:
+// the 96 bucket stores 128 columns, TMA zero-filling 96-127), its S^T / dP^T GEMMs run over kBucket's columns.
+template <DType kDType, int kBucket, MaskKind kMask, BwdTileConfig kTile = bwd_tile_config(fwd_storage_dim(kBucket))>
 void run_bwd(const BwdParams& params, void* stream) {
+  constexpr int kHeadDim = fwd_storage_dim(kBucket);
   using T = Element<kDType>;
   const FwdParams& p = params.fwd;
   const AttentionShape& shape = p.shape;
@@ -155,9 +161,9 @@ void run_bwd(const BwdParams& params, void* stream) {
     if (split_heads) rowwise::zero_dkv_accumulators(params, s);
     const dim3 grid(static_cast<unsigned>(ctas_x), static_cast<unsigned>(shape.nheads_k), batch);
     if (general) {
-      launch_bwd<T, kHeadDim, kMask, true, kTile>(grid, args, direct_dq, s);
+      launch_bwd<T, kHeadDim, kMask, true, kTile, kBucket>(grid, args, direct_dq, s);
     } else {
-      launch_bwd<T, kHeadDim, kMask, false, kTile>(grid, args, direct_dq, s);
+      launch_bwd<T, kHeadDim, kMask, false, kTile, kBucket>(grid, args, direct_dq, s);
     }
   }
   if (split_heads && key_blocks > 0) rowwise::launch_dkv_convert<T>(params, s);

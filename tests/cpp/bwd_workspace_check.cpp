@@ -17,6 +17,7 @@
 #include "dispatch/sm90_policy.h"
 #include "flash_attn/bwd_workspace.h"
 #include "sm90/bwd_tile_config.h"
+#include "sm90/fwd_tile_config.h"
 
 namespace {
 
@@ -43,7 +44,9 @@ void check_splits(const flash::BwdParams& p, int num_sms) {
   if (splits < 1 || group % splits != 0) fail("splits do not divide the group", p, splits, group);
   if (p.deterministic && splits != 1) fail("a deterministic call split", p, splits, 1);
   if (p.deterministic) return;
-  const int64_t block_n = flash::sm90::bwd_tile_config(flash::sm90_head_dim_bucket(s.head_dim)).block_n;
+  // The kernel's stored columns (the 96 bucket stores 128).
+  const int64_t block_n =
+      flash::sm90::bwd_tile_config(flash::sm90::fwd_storage_dim(flash::sm90_head_dim_bucket(s.head_dim))).block_n;
   const int64_t ctas = (s.seqlen_k + block_n - 1) / block_n * s.nheads_k * s.batch;
   if (splits < group && ctas * splits < kTargetCtasPerSm * num_sms) fail("stopped below the target", p, ctas, splits);
   for (int64_t d = 1; d < splits; ++d) {
@@ -64,7 +67,7 @@ void check_dq_splits(const flash::BwdParams& p, int num_sms) {
     if (accumulators != 1) fail("dq splits without deterministic", p, accumulators, 1);
     return;
   }
-  const int bucket = flash::sm90_head_dim_bucket(s.head_dim);
+  const int bucket = flash::sm90::fwd_storage_dim(flash::sm90_head_dim_bucket(s.head_dim));
   // The narrow kernel's ordered dQ: one accumulator, added into in key-block order.
   if (flash::sm90::bwd_orders_dq(bucket)) {
     if (accumulators != 1) fail("dq splits with ordered dQ", p, accumulators, 1);
