@@ -33,6 +33,7 @@
 #include "sm90/bwd_direct_dq.h"
 #include "sm90/bwd_ordered_dq.h"
 #include "sm90/bwd_tile_config.h"
+#include "sm90/fwd_tile_config.h"
 #include "sm90/kernel_common.h"
 
 namespace flash::sm90 {
@@ -85,7 +86,7 @@ constexpr int kBwdDqStageBarrier = 8;   // + consumer: its dQ staging tile writt
 // stored into BwdParams::dq (bwd_direct_dq.h); its own instantiation, so the other kernels' step loop carries none of
 // it (bwd_tile_config.h bwd_stores_dq_directly).
 // kScoreDim: the head-dim columns S^T and dP^T run over (the 96 bucket: 6 k16 steps of its 128 stored columns, whose
-// last 32 are TMA's zero fill); dK, dV and dQ keep kHeadDim's.
+// last 32 are TMA's zero fill); dK and dV take fwd_pv_columns(kScoreDim), dQ kHeadDim's.
 template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, int kBlockM, int kBlockN, int kStages,
           bool kDirectDq, int kScoreDim = kHeadDim>
 __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_constant__ BwdKernelArgs args) {
@@ -103,6 +104,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   constexpr int kStatRows = static_cast<int>(kBwdStatsRows);
   static_assert(kDqColumns == kSegmentElems, "each consumer's dQ columns are one 64-column segment of K");
   static_assert(kScoreDim <= kHeadDim && kScoreDim % 16 == 0, "S^T / dP^T over whole k16 steps of the stored columns");
+  // dK and dV's columns (the N of their GEMMs): the forward's rule for O (fwd_tile_config.h fwd_pv_columns), the same
+  // MN-major reads of a partial swizzle atom where it takes the bucket's.
+  constexpr int kDkvCols = fwd_pv_columns(kScoreDim);
+  static_assert(kDkvCols <= kHeadDim, "dK / dV within the stored columns");
   static_assert(kDqRows == kBwdRowsPerConsumer, "a consumer's dQ is one m64 accumulator");
 
   extern __shared__ uint8_t smem_raw[];
@@ -224,10 +229,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
       keys[r] = key0 + consumer * kBwdRowsPerConsumer + warp * kRowsPerWarp + lane / kQuadLanes + kSecondRow * r;
     }
 
-    float dv[kHeadDim / 2];
-    float dk[kHeadDim / 2];
+    float dv[kDkvCols / 2];
+    float dk[kDkvCols / 2];
 #pragma unroll
-    for (int i = 0; i < kHeadDim / 2; ++i) dv[i] = dk[i] = 0.f;
+    for (int i = 0; i < kDkvCols / 2; ++i) dv[i] = dk[i] = 0.f;
 
     // S^T and dP^T of a step; with kPrefetchScores S^T is issued at the end of the previous step of the block.
     float s[kBlockM / 2];
@@ -370,9 +375,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
         pack_probs<T, kBlockM>(dp, ds_frag);
 
         // dV += P^T.dO and dK += dS^T.Q: B read MN-major (head-dim columns contiguous), 16 query rows per k16 step.
-        issue_pv<T, kHeadDim, kBlockM>(
+        issue_pv<T, kDkvCols, kBlockM>(
             dv, p_frag, ptx::smem_descriptor(do_slot, kBlockM * kSegmentBytes, ptx::kSwizzleAtomBytes));
-        issue_pv<T, kHeadDim, kBlockM>(
+        issue_pv<T, kDkvCols, kBlockM>(
             dk, ds_frag, ptx::smem_descriptor(q_slot, kBlockM * kSegmentBytes, ptx::kSwizzleAtomBytes));
 
         // dS^T into its shared tile: line = key row of the block, 64 queries per line (queries 64s ... in segment s),
@@ -489,7 +494,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
     }
 
     // dK and dV of the keys this block owns (zeros where no query sees them).
-    store_bwd_dkv<T, kHeadDim>(args, cta, keys, dk, dv, 0, quad_col);
+    store_bwd_dkv<T, kDkvCols>(args, cta, keys, dk, dv, 0, quad_col);
   }
   if (own_reductions && thread == 0) ptx::bulk_wait_group<0>();  // the last boxes are added before the CTA ends
 #else
