@@ -1,7 +1,7 @@
 # The Hopper forward path (csrc/sm90/, sm_90a: TMA, wgmma, warp specialisation) against the fp64 reference under the
 # FlashAttention rule, with FLASH_ATTN_HOPPER=force so that a call the path does not take fails instead of passing on
-# the portable kernels: each built head-dim bucket and head dims below it (65-96 take the 96 bucket's kernel, which
-# stores 128 columns and computes on 96; 160 and 224 the next whole-segment kernel), odd sequence lengths both ways, causal (bottom-right and top-left through SDPA), sliding windows, GQA /
+# the portable kernels: each built head-dim bucket and head dims below it (96, 160 and 224 store the next whole
+# 64-column segment count and run the S GEMM over their own columns), odd sequence lengths both ways, causal (bottom-right and top-left through SDPA), sliding windows, GQA /
 # MQA, packed (strided) qkv, rows that see no key, large scores, softcap and ALiBi (the general kernels), varlen with
 # empty and ragged sequences, KV-cache lengths over NaN-filled cache tails, LSE, and the backward on the Hopper
 # forward's output and LSE. Then the fallbacks: each
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.skipif(not BUILT, reason="needs a Hopper GPU and a buil
 
 def _bucket(head_dim):
     """The Hopper forward's bucket of a head dim (dispatch/sm90_policy.h sm90_fwd_head_dim_bucket)."""
-    return next(b for b in (64, 96, 128, 192, 256) if head_dim <= b)
+    return next(b for b in (64, 96, 128, 160, 192, 224, 256) if head_dim <= b)
 
 
 def _require(dtype, head_dim, mask="none"):
@@ -225,7 +225,7 @@ def test_sdpa_top_left_causal(forced):
 
 @pytest.mark.parametrize("feature", ["softcap", "alibi", "both"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 160, 224, 256])
 def test_softcap_and_alibi(forced, feature, causal, head_dim):
     """The general kernels: softcap on the scaled scores, ALiBi by distance from the diagonal, per (batch, head)
     slopes."""
@@ -258,7 +258,7 @@ def test_varlen(forced, causal, window, head_dim):
 
 @pytest.mark.parametrize("seqlens", [(300, 517), (517, 300), (129, 1000)])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 160, 192, 224, 256])
 def test_persistent_ctas_walk_many_tiles(forced, seqlens, causal, head_dim):
     """More tiles than SMs, so a persistent CTA walks several: each tile's last P.V and epilogue run in the next
     tile's first key block (fwd_tile_config.h fwd_carries_tile_tail), Q alternates between two slots, and causal
@@ -362,7 +362,7 @@ def _kvcache_reference(q, k_cache, v_cache, lengths, **kwargs):
 
 
 @pytest.mark.parametrize("feature", list(KV_CACHE_FEATURES))
-@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 160, 224, 256])
 @pytest.mark.parametrize("seqlen_q", [17, 200])
 def test_kvcache_lengths(forced, seqlen_q, head_dim, feature):
     """flash_attn_with_kvcache with more than 16 query rows runs the Hopper forward with seqused_k: each sequence's
@@ -391,7 +391,7 @@ def test_kvcache_lengths(forced, seqlen_q, head_dim, feature):
 @pytest.mark.parametrize("seqlen_q", [40, 150, 300])
 @pytest.mark.parametrize("page_size", [16, 48, 64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 160, 192, 224, 256])
 def test_kvcache_pages(forced, page_size, causal, head_dim, seqlen_q):
     """A paged cache (block_table over a shuffled pool with spare pages) and 40 queries per sequence of 2 packed heads
     (one query tile per KV head, a split plan of 20 query tiles), 150 (2-3 tiles: pages of 64 still in place) or 300
@@ -448,7 +448,7 @@ def test_kvcache_append_then_lengths(forced, dtype):
 
 
 @pytest.mark.parametrize("feature", list(KV_CACHE_FEATURES))
-@pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 192, 256])
+@pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 160, 192, 224, 256])
 def test_key_splits_chosen(forced, head_dim, feature):
     """Few query tiles over many keys: the Hopper plan splits the keys (sm90_fwd_num_splits; 2 x 2 heads x 1 tile over
     5000 keys) and the combine kernel merges the fp32 partials; causal rows with no key stay O = 0, LSE = +inf."""

@@ -35,12 +35,13 @@ KERNEL_SOURCES: dict[tuple[str, str], str] = {
     ("sm90", "bwd"): "csrc/sm90/bwd_launch.h",
 }
 # Head-dim buckets an (arch, direction) pair compiles where it is not all of HEAD_DIM_BUCKETS. The Hopper kernels
-# move whole 64-column TMA segments and read MN-major operands as 64-column blocks, so they take multiples of 64, and
-# 96 (stored as 128 columns, the score GEMMs over 96: csrc/sm90/fwd_tile_config.h fwd_storage_dim); the backward's
-# buckets above 128 both run its wide kernel at 256 columns (csrc/sm90/bwd_tile_config.h).
+# move whole 64-column TMA segments and read MN-major operands as 64-column blocks: a bucket that is no multiple of 64
+# stores the next multiple's columns and runs its score GEMMs over its own (csrc/sm90/fwd_tile_config.h
+# fwd_storage_dim): the forward at every bucket above 32, the backward at 96; the backward's buckets above 128 both
+# run its wide kernel at 256 columns (csrc/sm90/bwd_tile_config.h).
 # Calls in the other buckets run on the next bucket's Hopper kernel (csrc/dispatch/sm90_policy.h).
 PAIR_HEAD_DIMS: dict[tuple[str, str], tuple[int, ...]] = {
-    ("sm90", "fwd"): (64, 96, 128, 192, 256),
+    ("sm90", "fwd"): (64, 96, 128, 160, 192, 224, 256),
     ("sm90", "bwd"): (64, 96, 128, 192, 256),
 }
 # Capabilities whose SASS and PTX are compiled for the architecture-specific feature set ("sm_90a"): wgmma and

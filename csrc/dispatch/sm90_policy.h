@@ -72,7 +72,11 @@ int sm90_fwd_num_splits(const FwdParams& p, int num_sms);
 // (160 -> 192, 224 -> 256), its columns past head_dim zero-filled by TMA, since the Hopper kernels exist only there
 // (tools/kernel_matrix.py PAIR_HEAD_DIMS). Measured (H200, bf16, 4k, Hopper / portable TFLOP/s, in the 128 kernel):
 // hd 96 448 / 303, causal 406 / 258; hd 160 525 / 260; hd 224 547 / 256. Head dims up to 32, padded to 64, lose
-// (sm90_fwd_pays). Tile and workspace policies take the bucket's storage width (fwd_storage_dim).
+// (sm90_fwd_pays). Tile and workspace policies take the bucket's storage width (fwd_storage_dim). The backward's bucket.
 int sm90_head_dim_bucket(int64_t head_dim);
+
+// The forward's bucket: the portable path's above 64 (96, 128, 160, 192, 224, 256), each stored in whole 64-column
+// segments with its S GEMM over the bucket's own columns (160: 10 k16 steps of 12, 224: 14 of 16); 64 below.
+int sm90_fwd_head_dim_bucket(int64_t head_dim);
 
 }  // namespace flash
