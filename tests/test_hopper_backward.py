@@ -1,8 +1,8 @@
 # The Hopper backward path (csrc/sm90/bwd_kernel.h, sm_90a) against the fp64 reference under the FlashAttention rule
 # (gradients within 3x the low-precision reference's error), with FLASH_ATTN_HOPPER=force so that a call it does not
 # take fails instead of passing on the portable kernels: head dims 64, 96 (its bucket's kernel stores 128 columns and
-# runs S^T, dP^T over 96) and 128 (and below their buckets), the wide
-# kernel above 128 (csrc/sm90/bwd_wide_kernel.h: 160, 192 with zero-filled columns, 256), odd sequence
+# runs S^T, dP^T over 96) and 128 (and below their buckets), the wide kernel above 128 (csrc/sm90/bwd_wide_kernel.h:
+# 256 stored columns, S^T and dP^T over the bucket's 160, 192, 224 or 256), odd sequence
 # lengths both ways (ragged query and key blocks, rows and keys no one sees), causal, windows, GQA / MQA (dK, dV summed
 # over a group's query heads in registers), packed qkv strides, varlen with empty sequences, softcap and ALiBi (the
 # general kernels), deterministic mode (bitwise repeatable), every sequence's keys in one key block (dQ stored
@@ -36,9 +36,8 @@ pytestmark = pytest.mark.skipif(not any(k[0] == "bwd" for k in BUILT),
 
 
 def _require(dtype, head_dim, mask="none"):
-    buckets = {"fwd": (64, 96, 128, 160, 192, 224, 256), "bwd": (64, 96, 128, 192, 256)}
+    bucket = next(b for b in (64, 96, 128, 160, 192, 224, 256) if head_dim <= b)
     for direction in ("fwd", "bwd"):
-        bucket = next(b for b in buckets[direction] if head_dim <= b)
         if (direction, DTYPE_NAMES[dtype], bucket, mask) not in BUILT:
             pytest.skip(f"no sm90 {direction} kernel for {DTYPE_NAMES[dtype]} head dim {head_dim} mask {mask}")
 
@@ -79,7 +78,7 @@ def _varlen(seqlens_q, seqlens_k, h, hk, d, causal):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("head_dim", [32, 40, 64, 96, 100, 128, 160, 192, 200, 256])
+@pytest.mark.parametrize("head_dim", [32, 40, 64, 72, 96, 100, 128, 144, 160, 176, 192, 200, 224, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_head_dims(forced, head_dim, causal, dtype):
     _require(dtype, head_dim, "causal" if causal else "none")
@@ -88,7 +87,7 @@ def test_head_dims(forced, head_dim, causal, dtype):
 
 @pytest.mark.parametrize("seqlens", [(17, 1), (17, 300), (300, 17), (127, 129), (128, 128), (129, 127), (640, 255)])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 160, 192, 224, 256])
 def test_seqlens(forced, seqlens, causal, head_dim):
     """Ragged query and key blocks; seqlen_q > seqlen_k causal leaves rows that see no key (LSE +inf: P = 0) and
     seqlen_q < seqlen_k leaves keys that no row sees (dK = dV = 0 there)."""
@@ -106,7 +105,7 @@ def test_windows(forced, window, head_dim):
 
 @pytest.mark.parametrize("heads", [(8, 2), (8, 1)])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 160, 192, 224, 256])
 def test_gqa(forced, heads, causal, head_dim):
     """dK, dV summed over a KV head's query heads. Grids this small split the group over CTAs
     (sm90_bwd_head_splits: fp32 accumulators, then a conversion); test_deterministic covers the unsplit sums."""
@@ -224,7 +223,7 @@ def test_one_key_block_varlen(forced, causal, head_dim):
 
 @pytest.mark.parametrize("feature", ["softcap", "alibi", "both"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 160, 192, 224, 256])
 def test_softcap_and_alibi(forced, feature, causal, head_dim):
     """The general kernels: softcap (its derivative in dS) and ALiBi per (batch, query head) of a GQA group."""
     _require(torch.bfloat16, head_dim, "causal" if causal else "none")
@@ -241,7 +240,7 @@ def test_softcap_and_alibi(forced, feature, causal, head_dim):
     _check_grads(out, (q, k, v), dout, lambda *x, **kw: attention_ref(*x, **kwargs, **kw))
 
 
-@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 160, 224, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic(forced, head_dim, causal):
     """deterministic=True: up to hd 128 the key blocks add into one dq accumulator in a fixed order per query block

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.skipif(not BUILT, reason="needs a Hopper GPU and a buil
 
 
 def _bucket(head_dim):
-    """The Hopper forward's bucket of a head dim (dispatch/sm90_policy.h sm90_fwd_head_dim_bucket)."""
+    """The Hopper bucket of a head dim (dispatch/sm90_policy.h sm90_head_dim_bucket)."""
     return next(b for b in (64, 96, 128, 160, 192, 224, 256) if head_dim <= b)
 
 

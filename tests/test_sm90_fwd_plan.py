@@ -1,7 +1,7 @@
 # Which forward calls the Hopper path serves and how it splits their keys (csrc/dispatch/sm90_policy.cpp): KV-cache
 # lengths served, appends and packed GQA decode steps declined, the backward declining seqused_k, paged caches only
 # where pages fit the key blocks, GQA packing (sm90_fwd_packed_heads), sm90_fwd_num_splits on the H200's SM
-# count, and each direction's head-dim buckets. The host checker
+# count, and the head-dim buckets. The host checker
 # tests/cpp/sm90_fwd_plan_check.cpp, built by the host C++ compiler here (CPU only; the GPU tests in
 # test_hopper_forward.py run these calls).
 import pytest

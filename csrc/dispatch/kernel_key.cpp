@@ -17,12 +17,10 @@ KernelKey canonical_key(int arch, const FwdParams& params, Direction direction) 
   KernelKey key;
   key.arch = arch;
   key.dtype = params.dtype;
-  // The Hopper kernels come in their own buckets, the forward's and the backward's (sm90_policy.h).
+  // The Hopper kernels come in their own buckets (sm90_policy.h).
   constexpr int kHopperArch = 90;
   const int bucket = head_dim_bucket(params.shape.head_dim);
-  const int hopper_bucket = direction == Direction::kForward ? sm90_fwd_head_dim_bucket(params.shape.head_dim)
-                                                             : sm90_head_dim_bucket(params.shape.head_dim);
-  key.head_dim = arch == kHopperArch && bucket > 0 ? hopper_bucket : bucket;
+  key.head_dim = arch == kHopperArch && bucket > 0 ? sm90_head_dim_bucket(params.shape.head_dim) : bucket;
   key.mask = mask_kind(params.mask);
   key.direction = direction;
   return key;

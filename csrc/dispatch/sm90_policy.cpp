@@ -47,7 +47,7 @@ int64_t query_tiles_per_kv_head(const AttentionShape& s, int64_t packed, int blo
 constexpr int64_t kMaxInPlacePageBoxes = 8;
 bool fwd_pages_fit_call(const FwdParams& p) {
   const AttentionShape& s = p.shape;
-  const int bucket = sm90_fwd_head_dim_bucket(s.head_dim);
+  const int bucket = sm90_head_dim_bucket(s.head_dim);
   if (s.cu_seqlens_q != nullptr || p.page_size <= 0 || s.seqlen_k % p.page_size != 0 ||
       !sm90::fwd_pages_fit(bucket, mask_kind(p.mask), p.page_size)) {
     return false;
@@ -210,7 +210,7 @@ int sm90_fwd_packed_heads(const FwdParams& p) {
   const AttentionShape& s = p.shape;
   if (p.mask.alibi_slopes != nullptr || s.nheads_k < 1 || s.seqlen_q < 1) return 1;
   const int64_t group = s.nheads_q / s.nheads_k;
-  const int block_m = sm90::fwd_tile_config(sm90_fwd_head_dim_bucket(s.head_dim), mask_kind(p.mask)).block_m;
+  const int block_m = sm90::fwd_tile_config(sm90_head_dim_bucket(s.head_dim), mask_kind(p.mask)).block_m;
   int64_t packed = 1;
   while (group % (2 * packed) == 0 && block_m % (2 * packed) == 0) packed *= 2;
   return query_tiles_per_kv_head(s, packed, block_m) < query_tiles_per_kv_head(s, 1, block_m)
@@ -231,7 +231,7 @@ int sm90_fwd_num_splits(const FwdParams& p, int num_sms) {
   constexpr double kSplitOverheadBlocks = 1.0;
   const AttentionShape& s = p.shape;
   if (p.probs != nullptr || s.seqlen_k <= 0 || num_sms < 1) return 1;
-  const int bucket = sm90_fwd_head_dim_bucket(s.head_dim);
+  const int bucket = sm90_head_dim_bucket(s.head_dim);
   const sm90::FwdTileConfig tile = sm90::fwd_tile_config(bucket, mask_kind(p.mask));
   const int64_t packed = p.sm90_packed_heads > 1 ? p.sm90_packed_heads : 1;
   const int64_t tiles = s.batch * s.nheads_k * query_tiles_per_kv_head(s, packed, tile.block_m);
@@ -259,13 +259,6 @@ int sm90_fwd_num_splits(const FwdParams& p, int num_sms) {
 }
 
 int sm90_head_dim_bucket(int64_t head_dim) {
-  constexpr int64_t kSegment = 64;
-  constexpr int64_t kHalfSegmentBucket = 96;
-  if (head_dim > kSegment && head_dim <= kHalfSegmentBucket) return static_cast<int>(kHalfSegmentBucket);
-  return static_cast<int>((head_dim + kSegment - 1) / kSegment * kSegment);
-}
-
-int sm90_fwd_head_dim_bucket(int64_t head_dim) {
   constexpr int64_t kSegment = 64;
   constexpr int64_t kHalfSegment = 32;
   if (head_dim <= kSegment) return static_cast<int>(kSegment);

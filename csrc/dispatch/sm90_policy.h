@@ -67,16 +67,12 @@ constexpr int64_t kSm90PackedFewQueryRows = 8;
 // cost model is in sm90_policy.cpp).
 int sm90_fwd_num_splits(const FwdParams& p, int num_sms);
 
-// The head-dim bucket whose Hopper kernel serves a call: 96 for head dims 65-96 (its kernels store 128 columns and
-// run the score GEMMs over 96: sm90/fwd_tile_config.h fwd_storage_dim), else the next whole 64-column segment count
-// (160 -> 192, 224 -> 256), its columns past head_dim zero-filled by TMA, since the Hopper kernels exist only there
-// (tools/kernel_matrix.py PAIR_HEAD_DIMS). Measured (H200, bf16, 4k, Hopper / portable TFLOP/s, in the 128 kernel):
-// hd 96 448 / 303, causal 406 / 258; hd 160 525 / 260; hd 224 547 / 256. Head dims up to 32, padded to 64, lose
-// (sm90_fwd_pays). Tile and workspace policies take the bucket's storage width (fwd_storage_dim). The backward's bucket.
+// The head-dim bucket whose Hopper kernels serve a call: 64 up to 64, else the portable path's (96, 128, 160, 192, 224,
+// 256). A bucket that is no whole number of 64-column TMA segments stores the next one's columns (TMA zero-fills the
+// rest) and runs its score GEMMs over its own (sm90/fwd_tile_config.h fwd_storage_dim); tile and workspace policies
+// take the stored width. Measured before the 96 / 160 / 224 buckets existed (H200, bf16, 4k, Hopper / portable
+// TFLOP/s, in the next whole-segment kernel): hd 96 448 / 303, causal 406 / 258; hd 160 525 / 260; hd 224 547 / 256.
+// Head dims up to 32, padded to 64, lose (sm90_fwd_pays).
 int sm90_head_dim_bucket(int64_t head_dim);
-
-// The forward's bucket: the portable path's above 64 (96, 128, 160, 192, 224, 256), each stored in whole 64-column
-// segments with its S GEMM over the bucket's own columns (160: 10 k16 steps of 12, 224: 14 of 16); 64 below.
-int sm90_fwd_head_dim_bucket(int64_t head_dim);
 
 }  // namespace flash

@@ -39,7 +39,8 @@ template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, BwdTileConfig
 void launch_bwd(const dim3& grid, const BwdKernelArgs& args, bool direct_dq, cudaStream_t stream) {
   if constexpr (kHeadDim > kBwdMaxNarrowHeadDim) {
     using Layout = BwdWideSmemLayout<kBwdWideHeadDim, kTile.block_m, kTile.block_n, kTile.stages>;
-    launch_bwd_kernel<bwd_wide_kernel<T, kBwdWideHeadDim, kMask, kGeneral, kTile.block_m, kTile.block_n, kTile.stages>,
+    launch_bwd_kernel<bwd_wide_kernel<T, kBwdWideHeadDim, kMask, kGeneral, kTile.block_m, kTile.block_n, kTile.stages,
+                                      kScoreDim>,
                       Layout::kLaunchBytes>(grid, args, stream);
   } else {
     using Layout = BwdSmemLayout<kHeadDim, kTile.block_m, kTile.block_n, kTile.stages>;
@@ -58,7 +59,8 @@ void launch_bwd(const dim3& grid, const BwdKernelArgs& args, bool direct_dq, cud
 }
 
 // kBucket: the call's head-dim bucket; its tiles, layouts and policies are those of its storage width (fwd_storage_dim:
-// the 96 bucket stores 128 columns, TMA zero-filling 96-127), its S^T / dP^T GEMMs run over kBucket's columns.
+// the 96 bucket stores 128 columns, TMA zero-filling 96-127; the wide kernel 256 for every bucket above 128), its
+// S^T / dP^T GEMMs run over kBucket's columns.
 template <DType kDType, int kBucket, MaskKind kMask, BwdTileConfig kTile = bwd_tile_config(fwd_storage_dim(kBucket))>
 void run_bwd(const BwdParams& params, void* stream) {
   constexpr int kHeadDim = fwd_storage_dim(kBucket);

@@ -100,13 +100,17 @@ __device__ __forceinline__ void issue_tile_gemm(float (&acc)[kColumns / 2], cons
   ptx::warpgroup_commit();
 }
 
-// kGeneral: softcap and / or ALiBi, as bwd_kernel.h's general kernels recompute them.
-template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, int kBlockM, int kBlockN, int kStages>
+// kGeneral: softcap and / or ALiBi, as bwd_kernel.h's general kernels recompute them. kScoreDim: the columns S^T and
+// dP^T run over (the call's bucket: 160 / 192 / 224 of the 256 stored, whose rest is TMA's zero fill); dK, dV and dQ
+// keep kHeadDim's.
+template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, int kBlockM, int kBlockN, int kStages,
+          int kScoreDim = kHeadDim>
 __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_constant__ BwdKernelArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Layout = BwdWideSmemLayout<kHeadDim, kBlockM, kBlockN, kStages>;
   using Slot = RingSlot<kStages>;
   constexpr int kColumns = kHeadDim / kBwdConsumerWarpgroups;  // dK, dV, dQ columns of one consumer
+  static_assert(kScoreDim <= kHeadDim && kScoreDim % 16 == 0, "S^T / dP^T over whole k16 steps of the stored columns");
   constexpr int kQueries = kBlockM / kBwdConsumerWarpgroups;   // S^T, dP^T query rows of one consumer
   constexpr int kColumnSegments = kColumns / kSegmentElems;
   static_assert(kColumns % kSegmentElems == 0, "each consumer's columns are whole 64-column segments");
@@ -232,9 +236,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
         float s[kQueries / 2];
         float dp[kQueries / 2];
         ptx::mbarrier_wait_parity(&q_full[slot.stage], slot.parity);
-        issue_half_scores<T, kHeadDim, kBlockN, kBlockM, kQueries>(s, k_tile, q_slot, query0);
+        issue_half_scores<T, kScoreDim, kBlockN, kBlockM, kQueries>(s, k_tile, q_slot, query0);
         ptx::mbarrier_wait_parity(&do_full[slot.stage], slot.parity);
-        issue_half_scores<T, kHeadDim, kBlockN, kBlockM, kQueries>(dp, v_tile, do_slot, query0);
+        issue_half_scores<T, kScoreDim, kBlockN, kBlockM, kQueries>(dp, v_tile, do_slot, query0);
         release_pending();  // the previous step's slot, while this step's S^T and dP^T run
 
         const float alibi_slope_log2 =

@@ -176,24 +176,24 @@ int main() {
   bwd.fwd = used;
   expect_declines("backward with seqused_k", flash::sm90_bwd_declines(bwd), "seqused_k");
 
-  // Buckets (sm90_policy.h): the forward's every 32 columns above 64, stored in whole 64-column segments; the
-  // backward's 96 and whole segments. Each head dim of a bucket's range maps to it.
+  // Buckets (sm90_policy.h): 64 up to 64, then every 32 columns, stored in whole 64-column segments. Each head dim of
+  // a bucket's range maps to it.
   struct BucketCase {
     int64_t head_dim;
-    int fwd;
-    int bwd;
+    int bucket;
+    int stored;
   };
-  for (const BucketCase& c : {BucketCase{1, 64, 64}, BucketCase{64, 64, 64}, BucketCase{65, 96, 96},
-                              BucketCase{96, 96, 96}, BucketCase{97, 128, 128}, BucketCase{128, 128, 128},
+  for (const BucketCase& c : {BucketCase{1, 64, 64}, BucketCase{64, 64, 64}, BucketCase{65, 96, 128},
+                              BucketCase{96, 96, 128}, BucketCase{97, 128, 128}, BucketCase{128, 128, 128},
                               BucketCase{129, 160, 192}, BucketCase{160, 160, 192}, BucketCase{161, 192, 192},
                               BucketCase{193, 224, 256}, BucketCase{224, 224, 256}, BucketCase{256, 256, 256}}) {
     ++cases;
-    const int fwd = flash::sm90_fwd_head_dim_bucket(c.head_dim), bwd = flash::sm90_head_dim_bucket(c.head_dim);
-    if (fwd != c.fwd || bwd != c.bwd || flash::sm90::fwd_storage_dim(fwd) % 64 != 0 ||
-        flash::sm90::fwd_storage_dim(fwd) < fwd) {
+    const int bucket = flash::sm90_head_dim_bucket(c.head_dim);
+    const int stored = flash::sm90::fwd_storage_dim(bucket);
+    if (bucket != c.bucket || stored != c.stored) {
       ++failures;
-      std::printf("FAIL head dim %lld: buckets fwd %d / bwd %d, want %d / %d\n", static_cast<long long>(c.head_dim),
-                  fwd, bwd, c.fwd, c.bwd);
+      std::printf("FAIL head dim %lld: bucket %d stored as %d, want %d / %d\n", static_cast<long long>(c.head_dim),
+                  bucket, stored, c.bucket, c.stored);
     }
   }
 
