@@ -46,13 +46,13 @@ def test_ptx_only_build_selects_the_portable_kernels():
 
 def test_hopper_kernels_take_the_whole_segment_buckets():
     """The sm90 forward and backward are compiled for the head-dim buckets that are whole 64-column TMA segments (the
-    backward's buckets above 128 all run its wide kernel), and for 96, 160 and 224 too (stored in whole segments);
-    every bucket keeps its portable kernels (the fallback)."""
+    backward's buckets above 128 all run its wide kernel), and for 32, 96, 160 and 224 too (stored in whole
+    segments); every bucket keeps its portable kernels (the fallback)."""
     specs = kernel_matrix.selected_kernels({kernel_matrix.ARCHS_KNOB: "90", "FLASH_ATTN_DTYPES": "bf16",
                                             "FLASH_ATTN_MASKS": "none"})
     hopper = {(spec.direction, spec.head_dim) for spec in specs if spec.arch == "sm90"}
     assert hopper == {(direction, head_dim) for direction in ("fwd", "bwd")
-                      for head_dim in (64, 96, 128, 160, 192, 224, 256)}
+                      for head_dim in (32, 64, 96, 128, 160, 192, 224, 256)}
     portable = {spec.head_dim for spec in specs if spec.arch == "sm80" and spec.direction == "fwd"}
     assert portable == set(kernel_matrix.HEAD_DIM_BUCKETS)
 

@@ -80,10 +80,10 @@ def test_hopper_kernels_below_their_bucket(head_dim, direction, monkeypatch):
     backward's 256, bwd_wide_kernel.h, beside its full 256): the backward's dq accumulator rows (the head dim rounded
     up to 32) are narrower than the kernel's columns, and the last row's reduction once ran past the workspace (an
     illegal address at hd 32 on the H200). Auto mode sends none of these backward calls to the Hopper kernels, so
-    tools/sanitize.sh's Hopper pass sees them only here. Hd 96 and 160 run their own buckets' kernels, which store the
-    next whole segment count and run the score GEMMs over their own columns."""
+    tools/sanitize.sh's Hopper pass sees them only here. Hd 32, 96 and 160 run their own buckets' kernels, which store
+    the next whole segment count and run the score GEMMs over their own columns."""
     device = torch.cuda.current_device()
-    bucket = next(b for b in (64, 96, 128, 160, 192, 224, 256) if head_dim <= b)
+    bucket = next(b for b in (32, 64, 96, 128, 160, 192, 224, 256) if head_dim <= b)
     built = {(k["direction"], k["head_dim"]) for k in flash_attn.built_kernels()
              if k["device"] == "cuda" and k["arch"] == "sm90" and k["dtype"] == "bf16" and k["mask"] == "causal"}
     needed = {("fwd", bucket), ("bwd", bucket)} if DIRECTIONS[direction] else {("fwd", bucket)}

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.skipif(not any(k[0] == "bwd" for k in BUILT),
 
 
 def _require(dtype, head_dim, mask="none"):
-    bucket = next(b for b in (64, 96, 128, 160, 192, 224, 256) if head_dim <= b)
+    bucket = next(b for b in (32, 64, 96, 128, 160, 192, 224, 256) if head_dim <= b)
     for direction in ("fwd", "bwd"):
         if (direction, DTYPE_NAMES[dtype], bucket, mask) not in BUILT:
             pytest.skip(f"no sm90 {direction} kernel for {DTYPE_NAMES[dtype]} head dim {head_dim} mask {mask}")

@@ -1,6 +1,6 @@
 # The Hopper forward path (csrc/sm90/, sm_90a: TMA, wgmma, warp specialisation) against the fp64 reference under the
 # FlashAttention rule, with FLASH_ATTN_HOPPER=force so that a call the path does not take fails instead of passing on
-# the portable kernels: each built head-dim bucket and head dims below it (96, 160 and 224 store the next whole
+# the portable kernels: each built head-dim bucket and head dims below it (32, 96, 160 and 224 store the next whole
 # 64-column segment count and run the S GEMM over their own columns), odd sequence lengths both ways, causal (bottom-right and top-left through SDPA), sliding windows, GQA /
 # MQA, packed (strided) qkv, rows that see no key, large scores, softcap and ALiBi (the general kernels), varlen with
 # empty and ragged sequences, KV-cache lengths over NaN-filled cache tails, LSE, and the backward on the Hopper
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.skipif(not BUILT, reason="needs a Hopper GPU and a buil
 
 def _bucket(head_dim):
     """The Hopper bucket of a head dim (dispatch/sm90_policy.h sm90_head_dim_bucket)."""
-    return next(b for b in (64, 96, 128, 160, 192, 224, 256) if head_dim <= b)
+    return next(b for b in (32, 64, 96, 128, 160, 192, 224, 256) if head_dim <= b)
 
 
 def _require(dtype, head_dim, mask="none"):

@@ -38,10 +38,10 @@ KERNEL_SOURCES: dict[tuple[str, str], str] = {
 # move whole 64-column TMA segments and read MN-major operands as 64-column blocks: a bucket that is no multiple of 64
 # stores the next multiple's columns and runs its score GEMMs over its own (csrc/sm90/fwd_tile_config.h
 # fwd_storage_dim); the backward's buckets above 128 all run its wide kernel at 256 columns
-# (csrc/sm90/bwd_tile_config.h). Head dims up to 32 take the 64 bucket.
+# (csrc/sm90/bwd_tile_config.h). With 32 the Hopper kernels exist for every bucket.
 PAIR_HEAD_DIMS: dict[tuple[str, str], tuple[int, ...]] = {
-    ("sm90", "fwd"): (64, 96, 128, 160, 192, 224, 256),
-    ("sm90", "bwd"): (64, 96, 128, 160, 192, 224, 256),
+    ("sm90", "fwd"): (32, 64, 96, 128, 160, 192, 224, 256),
+    ("sm90", "bwd"): (32, 64, 96, 128, 160, 192, 224, 256),
 }
 # Capabilities whose SASS and PTX are compiled for the architecture-specific feature set ("sm_90a"): wgmma and
 # setmaxnreg exist only there. Code for sm_90a runs on sm_90 GPUs only, which is every GPU the sm90 path serves.

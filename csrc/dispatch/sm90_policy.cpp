@@ -259,9 +259,7 @@ int sm90_fwd_num_splits(const FwdParams& p, int num_sms) {
 }
 
 int sm90_head_dim_bucket(int64_t head_dim) {
-  constexpr int64_t kSegment = 64;
   constexpr int64_t kHalfSegment = 32;
-  if (head_dim <= kSegment) return static_cast<int>(kSegment);
   return static_cast<int>((head_dim + kHalfSegment - 1) / kHalfSegment * kHalfSegment);
 }
 

@@ -134,18 +134,19 @@ void launch_fwd(FwdKernelArgs& args, cudaStream_t stream) {
   }
 }
 
-// A split call's merge: the portable path's combine kernel (one CTA per query row) over the partials, its rows the head
-// dim rounded up to kSplitRowGranule floats: one of the two widths a 64-column bucket holds.
+// A split call's merge: the portable path's combine kernel (one CTA per query row) over the partials, whose rows are the
+// head dim rounded up to kSplitRowGranule floats: the bucket's width, since buckets are 32 columns wide
+// (dispatch/sm90_policy.h sm90_head_dim_bucket).
 template <typename T, int kHeadDim>
 void launch_split_combine(const FwdParams& params, cudaStream_t stream) {
-  constexpr int kNarrow = kHeadDim - kSplitRowGranule;
-  static_assert(kNarrow > 0 && kHeadDim % kSplitRowGranule == 0, "two partial-row widths per bucket");
-  const dim3 grid(static_cast<unsigned>(params.shape.batch * params.shape.nheads_q * params.shape.seqlen_q));
-  if (params.shape.head_dim <= kNarrow) {
-    sm80::fwd_combine_kernel<T, kNarrow><<<grid, sm80::kCombineThreads, 0, stream>>>(params);
-  } else {
-    sm80::fwd_combine_kernel<T, kHeadDim><<<grid, sm80::kCombineThreads, 0, stream>>>(params);
+  static_assert(kHeadDim % kSplitRowGranule == 0, "partial rows of whole granules");
+  if ((params.shape.head_dim + kSplitRowGranule - 1) / kSplitRowGranule * kSplitRowGranule != kHeadDim) {
+    throw std::invalid_argument("flash_attn internal error: a split Hopper forward of head_dim=" +
+                                std::to_string(params.shape.head_dim) + " ran in the " + std::to_string(kHeadDim) +
+                                " bucket, whose partial rows are " + std::to_string(kHeadDim) + " wide");
   }
+  const dim3 grid(static_cast<unsigned>(params.shape.batch * params.shape.nheads_q * params.shape.seqlen_q));
+  sm80::fwd_combine_kernel<T, kHeadDim><<<grid, sm80::kCombineThreads, 0, stream>>>(params);
 }
 
 // kSchedule, kTile, kPersistent and kPolyEvery (lean kernels) / kPolyEveryGeneral (softcap / ALiBi kernels): the

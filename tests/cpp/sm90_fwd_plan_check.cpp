@@ -176,14 +176,15 @@ int main() {
   bwd.fwd = used;
   expect_declines("backward with seqused_k", flash::sm90_bwd_declines(bwd), "seqused_k");
 
-  // Buckets (sm90_policy.h): 64 up to 64, then every 32 columns, stored in whole 64-column segments. Each head dim of
-  // a bucket's range maps to it.
+  // Buckets (sm90_policy.h): every 32 columns, stored in whole 64-column segments. Each head dim of a bucket's range
+  // maps to it.
   struct BucketCase {
     int64_t head_dim;
     int bucket;
     int stored;
   };
-  for (const BucketCase& c : {BucketCase{1, 64, 64}, BucketCase{64, 64, 64}, BucketCase{65, 96, 128},
+  for (const BucketCase& c : {BucketCase{1, 32, 64}, BucketCase{32, 32, 64}, BucketCase{33, 64, 64},
+                              BucketCase{64, 64, 64}, BucketCase{65, 96, 128},
                               BucketCase{96, 96, 128}, BucketCase{97, 128, 128}, BucketCase{128, 128, 128},
                               BucketCase{129, 160, 192}, BucketCase{160, 160, 192}, BucketCase{161, 192, 192},
                               BucketCase{193, 224, 256}, BucketCase{224, 224, 256}, BucketCase{256, 256, 256}}) {
