@@ -173,30 +173,30 @@ constexpr FwdSchedule fwd_carrying_schedule(int head_dim, MaskKind mask) {
                                                                                    : FwdSchedule::kOverlap;
 }
 
-// Head dims whose kernels store their tiles in a whole number of 64-column TMA segments but compute on fewer columns:
-// the 96 bucket (hd 65-96), which ran in the hd 128 kernel until the forty-fourth session, a third of its S and P.V
-// MMA work on zero columns (forty-first session's sweep, 4k, 21 heads: 475 TFLOP/s useful, ~630 of padded work,
-// cuDNN 516). Stored as 128 columns (TMA zero-fills 96-127 of Q, K and V), its S GEMM issues 6 k16 steps instead of
-// 8; the hd 128 bucket's tiles and policies apply (fwd_storage_dim). Predicted ~12 % less MMA work (S alone) and
-// ~25 % with P.V at 96 columns (fwd_pv_columns).
+// Buckets come every 32 columns (32 ... 256); each stores its tiles in whole 64-column TMA segments (TMA zero-fills
+// the rest of Q, K and V) and takes the tiles and policies of that storage width (fwd_storage_dim), while its S GEMM
+// issues only the bucket's k16 steps. Until the forty-fourth session hd 65-96 ran in the hd 128 kernel, a third of
+// its S and P.V work on zero columns (forty-first session's sweep, 4k, 21 heads: 475 TFLOP/s useful, cuDNN 516).
 constexpr int kFwdSegmentColumns = 64;
 constexpr int fwd_storage_dim(int head_dim) {
   return (head_dim + kFwdSegmentColumns - 1) / kFwdSegmentColumns * kFwdSegmentColumns;
 }
 
-// O's columns (the P.V GEMM's N): the head dim, or its storage width where V's columns past the head dim (zeros) are
-// multiplied too. At 96 an N = 96 wgmma reads V MN-major in 128-byte swizzled atoms of 64 columns, the second atom's
-// first half only: whether the hardware addresses a partial atom as the layout says is what
-// tests/test_hopper_forward.py decides on a GPU (the wgmma self test covers whole atoms only). Until then: 128.
-constexpr bool kFwdPvPartialSegment = false;
+// O's columns (the P.V GEMM's N; the backward's dK / dV take the same rule): the head dim, or its storage width
+// where V's columns past the head dim (zeros) are multiplied too. At 96 an N = 96 wgmma reads V MN-major in 128-byte
+// swizzled atoms of 64 columns, the second atom's first half only; the Hopper forward / backward tests pass on it
+// (1,499 cases, bf16 build of every bucket, forty-fifth session). Measured against the storage width (A/B, best of
+// 2 rounds, TFLOP/s, 1k / 4k / 16k): forward hd 32 non-causal 254 / 284 / 315 against 234 / 272 / 295, hd 160 causal
+// 338 / 551 / 644 against 334 / 519 / 589, hd 224 causal 16k 740 against 616; hd 96 level (+-4 %, noise); backward
+// hd 32 +4-7 %, hd 96 +1-5 %, hd 160 / 192 / 224 level (docs/perf_log.md, forty-fifth session).
+constexpr bool kFwdPvPartialSegment = true;
 constexpr int fwd_pv_columns(int head_dim) {
   return kFwdPvPartialSegment ? head_dim : fwd_storage_dim(head_dim);
 }
 
-// Head dims are the kernel table's buckets that are whole 64-element TMA segments (64, 128, 192, 256), and 96 (its
-// storage bucket's tile).
-// block_n: hd 64 and 128 take 128 keys (S = 64 accumulator registers per thread); hd 192 and 256 take 112 and 80,
-// the most that fits beside a 128-row Q tile in 2 stages (FA3's sizes, HOPPER_NOTES.md section 1.2).
+// block_n (a bucket takes its storage width's, fwd_storage_dim): hd 64 and 128 take 128 keys (S = 64 accumulator
+// registers per thread); hd 192 and 256 take 112 and 80, the most that fits beside a 128-row Q tile in 2 stages
+// (FA3's sizes, HOPPER_NOTES.md section 1.2).
 constexpr FwdTileConfig fwd_tile_config(int head_dim, MaskKind mask = MaskKind::kNone) {
   const int block_m = kRowsPerConsumer * fwd_consumer_warpgroups(head_dim, mask);
   if (head_dim <= 128) return FwdTileConfig{block_m, 128, 2};
