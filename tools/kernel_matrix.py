@@ -37,8 +37,8 @@ KERNEL_SOURCES: dict[tuple[str, str], str] = {
 # Head-dim buckets an (arch, direction) pair compiles where it is not all of HEAD_DIM_BUCKETS. The Hopper kernels
 # move whole 64-column TMA segments and read MN-major operands as 64-column blocks: a bucket that is no multiple of 64
 # stores the next multiple's columns and runs its score GEMMs over its own (csrc/sm90/fwd_tile_config.h
-# fwd_storage_dim); the backward's buckets above 128 all run its wide kernel at 256 columns
-# (csrc/sm90/bwd_tile_config.h). With 32 the Hopper kernels exist for every bucket.
+# fwd_storage_dim); the backward's buckets above 128 run its wide kernel, S^T / dP^T over their own columns
+# (csrc/sm90/bwd_tile_config.h). Since the forty-fifth session the Hopper kernels exist for every bucket.
 PAIR_HEAD_DIMS: dict[tuple[str, str], tuple[int, ...]] = {
     ("sm90", "fwd"): (32, 64, 96, 128, 160, 192, 224, 256),
     ("sm90", "bwd"): (32, 64, 96, 128, 160, 192, 224, 256),
