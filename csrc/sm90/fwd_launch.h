@@ -134,8 +134,8 @@ void launch_fwd(FwdKernelArgs& args, cudaStream_t stream) {
   }
 }
 
-// A split call's merge: the portable path's combine kernel (one CTA per query row) over the partials, whose rows are the
-// head dim rounded up to kSplitRowGranule floats: the bucket's width, since buckets are 32 columns wide
+// A split call's merge: the portable path's combine kernel (one CTA per query row) over the partials, whose rows are
+// the head dim rounded up to kSplitRowGranule floats: the bucket's width, since buckets are 32 columns wide
 // (dispatch/sm90_policy.h sm90_head_dim_bucket).
 template <typename T, int kHeadDim>
 void launch_split_combine(const FwdParams& params, cudaStream_t stream) {
