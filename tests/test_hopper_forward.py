@@ -1,12 +1,12 @@
 # The Hopper forward path (csrc/sm90/, sm_90a: TMA, wgmma, warp specialisation) against the fp64 reference under the
 # FlashAttention rule, with FLASH_ATTN_HOPPER=force so that a call the path does not take fails instead of passing on
 # the portable kernels: each built head-dim bucket and head dims below it (32, 96, 160 and 224 store the next whole
-# 64-column segment count and run the S GEMM over their own columns), odd sequence lengths both ways, causal (bottom-right and top-left through SDPA), sliding windows, GQA /
-# MQA, packed (strided) qkv, rows that see no key, large scores, softcap and ALiBi (the general kernels), varlen with
-# empty and ragged sequences, KV-cache lengths over NaN-filled cache tails, LSE, and the backward on the Hopper
-# forward's output and LSE. Then the fallbacks: each
-# feature the path does not serve runs on the portable kernels under FLASH_ATTN_HOPPER=1 and fails, naming the
-# feature, under force. Collected where a Hopper GPU runs sm_90a code of a build with sm90 forward kernels.
+# 64-column segment count and run the S GEMM over their own columns), odd sequence lengths both ways, causal
+# (bottom-right and top-left through SDPA), sliding windows, GQA / MQA, packed (strided) qkv, rows that see no key,
+# large scores, softcap and ALiBi (the general kernels), varlen with empty and ragged sequences, KV-cache lengths over
+# NaN-filled cache tails, LSE, and the backward on the Hopper forward's output and LSE. Then the fallbacks: each feature
+# the path does not serve runs on the portable kernels under FLASH_ATTN_HOPPER=1 and fails, naming the feature, under
+# force. Collected where a Hopper GPU runs sm_90a code of a build with sm90 forward kernels.
 import pytest
 import torch
 

@@ -53,7 +53,8 @@ build_variant() {  # $1: variant, $2: jobs
   local name dir; name=$(name_of "$1"); dir="$WORK/$name"
   (cd "$dir" && export MAX_JOBS="$2" && if [ "${AB_NVCC_CACHE:-1}" = 1 ]; then
      export NVCC_CACHE_DIR="$CACHE" NVCC_CACHE_ROOT="$dir" PYTORCH_NVCC="python3 $ROOT/tools/nvcc_cache.py"; fi &&
-   { python3 setup.py build_ext --inplace > "$OUT/build_$name.log" 2>&1 && touch .ab_built; } || echo "BUILD $name FAILED")
+   { python3 setup.py build_ext --inplace > "$OUT/build_$name.log" 2>&1 && touch .ab_built; } ||
+   echo "BUILD $name FAILED")
 }
 pending=()
 for v in "${VARIANTS[@]}"; do
@@ -74,7 +75,8 @@ for v in "${pending[@]}"; do
   build_variant "$v" $(( JOBS / ${#pending[@]} > 0 ? JOBS / ${#pending[@]} : 1 )) &
 done
 wait
-echo "builds: $(( $(date +%s) - start ))s; objects reused: $(cat "$OUT"/build_*.log 2>/dev/null | grep -c "nvcc_cache: hit")"
+reused=$(cat "$OUT"/build_*.log 2>/dev/null | grep -c "nvcc_cache: hit")
+echo "builds: $(( $(date +%s) - start ))s; objects reused: $reused"
 grep -l "BUILD\|error:" "$OUT"/build_*.log 2>/dev/null | head
 
 if [ -n "$TESTS" ]; then  # correctness of every variant (of the first only with AB_TEST_FIRST=1)

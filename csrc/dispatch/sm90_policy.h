@@ -67,8 +67,8 @@ constexpr int64_t kSm90PackedFewQueryRows = 8;
 // cost model is in sm90_policy.cpp).
 int sm90_fwd_num_splits(const FwdParams& p, int num_sms);
 
-// The head-dim bucket whose Hopper kernels serve a call: the portable path's (32, 64, 96, ..., 256). A bucket that is no
-// whole number of 64-column TMA segments stores the next one's columns (TMA zero-fills the rest) and runs its score
+// The head-dim bucket whose Hopper kernels serve a call: the portable path's (32, 64, 96, ..., 256). A bucket that is
+// no whole number of 64-column TMA segments stores the next one's columns (TMA zero-fills the rest) and runs its score
 // GEMMs over its own (sm90/fwd_tile_config.h fwd_storage_dim); tile and workspace policies take the stored width.
 // Measured before the 32 / 96 / 160 / 224 buckets existed (H200, bf16, 4k, Hopper / portable TFLOP/s, in the next
 // whole-segment kernel): hd 96 448 / 303, causal 406 / 258; hd 160 525 / 260; hd 224 547 / 256; masked calls up to

@@ -123,8 +123,9 @@ void launch_fwd(FwdKernelArgs& args, cudaStream_t stream) {
     const int64_t ctas = args.num_tiles < max_ctas ? args.num_tiles : max_ctas;
     constexpr bool kCanCarry = fwd_carries_tile_tail(kStorageDim) && kSchedule == FwdSchedule::kOverlap;
     if (kCanCarry && ctas < args.num_tiles) {
-      launch_fwd_kernel<T, kHeadDim, kMask, fwd_carrying_schedule(kStorageDim, kMask), kGeneral, kTile, true, kPolyEvery,
-                        kCanCarry, false>(args, ctas, stream);
+      constexpr FwdSchedule kCarrying = fwd_carrying_schedule(kStorageDim, kMask);
+      launch_fwd_kernel<T, kHeadDim, kMask, kCarrying, kGeneral, kTile, true, kPolyEvery, kCanCarry, false>(args, ctas,
+                                                                                                          stream);
     } else {
       launch_fwd_kernel<T, kHeadDim, kMask, kSchedule, kGeneral, kTile, true, kPolyEvery, false, false>(args, ctas,
                                                                                                        stream);
