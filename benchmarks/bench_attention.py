@@ -203,13 +203,36 @@ def environment_variable(name: str, value: str):
             os.environ[name] = previous
 
 
+# The CUDA kernels' head-dim buckets (tools/kernel_matrix.py HEAD_DIM_BUCKETS).
+CUDA_HEAD_DIM_BUCKETS = (32, 64, 96, 128, 160, 192, 224, 256)
+
+
+def mask_kind(p: Problem) -> str:
+    return "local" if p.feature == "window" else ("causal" if p.causal else "none")
+
+
+def kernels_built_for(fa_module, p: Problem, backward: bool) -> bool:
+    """Whether the build has CUDA kernels of this call's dtype, head-dim bucket and mask kind in each direction it
+    runs. is_supported asks for every mask kind, which a build narrowed with FLASH_ATTN_MASKS (tools/ab_bench.sh, to
+    compile a third fewer kernels) lacks, though it runs the calls of the kinds it has."""
+    bucket = next((b for b in CUDA_HEAD_DIM_BUCKETS if p.headdim <= b), None)
+    have = {k["direction"] for k in fa_module.built_kernels()
+            if k["device"] == "cuda" and k["dtype"] == DTYPE_NAMES[p.dtype] and k["head_dim"] == bucket
+            and k["mask"] == mask_kind(p)}
+    return {"fwd", "bwd"} <= have if backward else "fwd" in have
+
+
 def make_ours(fa_module, fa_error, backward: bool, name: str = OURS, deterministic: bool = False) -> Impl:
     def build(p: Problem):
         if fa_module is None:
             raise RuntimeError(f"flash_attn is not importable: {fa_error}")
-        if not fa_module.is_supported(torch.device(p.device), p.dtype, p.headdim, backward=backward):
+        device = torch.device(p.device)
+        supported = fa_module.is_supported(device, p.dtype, p.headdim, backward=backward) or (
+            device.type == "cuda" and kernels_built_for(fa_module, p, backward))
+        if not supported:
             raise RuntimeError(
-                f"flash_attn.is_supported({p.device}, {DTYPE_NAMES[p.dtype]}, head_dim={p.headdim}) is False"
+                f"flash_attn.is_supported({p.device}, {DTYPE_NAMES[p.dtype]}, head_dim={p.headdim}) is False and "
+                f"the build has no {mask_kind(p)} kernels of that bucket"
             )
         if p.feature == "varlen":
             cu = torch.arange(0, p.seqlen_q + 1, p.doc_len, dtype=torch.int32, device=p.device)
