@@ -15,7 +15,7 @@
 #        (KV head counts, each timed in turn; 0 = MHA, the default) AB_ARG_SETS="--feature softcap;--doc-len 512"
 #        (beyond the table: each ;-separated set of bench_attention.py arguments timed after the plain run, in the same
 #        rounds and order; SDPA peers refuse the features, so those rows compare the variants with each other)
-#        AB_JOBS=16 (compile jobs) AB_NVCC_CACHE=0 (no shared object cache, every variant built at once)]
+#        AB_JOBS=16 (compile jobs) AB_COMPILE_CACHE=0 (no shared object cache, every variant built at once)]
 #        tools/ab_bench.sh   (build knobs FLASH_ATTN_* and REP_MS from the environment)
 set -uo pipefail
 # FLASH_ATTN_MASKS="none;causal" compiles a third fewer kernels: the benchmark runs the calls whose mask kind is built
@@ -54,16 +54,18 @@ REP_MS="${REP_MS:-30}"; ROUNDS="${AB_ROUNDS:-3}"; TESTS="${AB_TESTS:-}"; AB_HEAD
 
 name_of() { [ "$1" = "." ] && echo new || basename "$1"; }
 start=$(date +%s)
-# The variants share an object cache (tools/nvcc_cache.py): the first to build compiles alone with every job, then
-# the others in parallel, each compiling only the units its overlay changed (a csrc/sm90 overlay reuses the portable
-# kernels'). In the forty-fifth session three trees of 8 head dims built side by side, 5 jobs each, took 413 s. On a
-# 2-core machine (hd 64 forward build) a tree with one sm90 header changed reused 10 of its 12 CUDA objects.
-# AB_NVCC_CACHE=0: every variant at once, without the cache.
-CACHE="$WORK/.nvcc_cache"; JOBS=${AB_JOBS:-16}
+# The variants share an object cache (tools/compile_cache.py, for nvcc and, through tools/cxx_cache.sh, the C++
+# compiler): the first to build compiles alone with every job, then the others in parallel, each compiling only the
+# units its overlay changed (a csrc/sm90 overlay reuses the portable kernels' and the 18 torch-header C++ files').
+# In the forty-fifth session three trees of 8 head dims built side by side, 5 jobs each, took 413 s. On a 2-core
+# machine (hd 64 forward build) a tree with one sm90 header changed reused 10 of its 12 CUDA objects.
+# AB_COMPILE_CACHE=0: every variant at once, without the cache.
+CACHE="$WORK/.compile_cache"; JOBS=${AB_JOBS:-16}
 build_variant() {  # $1: variant, $2: jobs
   local name dir; name=$(name_of "$1"); dir="$WORK/$name"
-  (cd "$dir" && export MAX_JOBS="$2" && if [ "${AB_NVCC_CACHE:-1}" = 1 ]; then
-     export NVCC_CACHE_DIR="$CACHE" NVCC_CACHE_ROOT="$dir" PYTORCH_NVCC="python3 $ROOT/tools/nvcc_cache.py"; fi &&
+  (cd "$dir" && export MAX_JOBS="$2" && if [ "${AB_COMPILE_CACHE:-1}" = 1 ]; then
+     export COMPILE_CACHE_DIR="$CACHE" COMPILE_CACHE_ROOT="$dir" PYTORCH_NVCC="python3 $ROOT/tools/compile_cache.py"
+     export COMPILE_CACHE_CXX="${CXX:-c++}" CXX="$ROOT/tools/cxx_cache.sh"; fi &&
    { python3 setup.py build_ext --inplace > "$OUT/build_$name.log" 2>&1 && touch .ab_built; } ||
    echo "BUILD $name FAILED")
 }
@@ -77,7 +79,7 @@ for v in "${VARIANTS[@]}"; do
   if [ "$v" != "." ]; then (cd "$ROOT/$v" && find . -type f) | while read -r f; do cp "$ROOT/$v/$f" "$dir/$f"; done; fi
   pending+=("$v")
 done
-if [ "${AB_NVCC_CACHE:-1}" = 1 ] && [ ${#pending[@]} -gt 1 ]; then
+if [ "${AB_COMPILE_CACHE:-1}" = 1 ] && [ ${#pending[@]} -gt 1 ]; then
   build_variant "${pending[0]}" "$JOBS"
   echo "first build (${pending[0]}): $(( $(date +%s) - start ))s with $JOBS jobs"
   pending=("${pending[@]:1}")
@@ -86,7 +88,7 @@ for v in "${pending[@]}"; do
   build_variant "$v" $(( JOBS / ${#pending[@]} > 0 ? JOBS / ${#pending[@]} : 1 )) &
 done
 wait
-reused=$(cat "$OUT"/build_*.log 2>/dev/null | grep -c "nvcc_cache: hit")
+reused=$(cat "$OUT"/build_*.log 2>/dev/null | grep -c "compile_cache: hit")
 echo "builds: $(( $(date +%s) - start ))s; objects reused: $reused"
 grep -l "BUILD\|error:" "$OUT"/build_*.log 2>/dev/null | head
 

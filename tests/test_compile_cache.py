@@ -1,6 +1,6 @@
-# tools/nvcc_cache.py, the object cache of tools/ab_bench.sh's variant builds, with a stand-in compiler: a copy of the
-# tree whose unit and included files match an earlier copy's reuses its object (depfile paths moved to the new copy);
-# a changed header, flag or source compiles again.
+# tools/compile_cache.py, the object cache of tools/ab_bench.sh's variant builds, with a stand-in compiler: a copy of
+# the tree whose unit and included files match an earlier copy's reuses its object (depfile paths moved to the new
+# copy); a changed header, flag or source compiles again.
 import os
 import pathlib
 import subprocess
@@ -9,7 +9,8 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-TOOL = ROOT / "tools" / "nvcc_cache.py"
+TOOL = ROOT / "tools" / "compile_cache.py"
+CXX_WRAPPER = ROOT / "tools" / "cxx_cache.sh"
 
 # Compiles by concatenating the source and its one header into the object, counting each run; writes a gcc depfile.
 FAKE_COMPILER = """
@@ -45,9 +46,9 @@ def make_copy(base: pathlib.Path, name: str, header: str = "int x;\n") -> pathli
 
 def compile_in(root: pathlib.Path, wrapper: pathlib.Path, cache: pathlib.Path, flag: str = "-O3"):
     out = root / "build" / "unit.o"
-    env = dict(os.environ, NVCC_CACHE_DIR=str(cache), NVCC_CACHE_ROOT=str(root), NVCC_CACHE_COMPILER=str(wrapper))
-    subprocess.run([sys.executable, str(TOOL), "-MD", "-MF", f"{out}.d", f"-I{root}/csrc", flag, "-c",
-                    str(root / "csrc" / "unit.cu"), "-o", str(out)], env=env, check=True)
+    env = dict(os.environ, COMPILE_CACHE_DIR=str(cache), COMPILE_CACHE_ROOT=str(root))
+    subprocess.run([sys.executable, str(TOOL), "--compiler", str(wrapper), "-MD", "-MF", f"{out}.d", f"-I{root}/csrc",
+                    flag, "-c", str(root / "csrc" / "unit.cu"), "-o", str(out)], env=env, check=True)
     return out
 
 
@@ -77,8 +78,21 @@ def test_without_a_cache_it_only_compiles(setup):
     root = make_copy(base, "a")
     for _ in range(2):
         out = root / "build" / "unit.o"
-        env = dict(os.environ, NVCC_CACHE_COMPILER=str(wrapper))
-        env.pop("NVCC_CACHE_DIR", None)
-        subprocess.run([sys.executable, str(TOOL), "-MD", "-MF", f"{out}.d", "-c", str(root / "csrc" / "unit.cu"),
-                        "-o", str(out)], env=env, check=True)
+        env = dict(os.environ)
+        env.pop("COMPILE_CACHE_DIR", None)
+        subprocess.run([sys.executable, str(TOOL), "--compiler", str(wrapper), "-MD", "-MF", f"{out}.d", "-c",
+                        str(root / "csrc" / "unit.cu"), "-o", str(out)], env=env, check=True)
     assert count.read_text() == "2"
+
+
+def test_cxx_wrapper_passes_the_real_compiler(setup):
+    """tools/cxx_cache.sh (CXX names one executable) runs the compiler COMPILE_CACHE_CXX names, through the cache."""
+    base, wrapper, count = setup
+    for name in ("a", "b"):
+        root = make_copy(base, name)
+        out = root / "build" / "unit.o"
+        env = dict(os.environ, COMPILE_CACHE_DIR=str(base / "cache"), COMPILE_CACHE_ROOT=str(root),
+                   COMPILE_CACHE_CXX=str(wrapper))
+        subprocess.run([str(CXX_WRAPPER), "-MD", "-MF", f"{out}.d", "-c", str(root / "csrc" / "unit.cu"), "-o",
+                        str(out)], env=env, check=True)
+    assert count.read_text() == "1"

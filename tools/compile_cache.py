@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""An object cache for the CUDA compiles of several copies of the tree (tools/ab_bench.sh variants): a translation
-unit whose source, flags and every file it includes are the same as in a copy built before reuses that object.
-Usage, as torch's nvcc (cpp_extension reads PYTORCH_NVCC): PYTORCH_NVCC="python3 tools/nvcc_cache.py" with
-NVCC_CACHE_DIR (the cache) and NVCC_CACHE_ROOT (this copy's root: its paths are stored relative to it); the real
-compiler is NVCC_CACHE_COMPILER, else $CUDA_HOME/bin/nvcc. Without NVCC_CACHE_DIR it only runs the compiler. A
-reused object's line info (-lineinfo) names the source files of the copy that compiled it, which hold the same text."""
+"""An object cache for the compiles of several copies of the tree (tools/ab_bench.sh variants): a translation unit
+whose source, flags and every file it includes are the same as in a copy built before reuses that object.
+Usage: as torch's nvcc (cpp_extension reads PYTORCH_NVCC), PYTORCH_NVCC="python3 tools/compile_cache.py"; as its C++
+compiler, CXX=tools/cxx_cache.sh (which passes --compiler); with COMPILE_CACHE_DIR (the cache) and COMPILE_CACHE_ROOT
+(this copy's root: its paths are stored relative to it). The real compiler is --compiler PATH (first argument), else
+$CUDA_HOME/bin/nvcc. Without COMPILE_CACHE_DIR, or for a command that compiles nothing (links, -v), it only runs the
+compiler. A reused object's line info names the source files of the copy that compiled it, which hold the same text."""
 
 import hashlib
 import json
@@ -19,9 +20,10 @@ ROOT_TOKEN = "@ROOT@"
 DEPFILE_FLAGS = ("-MF", "--dependency-output")
 
 
-def real_compiler() -> str:
-    if os.environ.get("NVCC_CACHE_COMPILER"):
-        return os.environ["NVCC_CACHE_COMPILER"]
+COMPILER_FLAG = "--compiler"
+
+
+def default_nvcc() -> str:
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
     return str(pathlib.Path(home) / "bin" / "nvcc")
 
@@ -51,12 +53,12 @@ def absolute(path: str, root: str) -> str:
     return root + path[len(ROOT_TOKEN):] if path.startswith(ROOT_TOKEN) else path
 
 
-def command_key(args: list[str], root: str, output: str, depfile: str | None) -> str:
+def command_key(compiler: str, args: list[str], root: str, output: str, depfile: str | None) -> str:
     """What the object depends on besides the included files' contents: the flags and the source's place in the tree
     (the output and depfile paths name build directories, which differ between copies)."""
     words = [ROOT_TOKEN if arg == root else arg.replace(root + "/", ROOT_TOKEN + "/")
              for arg in args if arg not in (output, depfile)]
-    return hashlib.sha256("\0".join([real_compiler(), *words]).encode()).hexdigest()
+    return hashlib.sha256("\0".join([compiler, *words]).encode()).hexdigest()
 
 
 def dependencies_match(entry: dict, root: str) -> bool:
@@ -91,14 +93,17 @@ def store(manifest: pathlib.Path, root: str, output: str, depfile: str) -> None:
 
 
 def main(args: list[str]) -> int:
-    compile_cmd = [real_compiler(), *args]
-    cache = os.environ.get("NVCC_CACHE_DIR")
-    root = os.environ.get("NVCC_CACHE_ROOT", "").rstrip("/")
+    compiler = default_nvcc()
+    if len(args) >= 2 and args[0] == COMPILER_FLAG:
+        compiler, args = args[1], args[2:]
+    compile_cmd = [compiler, *args]
+    cache = os.environ.get("COMPILE_CACHE_DIR")
+    root = os.environ.get("COMPILE_CACHE_ROOT", "").rstrip("/")
     output = option_value(args, ("-o",))
     depfile = option_value(args, DEPFILE_FLAGS)
     if not cache or not root or "-c" not in args or not output:
         return subprocess.call(compile_cmd)
-    manifest = pathlib.Path(cache) / command_key(args, root, output, depfile)
+    manifest = pathlib.Path(cache) / command_key(compiler, args, root, output, depfile)
     for record in sorted(manifest.glob("*.json")) if manifest.is_dir() else []:
         try:
             entry = json.loads(record.read_text())
@@ -106,7 +111,7 @@ def main(args: list[str]) -> int:
             continue
         if dependencies_match(entry, root):
             restore(manifest, entry, root, output, depfile)
-            print(f"nvcc_cache: hit {output[len(root) + 1:]}", file=sys.stderr)
+            print(f"compile_cache: hit {output[len(root) + 1:]}", file=sys.stderr)
             return 0
     status = subprocess.call(compile_cmd)
     # Only a unit whose depfile names every included file can be reused safely.
