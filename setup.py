@@ -127,8 +127,25 @@ def extension_modules():
                           extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags}, extra_link_args=openmp)]
 
 
+def compile_through_cache() -> None:
+    """With COMPILE_CACHE_DIR set (tools/ab_bench.sh's variant builds share objects), the ninja compile rules run
+    through tools/compile_cache.py: nvcc by PYTORCH_NVCC, the C++ compiler by standing in for torch's choice (CXX would
+    change the linker setuptools runs too). COMPILE_CACHE_CXX keeps the real compiler."""
+    if not os.environ.get("COMPILE_CACHE_DIR"):
+        return
+    from torch.utils import cpp_extension
+
+    os.environ.setdefault("COMPILE_CACHE_ROOT", str(ROOT))
+    os.environ.setdefault("COMPILE_CACHE_CXX", cpp_extension.get_cxx_compiler())
+    os.environ.setdefault("PYTORCH_NVCC", f"{sys.executable} {ROOT / 'tools' / 'compile_cache.py'}")
+    wrapper = str(ROOT / "tools" / "cxx_cache.sh")
+    cpp_extension.get_cxx_compiler = lambda: wrapper
+
+
 def build_ext_class():
     from torch.utils.cpp_extension import BuildExtension
+
+    compile_through_cache()
 
     class TimedBuildExtension(BuildExtension):
         def run(self):

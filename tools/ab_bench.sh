@@ -55,17 +55,18 @@ REP_MS="${REP_MS:-30}"; ROUNDS="${AB_ROUNDS:-3}"; TESTS="${AB_TESTS:-}"; AB_HEAD
 name_of() { [ "$1" = "." ] && echo new || basename "$1"; }
 start=$(date +%s)
 # The variants share an object cache (tools/compile_cache.py, for nvcc and, through tools/cxx_cache.sh, the C++
-# compiler): the first to build compiles alone with every job, then the others in parallel, each compiling only the
-# units its overlay changed (a csrc/sm90 overlay reuses the portable kernels' and the 18 torch-header C++ files').
-# In the forty-fifth session three trees of 8 head dims built side by side, 5 jobs each, took 413 s. On a 2-core
-# machine (hd 64 forward build) a tree with one sm90 header changed reused 10 of its 12 CUDA objects.
+# compiler of the compile rules): the first to build compiles alone with every job, then the others in parallel, each
+# compiling only the units its overlay changed (a csrc/sm90 overlay reuses the portable kernels' and the 18
+# torch-header C++ files'). In the forty-fifth session three trees of 8 head dims built side by side, 5 jobs each,
+# took 413 s. On a 2-core machine (hd 64 forward build) a tree with one sm90 header changed reused 10 of its 12 CUDA
+# objects.
 # AB_COMPILE_CACHE=0: every variant at once, without the cache.
 CACHE="$WORK/.compile_cache"; JOBS=${AB_JOBS:-16}
 build_variant() {  # $1: variant, $2: jobs
   local name dir; name=$(name_of "$1"); dir="$WORK/$name"
+  # setup.py routes the compiles through tools/compile_cache.py when COMPILE_CACHE_DIR is set.
   (cd "$dir" && export MAX_JOBS="$2" && if [ "${AB_COMPILE_CACHE:-1}" = 1 ]; then
-     export COMPILE_CACHE_DIR="$CACHE" COMPILE_CACHE_ROOT="$dir" PYTORCH_NVCC="python3 $ROOT/tools/compile_cache.py"
-     export COMPILE_CACHE_CXX="${CXX:-c++}" CXX="$ROOT/tools/cxx_cache.sh"; fi &&
+     export COMPILE_CACHE_DIR="$CACHE" COMPILE_CACHE_ROOT="$dir"; fi &&
    { python3 setup.py build_ext --inplace > "$OUT/build_$name.log" 2>&1 && touch .ab_built; } ||
    echo "BUILD $name FAILED")
 }

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """An object cache for the compiles of several copies of the tree (tools/ab_bench.sh variants): a translation unit
-whose source, flags and every file it includes are the same as in a copy built before reuses that object.
-Usage: as torch's nvcc (cpp_extension reads PYTORCH_NVCC), PYTORCH_NVCC="python3 tools/compile_cache.py"; as its C++
-compiler, CXX=tools/cxx_cache.sh (which passes --compiler); with COMPILE_CACHE_DIR (the cache) and COMPILE_CACHE_ROOT
-(this copy's root: its paths are stored relative to it). The real compiler is --compiler PATH (first argument), else
-$CUDA_HOME/bin/nvcc. Without COMPILE_CACHE_DIR, or for a command that compiles nothing (links, -v), it only runs the
-compiler. A reused object's line info names the source files of the copy that compiled it, which hold the same text."""
+whose source, flags and every file it includes are the same as in a copy built before reuses that object. Usage:
+setup.py sets it up when COMPILE_CACHE_DIR (the cache) is set, with COMPILE_CACHE_ROOT (this copy's root: its paths
+are stored relative to it): as torch's nvcc (PYTORCH_NVCC="python3 tools/compile_cache.py") and as the C++ compiler
+of its compile rules (tools/cxx_cache.sh, which passes --compiler). The real compiler is --compiler PATH (first
+argument), else $CUDA_HOME/bin/nvcc. Without COMPILE_CACHE_DIR, or for a command that compiles nothing (links, -v),
+it only runs the compiler. A reused object's line info names the source files of the copy that compiled it, which
+hold the same text."""
 
 import hashlib
 import json
