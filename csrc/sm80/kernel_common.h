@@ -96,14 +96,20 @@ constexpr int kSmemAlign = 128;
 // (row_base a multiple of 8, col_base a multiple of 16) from loop indices: ldmatrix_offset(lane_offset, row_base,
 // col_base). Direct: row * kStride + col as one expression. SwizzledRows needs the split form; padded tiles take
 // the form of the kernel they are in (see the kernels), as the two give ptxas different register pressure.
-template <int kCols, bool kSplit = false>
-struct PaddedRows {
-  static constexpr int kStride = kCols + kSmemRowPad;
-  static constexpr bool kSplitAddress = kSplit;
+//
+// The load strategies every layout starts without; the wrappers below (OpaqueLaneOffset, WholeTileLoads,
+// FixedColumnLoads, GroupedColumnLoads) each turn one on.
+struct PlainLoads {
   static constexpr bool kOpaqueLaneOffset = false;
   static constexpr bool kWholeTileBranch = false;
   static constexpr bool kFixedColumnLoads = false;
   static constexpr bool kGroupedColumnLoads = false;
+};
+
+template <int kCols, bool kSplit = false>
+struct PaddedRows : PlainLoads {
+  static constexpr int kStride = kCols + kSmemRowPad;
+  static constexpr bool kSplitAddress = kSplit;
   static constexpr int kRowPeriod = 1;  // offset(row + kRowPeriod, col) == offset(row, col) + kRowPeriod * kStride
   static constexpr __host__ __device__ int offset(int row, int col) { return row * kStride + col; }
   static constexpr __host__ __device__ int lane_offset(int row_lane, int col_lane) {
@@ -124,15 +130,11 @@ struct PaddedRows {
 // ptxas keeps at most one register per distinct col_base % 64 instead of one address per fragment (the direct
 // form spilled 328 bytes in the hd 256 forward).
 template <int kCols>
-struct SwizzledRows {
+struct SwizzledRows : PlainLoads {
   static_assert(kCols % kSegmentElems == 0, "swizzled rows are whole 128-byte segments");
   static constexpr int kStride = kCols;
   static constexpr bool kSplitAddress = true;
-  static constexpr bool kOpaqueLaneOffset = false;
   static constexpr int kChunksPerSegment = kSegmentElems / kChunkElems;
-  static constexpr bool kWholeTileBranch = false;
-  static constexpr bool kFixedColumnLoads = false;
-  static constexpr bool kGroupedColumnLoads = false;
   static constexpr int kRowPeriod = kChunksPerSegment;  // the XOR pattern repeats every 8 rows
   static constexpr __host__ __device__ int offset(int row, int col) {
     return row * kCols + (col ^ ((row % kChunksPerSegment) * kChunkElems));
@@ -154,16 +156,12 @@ struct SwizzledRows {
 // the hd 96 backward's Q / dO copies (28.5 M against 9.5 M, 1k; FA2, 64-byte swizzle, 2.0x). The XOR touches only
 // column bits 3-4, so the split form XORs col_base's bit 4 into the lane offset, as SwizzledRows does.
 template <int kCols>
-struct HalfSegmentSwizzledRows {
+struct HalfSegmentSwizzledRows : PlainLoads {
   static constexpr int kHalfSegmentElems = kSegmentElems / 2;
   static_assert(kCols % kSegmentElems == kHalfSegmentElems, "an odd number of 64-byte half segments per row");
   static constexpr int kStride = kCols;
   static constexpr bool kSplitAddress = true;
-  static constexpr bool kOpaqueLaneOffset = false;
   static constexpr int kChunksPerHalfSegment = kHalfSegmentElems / kChunkElems;
-  static constexpr bool kWholeTileBranch = false;
-  static constexpr bool kFixedColumnLoads = false;
-  static constexpr bool kGroupedColumnLoads = false;
   static constexpr int kRowPeriod = 2 * kChunksPerHalfSegment;  // the XOR pattern repeats every 8 rows
   static constexpr __host__ __device__ int offset(int row, int col) {
     return row * kCols + (col ^ ((row / 2 % kChunksPerHalfSegment) * kChunkElems));
@@ -182,16 +180,12 @@ struct HalfSegmentSwizzledRows {
 // 16-byte chunk index XORed with row % 8, as in SwizzledRows but segment-major. The blocks start 1024-byte aligned
 // (kRows a multiple of 8 and an aligned tile), which the swizzle's hardware address pattern assumes.
 template <int kRows, int kCols>
-struct SegmentSwizzledRows {
+struct SegmentSwizzledRows : PlainLoads {
   static_assert(kCols % kSegmentElems == 0 && kRows % kChunkElems == 0, "whole segments, whole 8-row periods");
   static constexpr int kBlockElems = kRows * kSegmentElems;  // one segment's block
   static constexpr int kStride = kSegmentElems;
   static constexpr bool kSplitAddress = true;
-  static constexpr bool kOpaqueLaneOffset = false;
   static constexpr int kChunksPerSegment = kSegmentElems / kChunkElems;
-  static constexpr bool kWholeTileBranch = false;
-  static constexpr bool kFixedColumnLoads = false;
-  static constexpr bool kGroupedColumnLoads = false;
   static constexpr int kRowPeriod = kChunksPerSegment;
   static constexpr __host__ __device__ int offset(int row, int col) {
     return (col / kSegmentElems) * kBlockElems + row * kSegmentElems +
