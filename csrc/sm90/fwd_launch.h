@@ -152,9 +152,11 @@ void launch_split_combine(const FwdParams& params, cudaStream_t stream) {
 
 // kSchedule, kTile, kPersistent and kPolyEvery (lean kernels) / kPolyEveryGeneral (softcap / ALiBi kernels): the
 // policies' (fwd_schedule, fwd_tile_config, fwd_persistent, fwd_poly_exp_every{,_general}) unless a caller compares
-// others (tools/sm90_fwd_check.cu), at the head dim's storage bucket (fwd_storage_dim: hd 96 takes hd 128's).
+// others (tools/sm90_fwd_check.cu), at the head dim's storage bucket (fwd_storage_dim: hd 96 takes hd 128's), but
+// the tile at the bucket's own head dim, as dispatch/sm90_policy.cpp plans the grid with it (today both give the
+// same tile: fwd_tile_config's thresholds fall on whole segments).
 template <DType kDType, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule = fwd_schedule(fwd_storage_dim(kHeadDim)),
-          FwdTileConfig kTile = fwd_tile_config(fwd_storage_dim(kHeadDim), kMask),
+          FwdTileConfig kTile = fwd_tile_config(kHeadDim, kMask),
           bool kPersistent = fwd_persistent(fwd_storage_dim(kHeadDim), kMask),
           int kPolyEvery = fwd_poly_exp_every(fwd_storage_dim(kHeadDim)),
           int kPolyEveryGeneral = fwd_poly_exp_every_general(fwd_storage_dim(kHeadDim))>
