@@ -44,10 +44,10 @@ struct FwdTileConfig {
 
 // Calls without a mask run the persistent kernel (fwd_kernel.h kPersistent: CTAs stride over the tiles, the next
 // tile's loads overlap the current tile's tail), fwd_persistent_pays picking a CTA per SM or one CTA per tile. So do
-// masked calls at hd 64 and 128, the buckets where a CTA per SM paid (fwd_masked_persistent_max_keys); the others
-// keep one tile per CTA until timed.
+// masked calls at hd 64, 128 and 192 (160 is stored as 192), the buckets where a CTA per SM paid or is being timed
+// (fwd_masked_persistent_max_keys); hd 256 keeps one tile per CTA (measured below).
 constexpr bool fwd_persistent(int head_dim, MaskKind mask) {
-  return mask == MaskKind::kNone || head_dim == 64 || head_dim == 128;
+  return mask == MaskKind::kNone || head_dim == 64 || head_dim == 128 || head_dim == 192;
 }
 
 // A CTA per SM where a tile is a few key blocks, so its prologue (barrier setup, Q and first K / V loads) is exposed
@@ -65,10 +65,13 @@ constexpr int64_t kFwdPersistentMaxKeys = 2048;
 // 0.77 -> 0.81 (327 -> 340 TFLOP/s), 2k 0.87 -> 0.87. With the chunked order (fwd_masked_tiles_in_chunks), hd 128
 // causal 2k one tile per CTA -> a CTA per SM 441-449 -> 479 in both rounds (thirtieth session); hd 256 with chunks
 // 512 / 1k 234 / 378 -> 235 / 364-377, no gain, so it stays one tile per CTA. Windows (kLocal) keep hd 128's 1k,
-// where they were measured: the 2k step was timed on causal calls only. 0: never a CTA per SM.
+// where they were measured: the 2k step was timed on causal calls only. hd 192 (and 160, stored as 192) takes hd 64's
+// 2k with chunks (forty-fifth session, not yet timed): it carries the tile tail (fwd_carries_tile_tail) as hd 256
+// does not, which gave hd 192 non-causal 512 / 1k 0.83 / 0.87 -> 0.88 / 0.93x cuDNN; its causal 1k runs at 0.81x
+// (hd 160, 338 TFLOP/s against 419). Predicted causal 512 / 1k +5-10 %. 0: never a CTA per SM.
 constexpr int64_t fwd_masked_persistent_max_keys(int head_dim, MaskKind mask) {
   if (head_dim == 128) return mask == MaskKind::kCausal ? 2048 : 1024;
-  return head_dim == 64 ? 2048 : 0;
+  return head_dim == 64 || head_dim == 192 ? 2048 : 0;
 }
 
 // Whether persistent CTAs walk masked tiles in chunks of the head-major order (tile_order.h masked_tile_at) instead of
@@ -81,7 +84,7 @@ constexpr int64_t fwd_masked_persistent_max_keys(int head_dim, MaskKind mask) {
 // a CTA ~2 tiles at 2k, where the old order's tighter balance counts more than its K / V traffic). Causal only: the
 // chunks' balance rests on causal tiles' weights, and windows were not timed in them.
 constexpr bool fwd_masked_tiles_in_chunks(int head_dim, MaskKind mask) {
-  return head_dim == 128 && mask == MaskKind::kCausal;
+  return (head_dim == 128 || head_dim == 192) && mask == MaskKind::kCausal;
 }
 
 constexpr bool fwd_persistent_pays(int head_dim, MaskKind mask, int64_t seqlen_k) {
