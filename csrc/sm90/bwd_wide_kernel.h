@@ -126,9 +126,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
   constexpr BwdWideSplit kSplit = bwd_wide_split(kScoreDim, kBlockM);
   static_assert(kSplit.columns0 % kSegmentElems == 0 && kSplit.columns0 + kSplit.columns1 <= kHeadDim,
                 "consumer 1's columns start on a 64-column segment, inside the stored columns");
-  static_assert(!kBwdDeterministicDqOrderedWide ||
-                    (kSplit.columns0 == kSplit.columns1 && 2 * kSplit.queries0 == kBlockM),
-                "the ordered dQ writers (bwd_ordered_dq.h) read two equal consumers' boxes");
 
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = align_dynamic_smem(smem_raw);
@@ -171,7 +168,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
     } else if (dq_ordered) {
       const int writer = static_cast<int>(threadIdx.x) / kWarpSize - kBwdDqFirstWriterWarp;
       if (writer >= 0 && writer < kBwdDqWriters) {
-        write_ordered_dq_wide<Layout, kHeadDim, kBlockM, kBlockN, kStages>(args, BwdCta<kBlockM, kBlockN>(args),
+        write_ordered_dq_wide<Layout, kSplit, kBlockM, kBlockN, kStages>(args, BwdCta<kBlockM, kBlockN>(args),
                                                                           ring_tiles, writer);
       }
     }
