@@ -176,13 +176,10 @@ __device__ __forceinline__ void write_ordered_dq(const BwdKernelArgs& args, cons
 constexpr int kBwdWideDqFullBarrier = 8;  // + 2 (i % kBwdDqWriters) + consumer: the wide kernel's 8 and 9 are its
                                           // staging barrier, which ordered calls do not use
 static_assert(kBwdWideDqFullBarrier + kBwdConsumerWarpgroups * kBwdDqWriters <= 16, "named barrier ids end at 15");
-template <typename Layout, int kHeadDim, int kBlockM, int kBlockN, int kStages>
+// kSplit: the consumers' columns (bwd_tile_config.h bwd_wide_split), consumer 1's from kSplit.columns0.
+template <typename Layout, BwdWideSplit kSplit, int kBlockM, int kBlockN, int kStages>
 __device__ __forceinline__ void write_ordered_dq_wide(const BwdKernelArgs& args, const BwdCta<kBlockM, kBlockN>& cta,
                                                       const BwdRing<Layout, kStages>& ring_tiles, int writer) {
-  constexpr int kColumns = kHeadDim / kBwdConsumerWarpgroups;
-  constexpr int kColumnSegments = kColumns / kSegmentElems;
-  constexpr int kDqBoxes = kColumns / kDqSlotGroup;
-  constexpr int kBoxesPerSlot = kDqBoxes / 2;
   constexpr int kBoxBytes = kDqSlotGroup * kBlockM * static_cast<int>(sizeof(float));
   const int lane = threadIdx.x % kWarpSize;
   const BwdWorkspace& workspace = cta.workspace;
@@ -206,15 +203,19 @@ __device__ __forceinline__ void write_ordered_dq_wide(const BwdKernelArgs& args,
         const int row = static_cast<int>(head * workspace.dq_head_rows + cta.global_q_row0 +
                                          static_cast<int64_t>(m_block) * kBlockM);
         for (int c = 0; c < kBwdConsumerWarpgroups; ++c) {
-          const int column0 = c * kColumns;
+          // Consumer c's columns and its boxes' place, as it staged them (bwd_wide_kernel.h).
+          const int consumer_columns = c == 0 ? kSplit.columns0 : kSplit.columns1;
+          const int column0 = c == 0 ? 0 : kSplit.columns0;
+          const int boxes_per_slot = consumer_columns / kDqSlotGroup / 2;
           const int64_t columns = workspace.dq_row_stride - column0;
-          const int groups = columns <= 0 ? 0 : static_cast<int>((columns < kColumns ? columns : kColumns) / kDqSlotGroup);
+          const int64_t reached = columns < consumer_columns ? columns : consumer_columns;
+          const int groups = columns <= 0 ? 0 : static_cast<int>(reached / kDqSlotGroup);
           const int64_t segments = static_cast<int64_t>(slot.stage) * Layout::kRowsBytes +
-                                   static_cast<int64_t>(c) * kColumnSegments * kBlockM * kSegmentBytes;
+                                   static_cast<int64_t>(column0 / kSegmentElems) * kBlockM * kSegmentBytes;
           for (int g = 0; g < groups; ++g) {
-            const uint8_t* half = (g < kBoxesPerSlot ? ring_tiles.q_tiles : ring_tiles.do_tiles) + segments;
+            const uint8_t* half = (g < boxes_per_slot ? ring_tiles.q_tiles : ring_tiles.do_tiles) + segments;
             ptx::bulk_reduce_add_2d(&args.dq_map.map,
-                                    reinterpret_cast<const float*>(half + (g % kBoxesPerSlot) * kBoxBytes),
+                                    reinterpret_cast<const float*>(half + (g % boxes_per_slot) * kBoxBytes),
                                     column0 + g * kDqSlotGroup, row);
           }
         }

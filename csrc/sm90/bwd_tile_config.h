@@ -36,6 +36,29 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim) {
   return BwdTileConfig{block_m, kBwdRowsPerConsumer * kBwdConsumerWarpgroups, 2};
 }
 
+// How the wide kernel's two consumers share a step: consumer 0 computes S^T / dP^T for the step's first `queries0`
+// query rows and dK / dV / dQ for head-dim columns 0 .. columns0 - 1; consumer 1 the other kBlockM - queries0 rows
+// and columns columns0 .. columns0 + columns1 - 1. Both wait for each other once a step (the scores barrier), so the
+// step takes the longer consumer's GEMMs. Buckets 160 / 192 / 224 are stored as 256 columns; with an even split
+// consumer 1 multiplied 96 / 64 / 32 zero columns in each of dV, dK and dQ. Per step at hd 192 (64 keys x 64 queries,
+// MFLOP): 32 / 32 rows and 128 / 128 columns give 4.72 each; 16 / 48 rows and 128 / 64 columns 3.93 each (S^T / dP^T
+// 0.79 + 3.15, 2.36 + 1.57), 17 % less on the longer consumer; at hd 160, 16 / 48 and 128 / 32: 3.80 / 2.75 against
+// 4.46, 15 % less. Rows go by 16 (stmatrix.x4 stores 16 queries of P^T); at hd 224 the best split (32 / 32, 128 / 96)
+// keeps the longer consumer's 4.98. Predicted hd 160 / 192 backward +8-12 % if the consumers' GEMM chains bound the
+// step (forty-fifth session; not yet timed).
+struct BwdWideSplit {
+  int queries0;  // consumer 0's S^T / dP^T rows of a step; consumer 1 takes the rest of block_m
+  int columns0;  // consumer 0's dK / dV / dQ columns, from column 0 (whole 64-column segments)
+  int columns1;  // consumer 1's, from columns0: the bucket's columns left, a multiple of 32
+};
+constexpr bool kBwdWideBalancedSplit = true;
+constexpr int kBwdWideHalfColumns = kBwdWideHeadDim / 2;
+constexpr BwdWideSplit bwd_wide_split(int score_dim, int block_m) {
+  const int columns1 = kBwdWideBalancedSplit ? score_dim - kBwdWideHalfColumns : kBwdWideHalfColumns;
+  const bool shift_rows = kBwdWideBalancedSplit && columns1 <= kBwdWideHalfColumns / 2;
+  return BwdWideSplit{shift_rows ? block_m / 4 : block_m / 2, kBwdWideHalfColumns, columns1};
+}
+
 // How the two consumers share dQ = dS.K of a query block (bwd_kernel.h):
 //   kColumnHalves (hd 128): each computes 64 columns over all block_n keys, reading both consumers' dS^T (a named
 //                  barrier between them); the reductions into the fp32 accumulator are one tile's worth.
