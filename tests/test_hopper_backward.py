@@ -15,7 +15,7 @@ import flash_attn
 from flash_attn import flash_attn_func, flash_attn_varlen_func
 from flash_attn._native import C
 from flash_attn.reference import attention_ref, attention_varlen_ref
-from helpers import assert_close_fa, randn, reference_pair, varlen_tensors
+from helpers import assert_close_fa, cuda_kernel_names, randn, reference_pair, varlen_tensors
 
 HOPPER_ARCH = 90
 SWITCH = "FLASH_ATTN_HOPPER"
@@ -330,3 +330,23 @@ def test_fallback_runs_and_force_names_the_feature(monkeypatch, feature):
     monkeypatch.setenv(SWITCH, "force")
     with pytest.raises(RuntimeError, match=f"{SWITCH}=force.*{FALLBACKS[feature]}"):
         flash_attn.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+@pytest.mark.parametrize("causal,seqlen,hopper", [(False, 1024, True), (True, 1024, False), (True, 2048, True)])
+def test_auto_takes_head_dim_32_where_it_pays(monkeypatch, causal, seqlen, hopper):
+    """Under FLASH_ATTN_HOPPER=1 the hd 32 backward runs on the Hopper kernels unmasked and causal from 2k keys, shorter
+    causal calls on the portable kernels (sm90_policy.cpp sm90_bwd_pays); the gradients pass either way."""
+    mask = "causal" if causal else "none"
+    _require(torch.bfloat16, 32, mask)
+    if not any(k["arch"] == "sm80" and k["head_dim"] == 32 and k["mask"] == mask and k["dtype"] == "bf16"
+               and k["direction"] == "bwd" for k in flash_attn.built_kernels() if k["device"] == "cuda"):
+        pytest.skip("needs the portable bf16 hd 32 backward too (dispatch checks both paths)")
+    q, k, v = _leaves((2, seqlen, 8, 32), (2, seqlen, 8, 32), (2, seqlen, 8, 32))
+    dout = randn(2, seqlen, 8, 32, dtype=torch.bfloat16, device="cuda")
+    monkeypatch.setenv(SWITCH, "1")
+    out = flash_attn_func(q, k, v, causal=causal)
+    call = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    call()
+    names = cuda_kernel_names(call)
+    assert any("sm90::" in name for name in names) == hopper, names
+    _check_grads(out, (q, k, v), dout, lambda *x, **kw: attention_ref(*x, causal=causal, **kw))

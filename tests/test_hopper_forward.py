@@ -546,10 +546,11 @@ def test_switch_off_and_bad_value(monkeypatch):
         flash_attn_func(q, k, v)
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_auto_takes_unmasked_small_head_dims(monkeypatch, causal):
-    """Under FLASH_ATTN_HOPPER=1 unmasked hd 32 calls of 512+ keys run the Hopper forward (the 64 bucket's three consumer
-    warpgroups beat the portable kernel there) and causal ones the portable kernel (sm90_policy.cpp sm90_fwd_pays)."""
+@pytest.mark.parametrize("causal,seqlen,hopper", [(False, 1024, True), (True, 1024, False), (True, 2048, True)])
+def test_auto_takes_small_head_dims_where_they_pay(monkeypatch, causal, seqlen, hopper):
+    """Under FLASH_ATTN_HOPPER=1 unmasked hd 32 calls of 512+ keys run the Hopper forward (the 32 bucket's three
+    consumer warpgroups beat the portable kernel there), causal ones from 2k keys, shorter causal ones the portable
+    kernel (sm90_policy.cpp sm90_fwd_pays)."""
     mask = "causal" if causal else "none"
     _require(torch.bfloat16, 32, mask)
     portable = {(k["arch"], k["head_dim"], k["mask"]) for k in flash_attn.built_kernels()
@@ -558,9 +559,9 @@ def test_auto_takes_unmasked_small_head_dims(monkeypatch, causal):
         pytest.skip("needs the portable bf16 hd 32 forward too (dispatch checks both paths)")
     # Enough query tiles that the plan does not split the keys (choose_fwd_num_splits): a split call runs the portable
     # kernels, whatever the head dim (1 x 4 heads x 1k did, in the twenty-ninth session's first run of this test).
-    q, k, v = _qkv(4, 1024, 1024, 16, 16, 32, torch.bfloat16)
+    q, k, v = _qkv(4, seqlen, seqlen, 16, 16, 32, torch.bfloat16)
     monkeypatch.setenv(SWITCH, "1")
     call = lambda: flash_attn_func(q, k, v, causal=causal)
     call()
     names = cuda_kernel_names(call)
-    assert any("sm90::" in name for name in names) == (not causal), names
+    assert any("sm90::" in name for name in names) == hopper, names

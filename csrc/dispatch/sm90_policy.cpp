@@ -121,14 +121,18 @@ bool sm90_fwd_pays(const FwdParams& p) {
   // - above hd 64 it pays at every length: one key block or less (varlen documents of 128 tokens, hd 128) lost in the
   //   fifteenth session (135 / 143, causal 62 / 72) and wins since the persistent masked forward (twenty-first
   //   session sweep, forced Hopper / default: 160 / 138, causal 83 / 68; benchmarks/results/
-  //   2026-12-02-h200-sweep-both-sm90-s21.json).
-  constexpr int64_t kPaddedHeadDim = 32;
+  //   2026-12-02-h200-sweep-both-sm90-s21.json);
+  // - since the 32 bucket has its own kernels (forty-fifth session: forced Hopper, 210 heads, causal 1k / 4k / 16k 147
+  //   / 213 / 259 -> 165 / 241 / 303), masked hd 32 calls take it from 2k keys: the padded kernel's 4k 202 / 215 and
+  //   1k 141 / 163 above, +12-17 %, predict 4k ~228 / 215 and 1k ~158 / 163; not yet timed against the portable path.
+  constexpr int64_t kHeadDim32 = 32;
   constexpr int64_t kSmallHeadDim = 64;
   constexpr int64_t kMinKeysSmallHeadDim = 512;
   constexpr int64_t kMinKeysSmallHeadDimMasked = 1025;
+  constexpr int64_t kMinKeysHeadDim32Masked = 2048;
   if (p.shape.head_dim > kSmallHeadDim) return true;
   const bool masked = mask_kind(p.mask) != MaskKind::kNone;
-  if (p.shape.head_dim <= kPaddedHeadDim && masked) return false;
+  if (p.shape.head_dim <= kHeadDim32 && masked) return p.shape.seqlen_k >= kMinKeysHeadDim32Masked;
   return p.shape.seqlen_k >= (masked ? kMinKeysSmallHeadDimMasked : kMinKeysSmallHeadDim);
 }
 
@@ -145,10 +149,14 @@ bool sm90_bwd_pays(const BwdParams& p) {
   // hd 256 301 / 254, 278 / 240. Its plain calls take the same rules as the narrow kernel's.
   // hd 32 (the 64 bucket at 32 of 64 columns) since hd 64 steps over 128 query rows (twenty-eighth session, 64 heads,
   // Hopper forced / portable, 512 / 2k / 8k): 136 / 134, 203 / 188, 232 / 206; causal 71 / 81, 146 / 151, 201 / 195,
-  // so unmasked calls only.
+  // so unmasked calls only, until the 32 bucket got its own kernels (forty-fifth session, forced Hopper, 210 heads,
+  // causal 1k / 4k / 16k 129 / 204 / 241 -> 138 / 229 / 275): masked calls from 2k keys (predicted from the padded
+  // kernel's 2k 146 / 151 above, +7-14 %: ~160 / 151; not yet timed against the portable path).
   if (p.fwd.softcap > 0.0 || p.fwd.mask.alibi_slopes != nullptr) return true;
   constexpr int64_t kMinPlainHeadDim = 33;
-  return p.fwd.shape.head_dim >= kMinPlainHeadDim || mask_kind(p.fwd.mask) == MaskKind::kNone;
+  constexpr int64_t kMinKeysMaskedHeadDim32 = 2048;
+  return p.fwd.shape.head_dim >= kMinPlainHeadDim || mask_kind(p.fwd.mask) == MaskKind::kNone ||
+         p.fwd.shape.seqlen_k >= kMinKeysMaskedHeadDim32;
 }
 
 int64_t sm90_bwd_head_splits(const BwdParams& p, int num_sms) {
