@@ -124,7 +124,8 @@ bool sm90_fwd_pays(const FwdParams& p) {
   //   2026-12-02-h200-sweep-both-sm90-s21.json);
   // - since the 32 bucket has its own kernels (forty-fifth session: forced Hopper, 210 heads, causal 1k / 4k / 16k 147
   //   / 213 / 259 -> 165 / 241 / 303), masked hd 32 calls take it from 2k keys: the padded kernel's 4k 202 / 215 and
-  //   1k 141 / 163 above, +12-17 %, predict 4k ~228 / 215 and 1k ~158 / 163; not yet timed against the portable path.
+  //   1k 141 / 163 above, +12-17 %; measured (forty-sixth session, 210 heads, default / portable, causal): 2k 224 /
+  //   201, 4k 238 / 222, 16k 306 / 241, while at 1k the portable kernel stays ahead (168 against 165).
   constexpr int64_t kHeadDim32 = 32;
   constexpr int64_t kSmallHeadDim = 64;
   constexpr int64_t kMinKeysSmallHeadDim = 512;
@@ -151,7 +152,8 @@ bool sm90_bwd_pays(const BwdParams& p) {
   // Hopper forced / portable, 512 / 2k / 8k): 136 / 134, 203 / 188, 232 / 206; causal 71 / 81, 146 / 151, 201 / 195,
   // so unmasked calls only, until the 32 bucket got its own kernels (forty-fifth session, forced Hopper, 210 heads,
   // causal 1k / 4k / 16k 129 / 204 / 241 -> 138 / 229 / 275): masked calls from 2k keys (predicted from the padded
-  // kernel's 2k 146 / 151 above, +7-14 %: ~160 / 151; not yet timed against the portable path).
+  // kernel's 2k 146 / 151 above, +7-14 %; measured in the forty-sixth session, 210 heads, default / portable,
+  // causal: 2k 185 / 153, 4k 227 / 180, 16k 273 / 209; 1k both 119).
   if (p.fwd.softcap > 0.0 || p.fwd.mask.alibi_slopes != nullptr) return true;
   constexpr int64_t kMinPlainHeadDim = 33;
   constexpr int64_t kMinKeysMaskedHeadDim32 = 2048;

@@ -44,8 +44,10 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim) {
 // MFLOP): 32 / 32 rows and 128 / 128 columns give 4.72 each; 16 / 48 rows and 128 / 64 columns 3.93 each (S^T / dP^T
 // 0.79 + 3.15, 2.36 + 1.57), 17 % less on the longer consumer; at hd 160, 16 / 48 and 128 / 32: 3.80 / 2.75 against
 // 4.46, 15 % less. Rows go by 16 (stmatrix.x4 stores 16 queries of P^T); at hd 224 the best split (32 / 32, 128 / 96)
-// keeps the longer consumer's 4.98. Predicted hd 160 / 192 backward +8-12 % if the consumers' GEMM chains bound the
-// step (forty-fifth session; not yet timed).
+// keeps the longer consumer's 4.98. Predicted hd 160 / 192 backward +8-12 %; measured (forty-sixth session, 16k
+// tokens, 1k / 4k / 16k, TFLOP/s, halves -> this split): hd 160 244 / 291 / 298 -> 265 / 323 / 336, causal 185 /
+// 255 / 278 -> 200 / 297 / 333; hd 192 255 / 314 / 323 -> 289 / 356 / 369, causal 201 / 275 / 311 -> 209 / 318 /
+// 352; hd 224 level (+0-5 %, causal 1k 206 -> 199).
 struct BwdWideSplit {
   int queries0;  // consumer 0's S^T / dP^T rows of a step; consumer 1 takes the rest of block_m
   int columns0;  // consumer 0's dK / dV / dQ columns, from column 0 (whole 64-column segments)

@@ -66,9 +66,11 @@ constexpr int64_t kFwdPersistentMaxKeys = 2048;
 // causal 2k one tile per CTA -> a CTA per SM 441-449 -> 479 in both rounds (thirtieth session); hd 256 with chunks
 // 512 / 1k 234 / 378 -> 235 / 364-377, no gain, so it stays one tile per CTA. Windows (kLocal) keep hd 128's 1k,
 // where they were measured: the 2k step was timed on causal calls only. hd 192 (and 160, stored as 192) takes hd 64's
-// 2k with chunks (forty-fifth session, not yet timed): it carries the tile tail (fwd_carries_tile_tail) as hd 256
-// does not, which gave hd 192 non-causal 512 / 1k 0.83 / 0.87 -> 0.88 / 0.93x cuDNN; its causal 1k runs at 0.81x
-// (hd 160, 338 TFLOP/s against 419). Predicted causal 512 / 1k +5-10 %. 0: never a CTA per SM.
+// 2k with chunks: it carries the tile tail (fwd_carries_tile_tail) as hd 256 does not, which gave hd 192
+// non-causal 512 / 1k 0.83 / 0.87 -> 0.88 / 0.93x cuDNN. Predicted causal 512 / 1k +5-10 %; measured (forty-sixth
+// session, causal, medians of 2 rounds, one tile per CTA -> a CTA per SM): hd 160 512 / 1k / 2k 222 / 357 / 466 ->
+// 255 / 384 / 473, hd 192 237 / 382 / 483 -> 271 / 392 / 501. hd 224 with the same (sm90-short-224) was level.
+// 0: never a CTA per SM.
 constexpr int64_t fwd_masked_persistent_max_keys(int head_dim, MaskKind mask) {
   if (head_dim == 128) return mask == MaskKind::kCausal ? 2048 : 1024;
   return head_dim == 64 || head_dim == 192 ? 2048 : 0;
