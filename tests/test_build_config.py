@@ -1,7 +1,7 @@
 # The build's arch selection (tools/kernel_matrix.py) and the extension loader (flash_attn/_native.py), without a GPU:
 # FLASH_ATTN_CUDA_ARCHS entries become SASS / PTX -gencode flags, the default embeds compute_80 PTX for GPUs newer
 # than the SASS, a visible GPU narrows the default to its own arch; a source tree without (or with a mismatched)
-# compiled extension raises an ImportError that says what to run.
+# compiled extension raises an ImportError that says what to run; generated kernel units independent of the kernel set.
 import pathlib
 import subprocess
 import sys
@@ -55,6 +55,24 @@ def test_hopper_kernels_take_the_whole_segment_buckets():
                       for head_dim in (32, 64, 96, 128, 160, 192, 224, 256)}
     portable = {spec.head_dim for spec in specs if spec.arch == "sm80" and spec.direction == "fwd"}
     assert portable == set(kernel_matrix.HEAD_DIM_BUCKETS)
+
+
+def test_generated_units_do_not_depend_on_the_kernel_set(tmp_path):
+    """A generated kernel unit is the same text whatever else the build knobs select, and does not include the kernel
+    table (which lists the whole set): changing FLASH_ATTN_HEAD_DIMS recompiles only the units it adds and the two
+    files that include the table, and tools/ab_bench.sh's narrowed variants reuse the first variant's objects."""
+    import gen_kernels
+    knobs = {kernel_matrix.ARCHS_KNOB: "90", "FLASH_ATTN_DTYPES": "bf16", "FLASH_ATTN_MASKS": "causal"}
+    wide = {path.name: path.read_text()
+            for _, path in gen_kernels.generate(tmp_path / "wide", {**knobs, "FLASH_ATTN_HEAD_DIMS": "64;96;128"})}
+    narrow = {path.name: path.read_text()
+              for _, path in gen_kernels.generate(tmp_path / "narrow", {**knobs, "FLASH_ATTN_HEAD_DIMS": "96"})}
+    assert narrow and set(narrow) < set(wide)
+    for name, text in narrow.items():
+        assert text == wide[name]
+        assert "kernel_table.h" not in text
+    table = (tmp_path / "wide" / gen_kernels.GENERATED_DIR / "kernel_table.h").read_text()
+    assert all(name.removesuffix(".cu") in table for name in wide)
 
 
 def test_generated_wgmma_header_is_current():

@@ -64,9 +64,13 @@ start=$(date +%s)
 CACHE="$WORK/.compile_cache"; JOBS=${AB_JOBS:-16}
 build_variant() {  # $1: variant, $2: jobs
   local name dir; name=$(name_of "$1"); dir="$WORK/$name"
-  # setup.py routes the compiles through tools/compile_cache.py when COMPILE_CACHE_DIR is set.
+  # setup.py routes the compiles through tools/compile_cache.py when COMPILE_CACHE_DIR is set. An overlay's
+  # AB_HEADDIMS file (bucket head dims, e.g. "96" or "160,192") narrows its build to those buckets too: each generated
+  # unit declares only its own kernel (tools/gen_kernels.py), so the narrowed build compiles what its overlay changed
+  # there and reuses the rest of the first variant's objects.
   (cd "$dir" && export MAX_JOBS="$2" && if [ "${AB_COMPILE_CACHE:-1}" = 1 ]; then
      export COMPILE_CACHE_DIR="$CACHE" COMPILE_CACHE_ROOT="$dir"; fi &&
+   if [ -f AB_HEADDIMS ]; then export FLASH_ATTN_HEAD_DIMS="$(tr ',' ';' < AB_HEADDIMS | tr -d '[:space:]')"; fi &&
    { python3 setup.py build_ext --inplace > "$OUT/build_$name.log" 2>&1 && touch .ab_built; } ||
    echo "BUILD $name FAILED")
 }
@@ -117,7 +121,8 @@ for r in $(seq "$ROUNDS"); do
   for i in "${order[@]}"; do
     name=$(name_of "${VARIANTS[$i]}")
     impls="$IMPL,$PEER"
-    # An overlay may narrow its head dims with a file AB_HEADDIMS (e.g. a tile change that only hd 256 takes).
+    # An overlay may narrow its head dims with a file AB_HEADDIMS (e.g. a tile change that only hd 256 takes); its
+    # build has only those buckets (build_variant).
     hds="$HEADDIMS"; [ -f "$WORK/$name/AB_HEADDIMS" ] && hds=$(cat "$WORK/$name/AB_HEADDIMS")
     for hk in ${AB_HEADS_K//,/ }; do  # 0: as many KV heads as query heads
       # Set 0 is the plain run; sets 1... are AB_ARG_SETS in turn (files r<round>_<variant>_hk<n>_s<set>).

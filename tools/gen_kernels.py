@@ -18,14 +18,20 @@ MASK_ENUM = {"none": "kNone", "causal": "kCausal", "local": "kLocal"}
 
 
 def _translation_unit(spec: kernel_matrix.KernelSpec) -> str:
+    # A unit declares its own launch function instead of including kernel_table.h: the table lists every kernel of
+    # the build, so units that included it recompiled whenever the build knobs changed the set, and builds of two
+    # knob sets (tools/ab_bench.sh variants narrowed by AB_HEADDIMS) shared no object (tools/compile_cache.py).
     source = kernel_matrix.KERNEL_SOURCES[(spec.arch, spec.direction)]
+    signature = f"void {spec.name}(const flash::{PARAMS_TYPE[spec.direction]}& params, void* stream)"
     return (
         HEADER_NOTE
-        + '#include "kernels/generated/kernel_table.h"\n'
+        + '#include "flash_attn/params.h"\n'
         + f'#include "{pathlib.Path(source).relative_to("csrc").as_posix()}"\n\n'
-        + f"void flash::kernels::{spec.name}(const flash::{PARAMS_TYPE[spec.direction]}& params, void* stream) {{\n"
+        + "namespace flash::kernels {\n"
+        + f"{signature} {{\n"
         + f"  flash::{spec.arch}::run_{spec.direction}<flash::DType::{DTYPE_ENUM[spec.dtype]}, {spec.head_dim}, "
         + f"flash::MaskKind::{MASK_ENUM[spec.mask]}>(params, stream);\n}}\n"
+        + "}  // namespace flash::kernels\n"
     )
 
 
