@@ -124,19 +124,23 @@ for r in $(seq "$ROUNDS"); do
     # An overlay may narrow its head dims with a file AB_HEADDIMS (e.g. a tile change that only hd 256 takes); its
     # build has only those buckets (build_variant).
     hds="$HEADDIMS"; [ -f "$WORK/$name/AB_HEADDIMS" ] && hds=$(cat "$WORK/$name/AB_HEADDIMS")
+    # The variant's runs of this round in one process (tools/bench_runs.py: one start-up of torch, CUDA and the
+    # extension), a log and JSON file each.
+    runs="$OUT/.runs_r${r}_$name"; : > "$runs"
     for hk in ${AB_HEADS_K//,/ }; do  # 0: as many KV heads as query heads
       # Set 0 is the plain run; sets 1... are AB_ARG_SETS in turn (files r<round>_<variant>_hk<n>_s<set>).
       IFS=';' read -r -a arg_sets <<< ";${AB_ARG_SETS:-}"
       for s in "${!arg_sets[@]}"; do
         [ "$s" -gt 0 ] && [ -z "${arg_sets[$s]// /}" ] && continue
         tag="hk$hk"; [ "$s" -gt 0 ] && tag="hk${hk}_s$s"
-        (cd "$WORK/$name" && export PYTHONPATH="$PWD" &&
-          python3 benchmarks/bench_attention.py --impls "$impls" --direction "$DIRECTION" --headdim "$hds" \
-          --seqlen "$SEQLENS" --causal both --rep-ms "$REP_MS" ${AB_HIDDEN:+--hidden "$AB_HIDDEN"} \
-          --heads-k "$hk" ${AB_BENCH_ARGS:-} ${arg_sets[$s]} --out "$OUT/r${r}_${name}_$tag.json" \
-          > "$OUT/r${r}_${name}_$tag.log" 2>&1) || echo "bench $name round $r $tag (${arg_sets[$s]:-plain}) failed"
+        printf '%s\t%s\n' "$OUT/r${r}_${name}_$tag.log" "--impls $impls --direction $DIRECTION --headdim $hds \
+--seqlen $SEQLENS --causal both --rep-ms $REP_MS ${AB_HIDDEN:+--hidden $AB_HIDDEN} --heads-k $hk ${AB_BENCH_ARGS:-} \
+${arg_sets[$s]} --out $OUT/r${r}_${name}_$tag.json" >> "$runs"
       done
     done
+    (cd "$WORK/$name" && export PYTHONPATH="$PWD" && python3 tools/bench_runs.py "$runs") ||
+      echo "bench $name round $r: a run failed (its log says which)"
+    rm -f "$runs"
     if [ "${AB_KVCACHE:-0}" = 1 ]; then
       (cd "$WORK/$name" && export PYTHONPATH="$PWD" &&
         python3 benchmarks/bench_kvcache.py --graph --rep-ms "$REP_MS" ${AB_KVCACHE_ARGS:-} \
