@@ -15,6 +15,7 @@
 #        (KV head counts, each timed in turn; 0 = MHA, the default) AB_ARG_SETS="--feature softcap;--doc-len 512"
 #        (beyond the table: each ;-separated set of bench_attention.py arguments timed after the plain run, in the same
 #        rounds and order; SDPA peers refuse the features, so those rows compare the variants with each other)
+#        AB_CHECK_ROUNDS=1 (rounds that check every call against the fp32 reference; later ones only time)
 #        AB_JOBS=16 (compile jobs) AB_COMPILE_CACHE=0 (no shared object cache, every variant built at once)]
 #        tools/ab_bench.sh   (build knobs FLASH_ATTN_* and REP_MS from the environment)
 set -uo pipefail
@@ -127,6 +128,10 @@ for r in $(seq "$ROUNDS"); do
     # The variant's runs of this round in one process (tools/bench_runs.py: one start-up of torch, CUDA and the
     # extension), a log and JSON file each.
     runs="$OUT/.runs_r${r}_$name"; : > "$runs"
+    # Rounds after the first AB_CHECK_ROUNDS (default 1) skip the fp32 reference: the first checked every variant on
+    # every shape, and a backward run spent most of its time outside the timed loops (forty-sixth session: 18 shapes
+    # at 16k tokens, 35 s a run, ~7 s of it timed).
+    check=""; [ "$r" -gt "${AB_CHECK_ROUNDS:-1}" ] && check="--no-check"
     for hk in ${AB_HEADS_K//,/ }; do  # 0: as many KV heads as query heads
       # Set 0 is the plain run; sets 1... are AB_ARG_SETS in turn (files r<round>_<variant>_hk<n>_s<set>).
       IFS=';' read -r -a arg_sets <<< ";${AB_ARG_SETS:-}"
@@ -135,7 +140,7 @@ for r in $(seq "$ROUNDS"); do
         tag="hk$hk"; [ "$s" -gt 0 ] && tag="hk${hk}_s$s"
         printf '%s\t%s\n' "$OUT/r${r}_${name}_$tag.log" "--impls $impls --direction $DIRECTION --headdim $hds \
 --seqlen $SEQLENS --causal both --rep-ms $REP_MS ${AB_HIDDEN:+--hidden $AB_HIDDEN} --heads-k $hk ${AB_BENCH_ARGS:-} \
-${arg_sets[$s]} --out $OUT/r${r}_${name}_$tag.json" >> "$runs"
+${arg_sets[$s]} $check --out $OUT/r${r}_${name}_$tag.json" >> "$runs"
       done
     done
     (cd "$WORK/$name" && export PYTHONPATH="$PWD" && python3 tools/bench_runs.py "$runs") ||
