@@ -8,6 +8,8 @@
 #include <cstdint>
 
 #include "flash_attn/bwd_workspace.h"
+#include "flash_attn/common/fast_tanh.h"
+#include "flash_attn/common/math.h"
 #include "flash_attn/common/mask.h"
 #include "flash_attn/params.h"
 #include "flash_attn/ptx/red_sm90.h"
@@ -209,6 +211,49 @@ __device__ __forceinline__ void produce_bwd_tiles(const BwdKernelArgs& args, con
                          &args.do_map, do_full, seg * kSegmentElems, head, q_row, cta.map_batch);
       }
     }
+  }
+}
+
+// The logit of a score in log2 units, as the forward's transform_scores forms it: softcap_log2 tanh(s tanh_scale) or
+// s scale_log2, less ALiBi's alibi_slope_log2 |distance| (general kernels; lean ones take s scale_log2). scale_log2
+// stays a kernel argument (BwdKernelArgs), read from the constant bank where the FFMA takes it.
+struct BwdLogit {
+  bool has_softcap;
+  float tanh_scale;
+  float softcap_log2;
+  __device__ explicit BwdLogit(const FwdParams& p)
+      : has_softcap(p.softcap > 0.0),
+        tanh_scale(has_softcap ? static_cast<float>(p.softmax_scale / p.softcap) : 0.f),  // members in order
+        softcap_log2(static_cast<float>(p.softcap * kLog2e)) {}
+};
+
+// P^T of one score: exp2 of its logit less its query row's LSE (log2 units), and, with softcap, the derivative
+// 1 - tanh^2 that dS^T takes (both kernels' per-score step, bwd_kernel.h and bwd_wide_kernel.h). The score's query
+// minus key position is distance_row + column, formed only with ALiBi (formed at the call, the general kernels' SASS
+// changed in ~6-11 k of their instructions).
+template <bool kGeneral>
+__device__ __forceinline__ float step_probability(const BwdLogit& logit, float scale_log2, float score,
+                                                  float alibi_slope_log2, float distance_row, int column,
+                                                  float lse, float& derivative) {
+  if constexpr (kGeneral) {
+    float z;
+    if (logit.has_softcap) {
+      const float th = fast_tanh(score * logit.tanh_scale);
+      z = logit.softcap_log2 * th;
+      derivative = 1.f - th * th;
+    } else {
+      z = score * scale_log2;
+    }
+    if (alibi_slope_log2 != 0.f) {
+      z -= alibi_slope_log2 * fabsf(distance_row + static_cast<float>(column));
+    }
+    return exp2f(z - lse);
+  } else {
+    (void)alibi_slope_log2;
+    (void)distance_row;
+    (void)column;
+    (void)derivative;
+    return exp2f(fmaf(score, scale_log2, -lse));
   }
 }
 

@@ -181,11 +181,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   const uint64_t k_dq_desc =
       ptx::smem_descriptor(k_tile + dq_segment * kBlockN * kSegmentBytes + dq_key0 * kSegmentBytes,
                            kBlockN * kSegmentBytes, ptx::kSwizzleAtomBytes);
-  // The general kernels' logit in log2 units, as the forward's transform_scores forms it: softcap_log2 tanh(s
-  // tanh_scale) or s scale_log2, less alibi_slope_log2 |distance|.
-  const bool has_softcap = p.softcap > 0.0;
-  const float tanh_scale = has_softcap ? static_cast<float>(p.softmax_scale / p.softcap) : 0.f;
-  const float softcap_log2 = static_cast<float>(p.softcap * kLog2e);
+  const BwdLogit logit(p);
   int ring = 0;       // Q / dO ring iterations, counted across key blocks (as the producer counts them)
   int loaded_kv = 0;  // key blocks whose K / V this consumer waited for
 
@@ -291,25 +287,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
         // ones wait for both and do both in one pass, so softcap's derivative 1 - tanh^2 needs no registers of its own
         // (stored, it spilled 156 bytes at hd 128).
         auto probability = [&](int j, int e, float score, float& derivative) {
-          const int col = stat_of(j, e);
-          float prob;
-          if constexpr (kGeneral) {
-            float z;
-            if (has_softcap) {
-              const float th = fast_tanh(score * tanh_scale);
-              z = softcap_log2 * th;
-              derivative = 1.f - th * th;
-            } else {
-              z = score * args.scale_log2;
-            }
-            if (alibi_slope_log2 != 0.f) {
-              z -= alibi_slope_log2 * fabsf(distance0[e / 2] + static_cast<float>(8 * j + (e % 2)));
-            }
-            prob = exp2f(z - step_stats[col]);
-          } else {
-            prob = exp2f(fmaf(score, args.scale_log2, -step_stats[col]));
-          }
-          return prob;
+          return step_probability<kGeneral>(logit, args.scale_log2, score, alibi_slope_log2,
+                                            distance0[e / 2], 8 * j + (e % 2),
+                                            step_stats[stat_of(j, e)], derivative);
         };
         // Scores outside the mask (or past either sequence) get P^T = 0 (and dS^T = 0), in a pass of its own behind one
         // uniform branch: tested inside `probability`, it compiled to a predicate bit test and a branch per score (64

@@ -202,9 +202,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
     // Slot groups of the dq accumulator's rows (bwd_padded_head_dim wide) this consumer's columns reach.
     const int dq_groups = static_cast<int>(
         std::max<int64_t>(std::min<int64_t>(kColumns, workspace.dq_row_stride - column0), 0) / kDqSlotGroup);
-    const bool has_softcap = p.softcap > 0.0;
-    const float tanh_scale = has_softcap ? static_cast<float>(p.softmax_scale / p.softcap) : 0.f;
-    const float softcap_log2 = static_cast<float>(p.softcap * kLog2e);
+    const BwdLogit logit(p);
     // Bulk dQ: a consumer's boxes of kDqSlotGroup columns x kBlockM rows, the first half in its two column segments of
     // the step's Q slot, the second in those of its dO slot (after its own dK / dV GEMMs nothing reads them: the
     // other consumer's read its own segments, and S^T / dP^T, which read every segment, finished before the scores
@@ -272,25 +270,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
                                                     seqlen_q, seqlen_k, offset);
           // Register 4j + 2r + e: key row keys[r], query column query0 + 8j + quad_col + e of the step.
           auto probability = [&](int j, int e, float score, float& derivative) {
-            const int col = query0 + 8 * j + quad_col + (e % 2);
-            float prob;
-            if constexpr (kGeneral) {
-              float z;
-              if (has_softcap) {
-                const float th = fast_tanh(score * tanh_scale);
-                z = softcap_log2 * th;
-                derivative = 1.f - th * th;
-              } else {
-                z = score * args.scale_log2;
-              }
-              if (alibi_slope_log2 != 0.f) {
-                z -= alibi_slope_log2 * fabsf(distance0[e / 2] + static_cast<float>(8 * j + (e % 2)));
-              }
-              prob = exp2f(z - step_stats[col]);
-            } else {
-              prob = exp2f(fmaf(score, args.scale_log2, -step_stats[col]));
-            }
-            return prob;
+            return step_probability<kGeneral>(logit, args.scale_log2, score, alibi_slope_log2,
+                                              distance0[e / 2], 8 * j + (e % 2),
+                                              step_stats[query0 + 8 * j + quad_col + (e % 2)], derivative);
           };
           auto score_gradient = [&](int j, int e, float prob, float d_prob, float derivative) {
             return prob * (d_prob - step_stats[kBlockM + query0 + 8 * j + quad_col + (e % 2)]) * derivative;
