@@ -31,6 +31,16 @@ REL_FLOOR = {
 }
 
 
+def load_module(relative_path):
+    """A repository script (benchmarks/, tools/) imported as a module, by its path under the repository root."""
+    import importlib.util
+    path = ROOT / relative_path
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def require_supported(device, dtype, headdim, backward=True):
     """Skip the calling test unless flash_attn reports support for (device, dtype, headdim); the forward alone
     with backward=False (inference calls such as flash_attn_with_kvcache)."""

@@ -1,20 +1,14 @@
 # benchmarks/bench_attention.py's kernel check for builds narrowed with FLASH_ATTN_MASKS: a call runs where the build
 # has its dtype, head-dim bucket and mask kind in each direction it needs, whatever the other mask kinds.
-import importlib.util
-import pathlib
-
 import pytest
 import torch
 
-BENCH = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "bench_attention.py"
+from helpers import load_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_attention", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module("benchmarks/bench_attention.py")
 
 
 class NarrowBuild:

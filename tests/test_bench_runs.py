@@ -1,21 +1,16 @@
 # tools/bench_runs.py, which runs tools/ab_bench.sh's benchmark runs of one variant and round in one process: each
 # run's output in its own log, a failed run (bad arguments, an exception) reported while the others still run, and one
 # real CPU run of benchmarks/bench_attention.py through it (checked, and with --no-check).
-import importlib.util
 import json
-import pathlib
 
 import pytest
 
-TOOL = pathlib.Path(__file__).resolve().parent.parent / "tools" / "bench_runs.py"
+from helpers import load_module
 
 
 @pytest.fixture(scope="module")
 def bench_runs():
-    spec = importlib.util.spec_from_file_location("bench_runs", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module("tools/bench_runs.py")
 
 
 def test_lines_name_a_log_and_arguments(bench_runs, tmp_path):
