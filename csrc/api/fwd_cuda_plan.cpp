@@ -1,4 +1,5 @@
-// plan_cuda_fwd (fwd_cuda_plan.h).
+// plan_cuda_fwd (fwd_cuda_plan.h): runs the torch-free forward plan (dispatch/fwd_plan.h, sm90_policy.h) on a checked
+// call and allocates the split-KV scratch it asks for through torch's caching allocator (no host sync).
 #include "fwd_cuda_plan.h"
 
 #include "../dispatch/device_attributes.h"

@@ -1,4 +1,5 @@
-// check_call() and helpers: every requirement the flash_attn ops place on their inputs (see input_checks.h).
+// check_call() and helpers: every requirement the flash_attn ops place on their inputs (see input_checks.h). A failed
+// check throws with the argument, the requirement, the value received and the fix; nothing is launched before.
 #include "input_checks.h"
 
 #include <ATen/ATen.h>

@@ -1,4 +1,5 @@
-// device_attributes (device_attributes.h): one query per attribute and device, then a cached copy.
+// device_attributes (device_attributes.h): one query per attribute and device (std::call_once per device), then the
+// cached copy, so that threads driving different devices may ask at once.
 #include "device_attributes.h"
 
 #include <mutex>

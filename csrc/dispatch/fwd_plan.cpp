@@ -1,4 +1,5 @@
-// Decode packing and split-KV choice for CUDA forward calls (fwd_plan.h).
+// Decode packing and split-KV choice for CUDA forward calls (fwd_plan.h): pure functions of the call's shape and the
+// device's SM count, so that tests/test_fwd_pages_policy.py builds and checks them on the CPU.
 #include "fwd_plan.h"
 
 #include <algorithm>

@@ -1,4 +1,5 @@
-// canonical_key() and the names of the key's parts (see flash_attn/kernel_key.h).
+// canonical_key() and the names of the key's parts (see flash_attn/kernel_key.h): the only place a call's head dim,
+// mask and window become a table key, so the registry, the launchers and the capability answers agree.
 #include "flash_attn/kernel_key.h"
 
 #include "kernels/generated/kernel_table.h"

@@ -1,4 +1,5 @@
-// The kernel table built from the generated FLASH_KERNEL_TABLE list, and lookups over it (registry.h).
+// The kernel table built from the generated FLASH_KERNEL_TABLE list, and lookups over it (registry.h). A key absent
+// from the build is a null lookup, which the binding layer reports with missing_kernel_message (the knobs to set).
 #include "registry.h"
 
 #include <algorithm>

@@ -1,4 +1,5 @@
-// hopper_switch(), sm90_fwd_declines() and sm90_bwd_declines() (sm90_policy.h).
+// hopper_switch(), sm90_fwd_declines() and sm90_bwd_declines() (sm90_policy.h), with the Hopper forward's per-call
+// plan (rows, key splits, GQA packing, pages in place). Torch-free: tests/test_sm90_fwd_plan.py checks it on the CPU.
 #include "sm90_policy.h"
 
 #include <algorithm>

@@ -1,4 +1,5 @@
-// The wgmma one-tile self test (wgmma_selftest.h).
+// The wgmma one-tile self test (wgmma_selftest.h): the SS or RS form at fp16 / bf16 on one tile, its fp32 registers
+// returned as stored; test-only, tests/test_ptx_wrappers.py computes the expected registers.
 #include "sm90/wgmma_selftest.h"
 
 #include <cuda_bf16.h>
