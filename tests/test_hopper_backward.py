@@ -240,12 +240,12 @@ def test_softcap_and_alibi(forced, feature, causal, head_dim):
     _check_grads(out, (q, k, v), dout, lambda *x, **kw: attention_ref(*x, **kwargs, **kw))
 
 
-@pytest.mark.parametrize("head_dim", [64, 96, 128, 160, 224, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 160, 192, 224, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic(forced, head_dim, causal):
-    """deterministic=True: up to hd 128 the key blocks add into one dq accumulator in a fixed order per query block
-    (csrc/sm90/bwd_ordered_dq.h), above it each CTA owns its dq accumulator and walks its key blocks in order; dq, dk,
-    dv are bitwise equal over repeated runs, and correct."""
+    """deterministic=True: the key blocks add into one dq accumulator in a fixed order per query block
+    (csrc/sm90/bwd_ordered_dq.h; above hd 128 only with kBwdDeterministicDqOrderedWide, else each CTA owns its dq
+    accumulator and walks its key blocks in order); dq, dk, dv are bitwise equal over repeated runs, and correct."""
     _require(torch.bfloat16, head_dim, "causal" if causal else "none")
     q, k, v = _leaves((2, 700, 4, head_dim), (2, 900, 2, head_dim), (2, 900, 2, head_dim))
     dout = randn(2, 700, 4, head_dim, dtype=torch.bfloat16, device="cuda")
@@ -267,10 +267,11 @@ def _repeatable_and_correct(run, inputs, dout, ref_fn):
     _check_grads(run(), inputs, dout, ref_fn)
 
 
-# The ordered dQ's orders (csrc/sm90/bwd_cta.h; arrival order up to 16 key blocks of 128, descending above):
-# arrival order with rotated walks (unmasked) and under a window, more key blocks than query blocks (ties at a
-# step), more query blocks than key blocks (causal), the descending order under a window, and more key blocks per
-# head than the GPU has SMs. test_deterministic_varlen: causal varlen with empty and ragged sequences.
+# The ordered dQ's orders (csrc/sm90/bwd_cta.h; arrival order up to 16 key blocks, of 128 keys up to hd 128 and of 64
+# above, descending beyond): arrival order with rotated walks (unmasked) and under a window, more key blocks than
+# query blocks (ties at a step), more query blocks than key blocks (causal), the descending order under a window, and
+# more key blocks per head than the GPU has SMs. test_deterministic_varlen: causal varlen with empty and ragged
+# sequences. The wide buckets (192, 256) take these orders only with kBwdDeterministicDqOrderedWide.
 ORDER_CASES = {
     "window": dict(shape=(2, 700, 900), window=(100, 50)),
     "keys_past_queries": dict(shape=(2, 130, 2000)),
@@ -281,7 +282,7 @@ ORDER_CASES = {
 
 
 @pytest.mark.parametrize("case", list(ORDER_CASES))
-@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
 def test_deterministic_orders(forced, case, head_dim):
     spec = ORDER_CASES[case]
     causal = spec.get("causal", False)
@@ -295,7 +296,7 @@ def test_deterministic_orders(forced, case, head_dim):
                             lambda *x, **kw: attention_ref(*x, **kwargs, **kw))
 
 
-@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
 def test_deterministic_varlen(forced, head_dim):
     _require(torch.bfloat16, head_dim, "causal")
     seqlens_q, seqlens_k = [300, 0, 517, 64], [260, 40, 700, 1]
