@@ -14,6 +14,7 @@
 #include "flash_attn/params.h"
 #include "flash_attn/ptx/red_sm90.h"
 #include "flash_attn/ptx/tma_load_sm90.h"
+#include "flash_attn/ptx/warpgroup_sm90.h"
 #include "flash_attn/tensor_map_sm90.h"
 #include "sm90/block_ranges.h"
 #include "sm90/kernel_common.h"
@@ -254,6 +255,52 @@ __device__ __forceinline__ float step_probability(const BwdLogit& logit, float s
     (void)column;
     (void)derivative;
     return exp2f(fmaf(score, scale_log2, -lse));
+  }
+}
+
+// A step's P^T and dS^T = P^T (dP^T - D) in place of its S^T and dP^T accumulators (both kernels' consumers): general
+// kernels wait for both GEMMs and do both in one pass, so softcap's derivative 1 - tanh^2 needs no registers of its own
+// (stored, it spilled 156 bytes at hd 128); lean ones exponentiate while dP^T is still on the tensor cores. Register
+// 4j + 2r + e: probability(j, e, score, derivative) and gradient(j, e, p, dp, derivative) form it; apply_mask(arrays...)
+// zeroes the scores outside the mask (only P^T in lean kernels: dP^T's wgmma is still in flight, and dS^T = 0 follows
+// from P^T = 0), where `masked` says the step needs it.
+template <bool kGeneral, int kCount, typename Probability, typename Gradient, typename Mask>
+__device__ __forceinline__ void step_scores_to_gradients(float (&s)[kCount], float (&dp)[kCount], bool masked,
+                                                         Probability&& probability, Gradient&& gradient,
+                                                         Mask&& apply_mask) {
+  if constexpr (kGeneral) {
+    ptx::warpgroup_wait<0>();
+    pin_all(s);
+    pin_all(dp);
+#pragma unroll
+    for (int j = 0; j < kCount / 4; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float derivative = 1.f;
+        s[4 * j + e] = probability(j, e, s[4 * j + e], derivative);
+        dp[4 * j + e] = gradient(j, e, s[4 * j + e], dp[4 * j + e], derivative);
+      }
+    }
+    if (masked) apply_mask(s, dp);
+  } else {
+    ptx::warpgroup_wait<1>();
+    pin_all(s);
+#pragma unroll
+    for (int j = 0; j < kCount / 4; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float unused = 1.f;
+        s[4 * j + e] = probability(j, e, s[4 * j + e], unused);
+      }
+    }
+    if (masked) apply_mask(s);
+    ptx::warpgroup_wait<0>();
+    pin_all(dp);
+#pragma unroll
+    for (int j = 0; j < kCount / 4; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dp[4 * j + e] = gradient(j, e, s[4 * j + e], dp[4 * j + e], 1.f);
+    }
   }
 }
 

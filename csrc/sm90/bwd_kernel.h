@@ -283,9 +283,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
         // P^T: register 4j + 2r + e holds key row keys[r], query column 8j + quad_col + e.
         const bool masked = block_pair_needs_mask(p.mask, kMask != MaskKind::kNone, q0, kBlockM, key0, kBlockN,
                                                   seqlen_q, seqlen_k, offset);
-        // P^T, then dS^T = P^T (dP^T - D). Lean kernels exponentiate while dP^T is still on the tensor cores; general
-        // ones wait for both and do both in one pass, so softcap's derivative 1 - tanh^2 needs no registers of its own
-        // (stored, it spilled 156 bytes at hd 128).
+        // P^T, then dS^T = P^T (dP^T - D): step_scores_to_gradients (bwd_cta.h).
         auto probability = [&](int j, int e, float score, float& derivative) {
           return step_probability<kGeneral>(logit, args.scale_log2, score, alibi_slope_log2,
                                             distance0[e / 2], 8 * j + (e % 2),
@@ -315,40 +313,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
         auto score_gradient = [&](int j, int e, float prob, float d_prob, float derivative) {
           return prob * (d_prob - step_stats[kStatRows + stat_of(j, e)]) * derivative;
         };
-        if constexpr (kGeneral) {
-          ptx::warpgroup_wait<0>();
-          pin_all(s);
-          pin_all(dp);
-#pragma unroll
-          for (int j = 0; j < kBlockM / 8; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              float derivative = 1.f;
-              s[4 * j + e] = probability(j, e, s[4 * j + e], derivative);
-              dp[4 * j + e] = score_gradient(j, e, s[4 * j + e], dp[4 * j + e], derivative);
-            }
-          }
-          if (masked) apply_mask(s, dp);
-        } else {
-          ptx::warpgroup_wait<1>();
-          pin_all(s);
-#pragma unroll
-          for (int j = 0; j < kBlockM / 8; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              float unused = 1.f;
-              s[4 * j + e] = probability(j, e, s[4 * j + e], unused);
-            }
-          }
-          if (masked) apply_mask(s);  // not dP^T: its wgmma is still in flight (dS^T = 0 follows from P^T = 0)
-          ptx::warpgroup_wait<0>();
-          pin_all(dp);
-#pragma unroll
-          for (int j = 0; j < kBlockM / 8; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) dp[4 * j + e] = score_gradient(j, e, s[4 * j + e], dp[4 * j + e], 1.f);
-          }
-        }
+        step_scores_to_gradients<kGeneral>(s, dp, masked, probability, score_gradient, apply_mask);
         uint32_t p_frag[kBlockM / 16][4];
         uint32_t ds_frag[kBlockM / 16][4];
         pack_probs<T, kBlockM>(s, p_frag);

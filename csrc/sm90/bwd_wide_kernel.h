@@ -294,40 +294,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
               }
             }
           };
-          if constexpr (kGeneral) {
-            ptx::warpgroup_wait<0>();
-            pin_all(s);
-            pin_all(dp);
-#pragma unroll
-            for (int j = 0; j < kQueries / 8; ++j) {
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                float derivative = 1.f;
-                s[4 * j + e] = probability(j, e, s[4 * j + e], derivative);
-                dp[4 * j + e] = score_gradient(j, e, s[4 * j + e], dp[4 * j + e], derivative);
-              }
-            }
-            if (masked) apply_mask(s, dp);
-          } else {
-            ptx::warpgroup_wait<1>();
-            pin_all(s);
-#pragma unroll
-            for (int j = 0; j < kQueries / 8; ++j) {
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                float unused = 1.f;
-                s[4 * j + e] = probability(j, e, s[4 * j + e], unused);
-              }
-            }
-            if (masked) apply_mask(s);
-            ptx::warpgroup_wait<0>();
-            pin_all(dp);
-#pragma unroll
-            for (int j = 0; j < kQueries / 8; ++j) {
-#pragma unroll
-              for (int e = 0; e < 4; ++e) dp[4 * j + e] = score_gradient(j, e, s[4 * j + e], dp[4 * j + e], 1.f);
-            }
-          }
+          step_scores_to_gradients<kGeneral>(s, dp, masked, probability, score_gradient, apply_mask);
           uint32_t p_frag[kQueries / 16][4];
           uint32_t ds_frag[kQueries / 16][4];
           pack_probs<T, kQueries>(s, p_frag);
