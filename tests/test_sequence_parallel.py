@@ -4,9 +4,12 @@
 # backend with CPU tensors in bf16 and fp16, causal and not, GQA; forward and backward of each rank's shard are
 # checked against single-process attention with the FA rule (fp64 ground truth, the same naive attention in the
 # low precision as the yardstick). On a GPU the same engines run in one process (world size 1, NCCL) on CUDA
-# tensors; and the README's example (tools/sequence_parallel_example.py) runs under torchrun. Not fp32: yunchang's basic ring converts its dq buffer with .to(torch.float32),
-# which aliases the buffer when it is fp32 already, so its fp32 backward double-counts.
+# tensors; the README's example (tools/sequence_parallel_example.py) runs under torchrun, and so does the multi-GPU
+# benchmark (benchmarks/bench_sequence_parallel.py) on CPU tensors. Not fp32: yunchang's basic ring converts its dq
+# buffer with .to(torch.float32), which aliases the buffer when it is fp32 already, so its fp32 backward
+# double-counts.
 import functools
+import json
 import os
 import pathlib
 import re
@@ -21,7 +24,7 @@ import torch.multiprocessing as mp
 
 import flash_attn
 from flash_attn.reference import attention_ref
-from helpers import assert_close_fa, randn, reference_pair
+from helpers import assert_close_fa, load_module, randn, reference_pair
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -148,3 +151,62 @@ def test_readme_example_runs():
     assert result.returncode == 0, result.stderr[-3000:]
     errors = [float(x) for x in re.findall(r"(?:out|dq|dk|dv) ([0-9.e+-]+)", result.stdout)]
     assert len(errors) == 4 and max(errors) < 5e-2, result.stdout
+
+
+# benchmarks/bench_sequence_parallel.py, the multi-GPU benchmark (tokens/s, scaling efficiency, peak memory): its whole
+# path on CPU tensors under gloo, a torchrun per GPU count and engine, with the FA-rule check of each engine; then the
+# parts that only matter on GPUs (a run that dies part-way, the efficiency's baseline) on made-up records.
+@pytest.fixture(scope="module")
+def bench_seqpar():
+    return load_module("benchmarks/bench_sequence_parallel.py")
+
+
+@pytest.mark.slow
+def test_benchmark_runs_on_cpu(tmp_path):
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    out = tmp_path / "seqpar.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "bench_sequence_parallel.py"), "--cpu", "--gpus", "1,2",
+               "--seqlens", "256,128", "--heads", "4", "--check-seqlen", "128", "--check-heads", "4", "--iters", "1",
+               "--json", str(out)]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    timed = {(r["engine"], r["gpus"], r["seqlen"]): r for r in data["records"] if r["kind"] == "time"}
+    assert set(timed) == {(e, g, s) for e, g in (("single", 1), ("ring", 2), ("ulysses", 2)) for s in (128, 256)}
+    assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 for r in timed.values()), timed
+    checks = [r for r in data["records"] if r["kind"] == "check"]
+    assert sorted(r["engine"] for r in checks) == ["ring", "single", "ulysses"]
+    assert all(row["ok"] for r in checks for row in r["rows"]), checks
+    assert {(e["engine"], e["gpus"], e["seqlen"]) for e in data["scaling"]} == {("ring", 2, 256), ("ulysses", 2, 256)}
+    assert "scaling efficiency, ring on 2 GPUs at 256 tokens" in result.stdout
+
+
+def test_benchmark_scaling_and_failed_runs(bench_seqpar):
+    ok = lambda engine, gpus, seqlen, tps: {"kind": "time", "engine": engine, "gpus": gpus, "seqlen": seqlen,  # noqa
+                                              "status": "ok", "ms": 1.0, "tokens_per_s": tps, "tflops_per_gpu": 1.0,
+                                              "peak_gib_per_gpu": 1.0}
+    records = [ok("single", 1, 1000, 100.0), ok("single", 1, 2000, 50.0),
+               {"kind": "time", "engine": "single", "gpus": 1, "seqlen": 4000, "status": "not run: ..."},
+               ok("ring", 2, 2000, 80.0), ok("ring", 2, 4000, 40.0), ok("ulysses", 4, 2000, 150.0)]
+    # The baseline is the longest length one GPU ran (2000), not the longest asked for.
+    assert bench_seqpar.scaling(records) == [
+        {"engine": "ring", "gpus": 2, "seqlen": 2000, "efficiency": 0.8},
+        {"engine": "ulysses", "gpus": 4, "seqlen": 2000, "efficiency": 0.75}]
+    table = bench_seqpar.summary(records, bench_seqpar.scaling(records))
+    assert "| single | 1 | 4,000 | not run: ... |" in table
+    assert bench_seqpar.scaling([r for r in records if r["gpus"] > 1]) == []
+
+
+def test_benchmark_check_fails_wrong_results(bench_seqpar):
+    truth = torch.linspace(-1, 1, 64, dtype=torch.float64)
+    naive = truth.to(torch.bfloat16)
+    error, bound = bench_seqpar.fa_rule_errors(naive, truth, naive, 2.0, torch.bfloat16)
+    assert error <= bound
+    error, bound = bench_seqpar.fa_rule_errors(naive + 0.1, truth, naive, 2.0, torch.bfloat16)
+    assert error > bound
+    poisoned = naive.clone()
+    poisoned[3] = float("nan")
+    error, bound = bench_seqpar.fa_rule_errors(poisoned, truth, naive, 2.0, torch.bfloat16)
+    assert error > bound
+
