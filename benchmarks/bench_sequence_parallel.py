@@ -160,11 +160,11 @@ def worker(args):
     cuda = torch.cuda.is_available() and not args.cpu
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    if world > 1 or args.engine != "single":
-        dist.init_process_group("nccl" if cuda else "gloo")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     if cuda:
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(device)  # before NCCL's initialisation, which binds the rank to the current device
+    if world > 1 or args.engine != "single":
+        dist.init_process_group("nccl" if cuda else "gloo")
     dtype = torch.bfloat16
     if args.engine != "single":
         from yunchang import set_seq_parallel_pg
