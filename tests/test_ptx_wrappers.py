@@ -219,6 +219,22 @@ def test_bulk_reduce_add_2d(col, row):
     torch.testing.assert_close(dst.cpu(), expected, rtol=0, atol=0)
 
 
+@pytest.mark.skipif(_lacks_sm90_code(), reason="the bulk tensor load and store need code compiled for sm90")
+@pytest.mark.parametrize("load, store", [((16, 8), (0, 0)), ((32, 32), (16, 30)), ((0, 0), (32, 24))])
+def test_bulk_copy_2d(load, store):
+    """A 16 x 16 box of a 40 x 48 fp32 matrix loaded with tma_load_2d (rows past the matrix arrive as zeros) and stored
+    with bulk_store_2d into another (rows past it are not written): the box replaces its place and nothing else."""
+    src, base = torch.randn(BULK_ROWS, BULK_COLS), torch.randn(BULK_ROWS, BULK_COLS)
+    (dst,) = selftest("bulk_copy_2d", src, base, torch.tensor([*load, *store], dtype=torch.int32))
+    box = torch.zeros(BULK_BOX, BULK_BOX)
+    rows = min(BULK_BOX, BULK_ROWS - load[1])
+    box[:rows] = src[load[1]:load[1] + rows, load[0]:load[0] + BULK_BOX]
+    expected = base.clone()
+    rows = min(BULK_BOX, BULK_ROWS - store[1])
+    expected[store[1]:store[1] + rows, store[0]:store[0] + BULK_BOX] = box[:rows]
+    torch.testing.assert_close(dst.cpu(), expected, rtol=0, atol=0)
+
+
 # csrc/sm80/ptx_selftest.h kTma*: the source (batch, rows, heads, cols) and the box (rows x cols of one head).
 TMA_BATCH, TMA_ROWS, TMA_HEADS, TMA_COLS = 2, 40, 3, 96
 TMA_BOX_ROWS, TMA_BOX_COLS = 32, 64

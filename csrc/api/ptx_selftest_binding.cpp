@@ -26,8 +26,8 @@ namespace {
 
 constexpr const char* kSelftestOp = "flash_attn._ptx_selftest";
 constexpr const char* kSelftestNames = "mma_m16n8k16, pack2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans, cp_async_16, cp_async_4, "
-    "red_add_v4_f32, stmatrix_x4, bulk_reduce_add_2d, tma_load_4d, griddep, cluster_exchange, wgmma_ss, wgmma_rs, "
-    "wgmma_ss_mn";
+    "red_add_v4_f32, stmatrix_x4, bulk_reduce_add_2d, bulk_copy_2d, tma_load_4d, griddep, cluster_exchange, wgmma_ss, "
+    "wgmma_rs, wgmma_ss_mn";
 
 #if defined(FLASH_WITH_CUDA)
 
@@ -122,6 +122,16 @@ std::vector<at::Tensor> run_selftest(const std::string& name, const std::vector<
     const bool launched = st::bulk_reduce_add_2d(dst.data_ptr<float>(), box.data_ptr<float>(),
                                                  where[0].item<int32_t>(), where[1].item<int32_t>(), stream);
     FLASH_CHECK(launched, kSelftestOp, "('", name, "'): the bulk tensor reduction needs an sm90+ GPU and a driver "
+                "with cuTensorMapEncodeTiled; this one has neither");
+    outputs.push_back(dst);
+  } else if (name == "bulk_copy_2d") {
+    const at::Tensor src = checked_input(name, inputs, 0, "src", {st::kBulkRows, st::kBulkCols}, {at::kFloat});
+    const at::Tensor base = checked_input(name, inputs, 1, "base", {st::kBulkRows, st::kBulkCols}, {at::kFloat});
+    const at::Tensor where = checked_input(name, inputs, 2, "where (load col, row, store col, row)", {4}, {at::kInt});
+    at::Tensor dst = base.clone();
+    const bool launched =
+        st::bulk_copy_2d(src.data_ptr<float>(), dst.data_ptr<float>(), where.data_ptr<int32_t>(), stream);
+    FLASH_CHECK(launched, kSelftestOp, "('", name, "'): the bulk tensor load and store need an sm90+ GPU and a driver "
                 "with cuTensorMapEncodeTiled; this one has neither");
     outputs.push_back(dst);
   } else if (name == "tma_load_4d") {

@@ -16,10 +16,33 @@ constexpr int kRowwiseThreads = 256;
 constexpr int kRowThreads = 8;  // threads sharing one row (reduced with 3 shuffles)
 constexpr int kRowwiseRows = kRowwiseThreads / kRowThreads;
 
-// zero_dq: false where the main kernel stores dQ without the accumulator (sm90/bwd_direct_dq.h).
+// What the preprocess does for dQ besides D and the statistics blocks:
+//   kZero: zeroes the row's dq accumulators, which the main kernel adds into (the portable kernels, most Hopper calls);
+//   kNone: nothing (the Hopper direct dQ stores dq itself, sm90/bwd_direct_dq.h);
+//   kFused: the Hopper fused dQ (sm90/bwd_tile_config.h bwd_fuses_dq), whose first adder of a query block stores its
+//           tile instead of adding it: zeroes only the rows of each sequence's last, partial box of `box_rows` rows
+//           (the first adder adds into those, since a store of the whole box would overwrite the next sequence's
+//           rows), and writes dq = 0 in the rows that see no key: no key block walks a query block of only such rows,
+//           so no adder writes them (tests/cpp/sm90_block_ranges_check.cpp).
+enum class DqPrep { kZero, kNone, kFused };
+
+template <typename T>
+__device__ __forceinline__ void zero_dq_row(const BwdParams& bp, int b, int64_t q_row, int h, int part) {
+  T* dq = static_cast<T*>(bp.dq) + b * bp.dq_strides.batch + q_row * bp.dq_strides.row + h * bp.dq_strides.head;
+  const int64_t head_dim = bp.fwd.shape.head_dim;
+  constexpr int kWidth = kVectorBytes / sizeof(T);
+  if (vector_rows(dq, bp.dq_strides.row, head_dim)) {
+    for (int64_t c = part * kWidth; c < head_dim; c += kRowThreads * kWidth) {
+      *reinterpret_cast<uint4*>(dq + c) = make_uint4(0, 0, 0, 0);
+    }
+  } else {
+    for (int64_t c = part; c < head_dim; c += kRowThreads) dq[c] = from_float<T>(0.f);
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kRowwiseThreads) bwd_preprocess_kernel(const BwdParams bp, DqLayout layout,
-                                                                          bool zero_dq) {
+                                                                          DqPrep prep, int box_rows) {
   const FwdParams& p = bp.fwd;
   const int b = blockIdx.z;
   const int h = blockIdx.y;
@@ -83,7 +106,14 @@ __global__ void __launch_bounds__(kRowwiseThreads) bwd_preprocess_kernel(const B
   // its two rows' ranges. In row pairs, a sequence's last row that starts a pair zeroes the second row's range too:
   // no row may follow it (the last row of an odd total_q, or of the rows before cu_seqlens_q's end), and where one
   // does, it zeroes the same range (before the main kernel, so the double write is harmless).
-  if (!zero_dq) return;
+  if (prep == DqPrep::kNone) return;
+  if (prep == DqPrep::kFused) {
+    // The main kernel's key count (seqused_k included) and diagonal, as its walks see them (sm90/kernel_common.h).
+    const int64_t keys = p.shape.cu_seqlens_q == nullptr ? used_keys(p.shape, b, si.seqlen_k) : si.seqlen_k;
+    const KeyRange seen = visible_keys(p.mask, row, diagonal_offset(p.mask, si.seqlen_q, keys), keys);
+    if (seen.end <= seen.begin) zero_dq_row<T>(bp, b, si.q_row0 + row, h, part);
+    if (row < si.seqlen_q / box_rows * box_rows) return;
+  }
   const float4 zeros = make_float4(0.f, 0.f, 0.f, 0.f);
   const bool pair_tail = layout == DqLayout::kRowPairs && global_row % 2 == 0 && row + 1 == si.seqlen_q;
   const int64_t zeroed = pair_tail ? 2 : 1;

@@ -69,6 +69,12 @@ bool red_add_v4_f32(float* dst, const float* added, const float* extra, const in
 // waits for it. Returns false below sm90 or where no tensor map could be made, launching nothing.
 bool bulk_reduce_add_2d(float* dst, const float* box, int col, int row, void* stream);
 
+// src, dst: kBulkRows x kBulkCols fp32; where: (col, row) of the box loaded, then (col, row) where it is stored. One
+// lane loads the kBulkBoxRows x kBulkBoxCols box of src with tma_load_2d into a shared tile pre-filled with -1 (zeros
+// land past src's rows and columns), waits on an mbarrier, and stores the tile into dst with bulk_store_2d (rows past
+// dst's end skipped). Returns false below sm90 or where no tensor map could be made, launching nothing.
+bool bulk_copy_2d(const float* src, float* dst, const int32_t* where, void* stream);
+
 // src: kTmaBatch x kTmaRows x kTmaHeads x kTmaCols 16-bit values; where: kTmaLoads x 4 coordinates (col, head, row,
 // batch entry). One warp loads box i (kTmaBoxRows x kTmaBoxCols at where[i]) with tma_load_4d through a 128-byte
 // swizzled tensor map into one shared tile pre-filled with a non-zero pattern, waits on one mbarrier (phase parity

@@ -123,14 +123,20 @@ FLASH_HOST_DEVICE int step_query_block(const BwdBlock& block, int i) {
   return block.m_min + local;
 }
 
+// Whether a key block (planned as `block`) adds into query block m_block: its walk reaches it (for every walked head).
+FLASH_HOST_DEVICE bool dq_adds_into(const BwdBlock& block, int m_block) {
+  const int local = m_block - block.m_min;
+  return local >= 0 && local < block.m_count;
+}
+
 // Whether key block n_other (planned as `other`) adds into query block m_block of walked head head_index before key
 // block n_block does at its step `step`, in the ordered dQ's order: arrival order, those that reach it at an earlier
 // step or at the same step with a higher index; otherwise every higher key block that sees it.
 FLASH_HOST_DEVICE bool dq_adds_before(const BwdBlock& other, int n_other, int n_block, int head_index, int m_block,
                                       int step, bool arrival_order) {
-  const int local = m_block - other.m_min;
-  if (n_other == n_block || local < 0 || local >= other.m_count) return false;
+  if (n_other == n_block || !dq_adds_into(other, m_block)) return false;
   if (!arrival_order) return n_other > n_block;
+  const int local = m_block - other.m_min;
   int walked = local - other.rotation;
   if (walked < 0) walked += other.m_count;
   const int other_step = head_index * other.m_count + walked;

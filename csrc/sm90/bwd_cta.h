@@ -41,6 +41,9 @@ struct BwdKernelArgs {
   // query block (BwdBlock::rotation). Arrival order makes a CTA wait for CTAs launched after it, so it needs the whole
   // key-block range of a (batch, KV head) resident at once: at most one CTA per SM of them (the launcher's check).
   bool dq_ordered;
+  // Fused dQ (bwd_tile_config.h bwd_fuses_dq; ordered, deterministic or not): a query block's first adder stores its
+  // tiles into the accumulator, its last adder's writer stores dq from the sum (bwd_ordered_dq.h).
+  bool dq_fused;
   bool dq_arrival_order;
   bool dq_rotates;  // arrival order in a call without a mask
   // BwdParams::head_splits: CTA x takes query heads (x % head_splits) * heads_per_split ... of its KV head's group

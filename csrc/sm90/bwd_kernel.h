@@ -59,8 +59,9 @@ struct BwdSmemLayout {
   static constexpr int kStats = kDs + 2 * kDsBytes;         // [stage][kStatFloats], loaded with the stage's Q
   static constexpr int kDqStage = kStats + kStages * kStatBytes;  // [consumer][box][row][16]
   static constexpr int kBarriers = kDqStage + kBwdConsumerWarpgroups * kDqStageFloats * 4;
-  // kv_full, kv_empty, then per stage q_full, q_empty, do_full, do_empty
-  static constexpr int kBarrierCount = 2 + 4 * kStages;
+  // kv_full, kv_empty, then per stage q_full, q_empty, do_full, do_empty, then each dQ writer's sum_full (fused dQ)
+  static constexpr int kSumBarriers = 2 + 4 * kStages;
+  static constexpr int kBarrierCount = kSumBarriers + kBwdDqWriters;
   static constexpr int kBytes = kBarriers + kBarrierCount * 8;
   static constexpr int kLaunchBytes = kBytes + static_cast<int>(ptx::kSwizzleAtomBytes);
   static_assert(kBlockM % kSegmentElems == 0, "a key's dS^T queries are whole 128-byte swizzled lines of 64");
@@ -125,6 +126,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   uint64_t* q_empty = ring_tiles.q_empty;
   uint64_t* do_full = ring_tiles.do_full;
   uint64_t* do_empty = ring_tiles.do_empty;
+  uint64_t* sum_full = reinterpret_cast<uint64_t*>(smem + Layout::kBarriers) + Layout::kSumBarriers;
 
   const BwdParams& bp = args.params;
   const FwdParams& p = bp.fwd;
@@ -132,6 +134,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
     // q_empty: every consumer thread arrives, since each read the stage's statistics block with plain loads; one
     // arrival per consumer after a named barrier orders them too, but racecheck does not follow that order and
     // reported the next bulk copy against the other threads' reads (docs/perf_log.md, seventeenth session).
+    for (int w = 0; w < kBwdDqWriters; ++w) ptx::mbarrier_init(sum_full + w, 1);
     init_pipeline_barriers(kv_full, kv_empty, q_full, do_full, q_empty, do_empty, kStages, kBwdConsumerWarpgroups,
                            kBwdConsumerWarpgroups * ptx::kWarpgroupThreads, kBwdConsumerWarpgroups);
   }
@@ -145,7 +148,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
     } else if (args.dq_ordered) {
       const int writer = static_cast<int>(threadIdx.x) / kWarpSize - kBwdDqFirstWriterWarp;
       if (writer >= 0 && writer < kBwdDqWriters) {
-        write_ordered_dq<Layout, kHeadDim>(args, BwdCta<kBlockM, kBlockN>(args), smem, writer);
+        constexpr bool kFusable = bwd_fuses_dq(kHeadDim, kGeneral) && !kDirectDq;
+        write_ordered_dq<T, Layout, kHeadDim, kFusable>(args, BwdCta<kBlockM, kBlockN>(args), smem, sum_full + writer,
+                                                        writer);
       }
     }
     return;

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -20,6 +21,19 @@
 #include "sm90/fwd_launch.h"
 
 namespace flash::sm90 {
+
+// FLASH_ATTN_BWD_FUSED_DQ=1 runs fused dQ (bwd_tile_config.h bwd_fuses_dq) in the calls that can take it; unset or 0
+// keeps the accumulator's zeroing and conversion, the default until an A/B on the H200 prices it. Read at every call,
+// so that one process (a test, the A/B) runs both paths.
+constexpr const char* kBwdFusedDqEnv = "FLASH_ATTN_BWD_FUSED_DQ";
+inline bool bwd_fused_dq_requested() {
+  const char* value = std::getenv(kBwdFusedDqEnv);
+  if (value == nullptr || *value == '\0' || std::string(value) == "0") return false;
+  if (std::string(value) == "1") return true;
+  throw std::invalid_argument(std::string(kBwdFusedDqEnv) + "='" + value +
+                              "' is not a choice: use 0 (dq accumulator zeroed and converted in their own passes) or 1 "
+                              "(fused into the Hopper backward's ordered dQ adds)");
+}
 
 // Launches one backward kernel with its dynamic shared memory (above 48 KB a kernel must opt in; once per kernel
 // and process: the kernel is a template argument so that each has its own flag).
@@ -78,11 +92,6 @@ void run_bwd(const BwdParams& params, void* stream) {
   // Every sequence's keys in one key block: dQ stored by the main kernel, no accumulator to zero or convert.
   const bool general = fwd_needs_general_kernel(p);
   const bool direct_dq = bwd_stores_dq_directly(kHeadDim, general) && key_blocks == 1;
-  if (row_blocks > 0) {
-    rowwise::bwd_preprocess_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch),
-                                        rowwise::kRowwiseThreads, 0, s>>>(params, DqLayout::kRows, !direct_dq);
-  }
-
   if (!params.block_stats) {
     throw std::invalid_argument(
         "flash_attn internal error: the Hopper backward needs BwdParams::block_stats (the statistics blocks of its "
@@ -114,8 +123,11 @@ void run_bwd(const BwdParams& params, void* stream) {
   const int64_t dq_rows = params.dq_splits * shape.nheads_q * workspace.dq_head_rows;
   constexpr int64_t kMaxDqRows = int64_t{1} << 31;
   // Deterministic calls of the narrow kernel add into one accumulator in key-block order (bwd_orders_dq), which needs
-  // the map: its bulk reductions are what the writer warp orders.
-  const bool ordered = params.deterministic && bwd_orders_dq(kHeadDim) && !direct_dq;
+  // the map: its bulk reductions are what the writer warp orders. Fused dQ (bwd_fuses_dq) runs in that order too,
+  // where a CTA walks all of its KV head's query heads (no head splits) and the map exists.
+  const bool fusable = bwd_fuses_dq(kHeadDim, general) && !direct_dq && key_blocks > 1 && !split_heads &&
+                       params.dq_splits == 1 && workspace.dq_semaphores != nullptr && bwd_fused_dq_requested();
+  const bool ordered = (params.deterministic && bwd_orders_dq(kHeadDim) && !direct_dq) || fusable;
   const bool bulk = !direct_dq && (ordered || (params.deterministic ? bwd_deterministic_dq_in_bulk(kHeadDim)
                                                                     : bwd_reduces_dq_in_bulk(kHeadDim)));
   if (bulk && dq_rows > 0 && dq_rows < kMaxDqRows) {
@@ -123,8 +135,19 @@ void run_bwd(const BwdParams& params, void* stream) {
                        static_cast<uint64_t>(dq_rows), static_cast<uint64_t>(workspace.dq_row_stride) * sizeof(float),
                        kDqSlotGroup, bwd_dq_rows(kHeadDim, kTile.block_m));
   }
-  args.dq_ordered = ordered;
-  if (ordered) {
+  // Without the map a fusable call that is not deterministic goes back to the plain reductions and the conversion.
+  const bool fused = fusable && args.dq_map.enabled;
+  args.dq_ordered = fused || (ordered && params.deterministic);
+  args.dq_fused = fused;
+  if (row_blocks > 0) {
+    const rowwise::DqPrep prep = direct_dq ? rowwise::DqPrep::kNone
+                                 : fused   ? rowwise::DqPrep::kFused
+                                           : rowwise::DqPrep::kZero;
+    rowwise::bwd_preprocess_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch),
+                                        rowwise::kRowwiseThreads, 0, s>>>(params, DqLayout::kRows, prep,
+                                                                          bwd_dq_rows(kHeadDim, kTile.block_m));
+  }
+  if (args.dq_ordered) {
     // Arrival order (bwd_cta.h) for short sequences, whose key blocks fit on the GPU at one CTA per SM.
     int device = 0;
     cudaGetDevice(&device);
@@ -133,7 +156,7 @@ void run_bwd(const BwdParams& params, void* stream) {
                             key_blocks <= device_attributes(device).num_sms;
     args.dq_rotates = args.dq_arrival_order && kMask == MaskKind::kNone;
   }
-  if (ordered && dq_rows > 0) {
+  if (args.dq_ordered && dq_rows > 0) {
     if (!args.dq_map.enabled || workspace.dq_semaphores == nullptr || params.dq_splits != 1) {
       throw std::runtime_error(
           "flash_attn: deterministic=True on the Hopper backward needs the dq accumulator as one TMA tensor map of "
@@ -169,7 +192,7 @@ void run_bwd(const BwdParams& params, void* stream) {
     }
   }
   if (split_heads && key_blocks > 0) rowwise::launch_dkv_convert<T>(params, s);
-  if (row_blocks > 0 && !direct_dq) {
+  if (row_blocks > 0 && !direct_dq && !fused) {
     rowwise::bwd_convert_dq_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch),
                                         rowwise::kRowwiseThreads, 0, s>>>(params, DqLayout::kRows);
   }

@@ -1,18 +1,21 @@
-// The ordered dQ writers of the Hopper backward's deterministic calls (bwd_tile_config.h bwd_orders_dq): two warps of
-// the producer warpgroup take a CTA's steps in turn; for each, a writer adds the consumers' staged dQ tiles into the
-// one fp32 accumulator once the key blocks before this one in the query block's order have added theirs (its counter
-// in bwd_workspace.h dq_semaphores), then advances that counter. Every element thus receives its adds in one order,
-// run after run.
+// The ordered dQ writers of the Hopper backward's deterministic and fused-dQ calls (bwd_tile_config.h bwd_orders_dq,
+// bwd_fuses_dq): two warps of the producer warpgroup take a CTA's steps in turn; for each, a writer adds the consumers'
+// staged dQ tiles into the one fp32 accumulator once the key blocks before this one in the query block's order have
+// added theirs (its counter in bwd_workspace.h dq_semaphores), then advances that counter. Every element thus
+// receives its adds in one order, run after run. Fused: the first adder stores instead of adding, the last converts.
 #pragma once
 
 #include <cstdint>
 
 #include "flash_attn/bwd_workspace.h"
 #include "flash_attn/ptx/bulk_reduce_sm90.h"
+#include "flash_attn/ptx/bulk_store_sm90.h"
 #include "flash_attn/ptx/fence_proxy_sm90.h"
 #include "flash_attn/ptx/semaphore_sm90.h"
+#include "flash_attn/ptx/tma_load_sm90.h"
 #include "flash_attn/ptx/warpgroup_sm90.h"
 #include "sm90/bwd_cta.h"
+#include "sm90/bwd_direct_dq.h"
 #include "sm90/bwd_tile_config.h"
 #include "sm90/kernel_common.h"
 
@@ -53,23 +56,35 @@ __device__ __forceinline__ int dq_handoff_barrier(int base, int step, int consum
 }
 
 
-// How many adds into query block m_block of `head` come before this key block's, which adds at its step `step`
-// (block_ranges.h dq_adds_before). The key blocks of the sequence are tested by the warp with the plan() their CTAs
-// walk (lane l tests blocks l, l + 32, ...; in descending order only the higher ones), so the count cannot disagree
-// with the steps they take; tests/cpp/sm90_block_ranges_check.cpp checks that the counts of a query block's adders
-// are 0, 1, 2, ... on random shapes.
+// A key block's place among the adders of query block m_block of `head` at its step `step` (block_ranges.h
+// dq_adds_before, dq_adds_into): how many add before it and, where count_adders (fused dQ), how many add in all, itself
+// included. The key blocks of the sequence are tested by the warp with the plan() their CTAs walk (lane l tests blocks
+// l, l + 32, ...; in descending order without count_adders only the higher ones), so the counts cannot disagree with
+// the steps they take; tests/cpp/sm90_block_ranges_check.cpp checks that the counts of a query block's adders are 0,
+// 1, 2, ... on random shapes, and that the adders counted are those that walk it.
+struct DqTurn {
+  int predecessors;
+  int adders;  // 0 unless counted
+};
 template <int kBlockM, int kBlockN>
-__device__ __forceinline__ int dq_predecessors(const BwdKernelArgs& args, const BwdCta<kBlockM, kBlockN>& cta,
-                                               int n_block, int head, int m_block, int step, int lane) {
+__device__ __forceinline__ DqTurn dq_turn(const BwdKernelArgs& args, const BwdCta<kBlockM, kBlockN>& cta, int n_block,
+                                          int head, int m_block, int step, int lane, bool count_adders) {
   const MaskParams& mask = args.params.fwd.mask;
-  int count = 0;
-  for (int base = args.dq_arrival_order ? 0 : n_block + 1; base < cta.seq_blocks; base += kWarpSize) {
+  DqTurn turn{0, 0};
+  const int first = args.dq_arrival_order || count_adders ? 0 : n_block + 1;
+  for (int base = first; base < cta.seq_blocks; base += kWarpSize) {
     const int n = base + lane;
-    const bool before = n < cta.seq_blocks && dq_adds_before(cta.plan(mask, n), n, n_block, head - cta.head0, m_block,
-                                                             step, args.dq_arrival_order);
-    count += __popc(__ballot_sync(0xffffffffu, before));
+    bool before = false;
+    bool adds = false;
+    if (n < cta.seq_blocks) {
+      const BwdBlock other = cta.plan(mask, n);
+      adds = dq_adds_into(other, m_block);
+      before = dq_adds_before(other, n, n_block, head - cta.head0, m_block, step, args.dq_arrival_order);
+    }
+    turn.predecessors += __popc(__ballot_sync(0xffffffffu, before));
+    if (count_adders) turn.adders += __popc(__ballot_sync(0xffffffffu, adds));
   }
-  return count;
+  return turn;
 }
 
 // Lane 0 of a writer: waits until `counter` shows `predecessors` adds (their reductions complete), then orders its own
@@ -89,23 +104,61 @@ __device__ __forceinline__ void pass_dq_turn(int* counter) {
   ptx::red_release_gpu_add(counter, 1);
 }
 
+// Fused dQ's last adder: dq = softmax_scale x the fp32 sum in one staging tile (box g of 16 columns x kDqRows rows at
+// g * kDqRows * kDqSlotGroup floats, columns in slot order: bwd_workspace.h dq_slot) for the tile's rows [0, rows) and
+// its first `groups` boxes, from head-dim column column0, rounded once as the conversion kernel rounds the sum.
+// dq_rows: the tile's first row of dq. Lane 8g + 4h + t takes slots 4t .. 4t + 3 of box g in rows h, h + 2, ...:
+// columns 2t, 2t + 1 and 8 + 2t, 9 + 2t. A quarter-warp reads two rows of one box (128 contiguous bytes, no bank
+// conflict) and the warp stores two whole rows of the tile's columns.
+template <typename T, int kDqRows>
+__device__ __forceinline__ void store_dq_from_tile(const BwdParams& bp, T* dq_rows, const float* tile, int rows,
+                                                   int groups, int column0, int lane) {
+  const int g = lane / 8;
+  const int t = lane % 4;
+  if (g >= groups) return;
+  const float scale = static_cast<float>(bp.fwd.softmax_scale);
+  const int64_t column = column0 + g * kDqSlotGroup + 2 * t;
+  const bool low = column < bp.fwd.shape.head_dim;
+  const bool high = column + kDqSlotGroup / 2 < bp.fwd.shape.head_dim;
+  const float* from = tile + g * kDqRows * kDqSlotGroup + 4 * t;
+  for (int r = (lane / 4) % 2; r < rows; r += 2) {
+    const float4 v = *reinterpret_cast<const float4*>(from + r * kDqSlotGroup);
+    T* dst = dq_rows + r * bp.dq_strides.row + column;
+    if (low) *reinterpret_cast<uint32_t*>(dst) = pack_pair<T>(v.x * scale, v.y * scale);
+    if (high) *reinterpret_cast<uint32_t*>(dst + kDqSlotGroup / 2) = pack_pair<T>(v.z * scale, v.w * scale);
+  }
+}
+
 // Runs on every lane of writer `writer` (0 .. kBwdDqWriters - 1), which takes the steps i with i % kBwdDqWriters ==
 // writer. Layout: the kernel's BwdSmemLayout (the consumers' staging tiles, box g of 16 columns x kDqRows rows at g *
-// kDqRows * kDqSlotGroup floats).
-template <typename Layout, int kHeadDim, int kBlockM, int kBlockN>
+// kDqRows * kDqSlotGroup floats). kFusable: the kernel serves fused dQ (bwd_tile_config.h bwd_fuses_dq), taken where
+// BwdKernelArgs::dq_fused says so; sum_full: this writer's barrier for the sums it loads back (fused calls only).
+template <typename T, typename Layout, int kHeadDim, bool kFusable, int kBlockM, int kBlockN>
 __device__ __forceinline__ void write_ordered_dq(const BwdKernelArgs& args, const BwdCta<kBlockM, kBlockN>& cta,
-                                                 uint8_t* smem, int writer) {
+                                                 uint8_t* smem, uint64_t* sum_full, int writer) {
   constexpr BwdDqSplit kDqSplit = bwd_dq_split(kHeadDim, kBlockM);
   constexpr bool kColumnHalves = kDqSplit == BwdDqSplit::kColumnHalves;
   constexpr bool kRowHalves = kDqSplit == BwdDqSplit::kRowHalves;
   constexpr int kDqColumns = kColumnHalves ? kHeadDim / kBwdConsumerWarpgroups : kHeadDim;
   constexpr int kDqRows = Layout::kDqRows;
+  constexpr uint32_t kBoxBytes = kDqRows * kDqSlotGroup * sizeof(float);
   // Column or row halves: each consumer's tile goes out (at its columns or its rows); own keys: one summed tile.
   constexpr int kTilesOut = kDqSplit == BwdDqSplit::kOwnKeys ? 1 : kBwdConsumerWarpgroups;
+  static_assert(!kFusable || kDqSplit != BwdDqSplit::kOwnKeys, "fused dQ takes one tile per consumer");
   const int lane = threadIdx.x % kWarpSize;
   const BwdWorkspace& workspace = cta.workspace;
   float* stage = reinterpret_cast<float*>(smem + Layout::kDqStage);
   int* const counters = workspace.dq_semaphores + bwd_stats_block0(cta.global_q_row0, cta.batch);
+  const bool fused = kFusable && args.dq_fused;
+  int sums_loaded = 0;  // this writer's loads of a sum: sum_full's phases
+  // Tile t's first head-dim column and first row of the step, and its slot groups inside the accumulator's rows
+  // (columns past them, a head dim below its bucket, are not added: bwd_kernel.h dq_groups).
+  auto tile_column0 = [](int t) { return kColumnHalves ? t * kSegmentElems : 0; };
+  auto tile_row0 = [](int t) { return kRowHalves ? t * kDqRows : 0; };
+  auto tile_groups = [&](int t) {
+    const int64_t columns = workspace.dq_row_stride - tile_column0(t);
+    return static_cast<int>((columns < kDqColumns ? columns : kDqColumns) / kDqSlotGroup);
+  };
   for (int n_block = cta.first_block; n_block < args.num_n_blocks; n_block += cta.block_stride) {
     const BwdBlock block = cta.plan(args.params.fwd.mask, n_block);
     // Step 0's tiles are free at once; a writer frees step i + 1's once its reductions have read step i's.
@@ -117,7 +170,7 @@ __device__ __forceinline__ void write_ordered_dq(const BwdKernelArgs& args, cons
     for (int i = writer; i < block.steps; i += kBwdDqWriters) {
       const int head = cta.step_head(i, block.m_count);
       const int m_block = BwdCta<kBlockM, kBlockN>::step_block(block, i);
-      const int predecessors = dq_predecessors(args, cta, n_block, head, m_block, i, lane);
+      const DqTurn turn = dq_turn(args, cta, n_block, head, m_block, i, lane, fused);
       for (int c = 0; c < kBwdConsumerWarpgroups; ++c) {
         ptx::named_barrier_sync(dq_handoff_barrier(kBwdDqFullBarrier, i, c), kBwdDqHandoffThreads);
       }
@@ -137,32 +190,68 @@ __device__ __forceinline__ void write_ordered_dq(const BwdKernelArgs& args, cons
         ptx::fence_proxy_async_shared();
         __syncwarp();
       }
+      // Fused: the first adder stores its tiles where a box lies inside its sequence (the others are added into rows
+      // the preprocess zeroed); the last loads the sum back into the staging tiles once its own add is complete and
+      // stores dq from them; an only adder stores dq from its tiles and never touches the accumulator.
+      const bool first = fused && turn.predecessors == 0;
+      const bool last = fused && turn.predecessors + 1 == turn.adders;
+      const int64_t step_row = static_cast<int64_t>(m_block) * kBlockM;  // the step's first query row, in the sequence
       int* const counter = counters + head * workspace.semaphore_head_stride + m_block;
-      if (lane == 0) {
-        await_dq_turn(counter, predecessors);
-        const int row = static_cast<int>(head * workspace.dq_head_rows + cta.global_q_row0 +
-                                         static_cast<int64_t>(m_block) * kBlockM);
+      if (lane == 0 && !(first && last)) {
+        await_dq_turn(counter, turn.predecessors);
+        const int row = static_cast<int>(head * workspace.dq_head_rows + cta.global_q_row0 + step_row);
+        uint32_t sum_bytes = 0;
         for (int t = 0; t < kTilesOut; ++t) {
-          const int column0 = kColumnHalves ? t * kSegmentElems : 0;
-          const int row0 = kRowHalves ? t * kDqRows : 0;
-          // Columns past the accumulator's rows (a head dim below its bucket) are not added (bwd_kernel.h dq_groups).
-          const int64_t columns = workspace.dq_row_stride - column0;
-          const int groups = static_cast<int>((columns < kDqColumns ? columns : kDqColumns) / kDqSlotGroup);
-          for (int g = 0; g < groups; ++g) {
-            ptx::bulk_reduce_add_2d(&args.dq_map.map, stage + t * Layout::kDqStageFloats + g * kDqRows * kDqSlotGroup,
-                                    column0 + g * kDqSlotGroup, row + row0);
+          const bool store = first && step_row + tile_row0(t) + kDqRows <= cta.sequence.seqlen_q;
+          for (int g = 0; g < tile_groups(t); ++g) {
+            const float* box = stage + t * Layout::kDqStageFloats + g * kDqRows * kDqSlotGroup;
+            const int column = tile_column0(t) + g * kDqSlotGroup;
+            if (store) {
+              ptx::bulk_store_2d(&args.dq_map.map, box, column, row + tile_row0(t));
+            } else {
+              ptx::bulk_reduce_add_2d(&args.dq_map.map, box, column, row + tile_row0(t));
+            }
           }
+          sum_bytes += tile_groups(t) * kBoxBytes;
         }
         ptx::bulk_commit_group();
         ptx::bulk_wait_group_read<0>();
+        if (last) {
+          ptx::bulk_wait_group<0>();
+          ptx::fence_proxy_async_global();
+          ptx::mbarrier_arrive_expect_tx(sum_full, sum_bytes);
+          for (int t = 0; t < kTilesOut; ++t) {
+            for (int g = 0; g < tile_groups(t); ++g) {
+              ptx::tma_load_2d(stage + t * Layout::kDqStageFloats + g * kDqRows * kDqSlotGroup, &args.dq_map.map,
+                               sum_full, tile_column0(t) + g * kDqSlotGroup, row + tile_row0(t));
+            }
+          }
+        }
       }
       __syncwarp();
+      if constexpr (kFusable) {
+        if (last) {
+          if (!first) ptx::mbarrier_wait_parity(sum_full, sums_loaded++ & 1);
+          const BwdParams& bp = args.params;
+          T* const dq_head = direct_dq_rows<T>(bp, cta.batch, cta.sequence.q_row0) + head * bp.dq_strides.head;
+          for (int t = 0; t < kTilesOut; ++t) {
+            const int64_t box_row = step_row + tile_row0(t);
+            const int64_t left = cta.sequence.seqlen_q - box_row;
+            const int rows = static_cast<int>(left < 0 ? 0 : (left < kDqRows ? left : kDqRows));
+            store_dq_from_tile<T, kDqRows>(bp, dq_head + box_row * bp.dq_strides.row,
+                                           stage + t * Layout::kDqStageFloats, rows, tile_groups(t), tile_column0(t),
+                                           lane);
+          }
+          __syncwarp();
+        }
+      }
       if (i + 1 < block.steps) {
         for (int c = 0; c < kBwdConsumerWarpgroups; ++c) {
           ptx::named_barrier_arrive(dq_handoff_barrier(kBwdDqEmptyBarrier, i + 1, c), kBwdDqHandoffThreads);
         }
       }
-      if (lane == 0) pass_dq_turn(counter);
+      // The last adder's counter stays: no key block waits for it (bwd_launch.h zeroes the counters at each call).
+      if (lane == 0 && !last) pass_dq_turn(counter);
       __syncwarp();
     }
   }
@@ -193,7 +282,7 @@ __device__ __forceinline__ void write_ordered_dq_wide(const BwdKernelArgs& args,
       const RingSlot<kStages> slot(ring);
       const int head = cta.step_head(i, block.m_count);
       const int m_block = BwdCta<kBlockM, kBlockN>::step_block(block, i);
-      const int predecessors = dq_predecessors(args, cta, n_block, head, m_block, i, lane);
+      const int predecessors = dq_turn(args, cta, n_block, head, m_block, i, lane, false).predecessors;
       for (int c = 0; c < kBwdConsumerWarpgroups; ++c) {
         ptx::named_barrier_sync(kBwdWideDqFullBarrier + kBwdConsumerWarpgroups * writer + c, kBwdDqHandoffThreads);
       }

@@ -181,6 +181,23 @@ constexpr bool bwd_stores_dq_directly(int head_dim, bool general) {
          bwd_dq_split(head_dim, bwd_tile_config(head_dim).block_m) != BwdDqSplit::kOwnKeys;
 }
 
+// Whether calls of the narrow lean kernels (hd <= 128, no softcap / ALiBi) with several key blocks fuse the dQ
+// accumulator's zeroing and conversion into the ordered dQ's adds (bwd_ordered_dq.h), deterministic or not: a query
+// block's first adder stores its tile into the accumulator (a TMA store, no zeroing needed), its last adder's writer
+// loads the sum back into its staging tile once every add is complete and stores dq from it, scaled and rounded as
+// the conversion kernel does, and the conversion kernel does not run. Both passes are over tokens x hidden whatever
+// the key length: at 16k tokens x 16 heads x hd 128 the zeroing ~27 us and the conversion 55-58 us (forty-second
+// session's profile), 14 % of a 512-key backward, 9 % at 1k, 5 % at 2k (18 / 13 / 8 % causal). Predicted +12-16 % at
+// 512 keys, +8-10 % at 1k, less what ordering costs (0.99-1.02x of the default at hd 128, twenty-third session) and
+// the staging tile held ~2 us longer by a last adder. Compiled into the lean narrow kernels (kBwdFusedDq); taken at
+// run time only where FLASH_ATTN_BWD_FUSED_DQ=1 (bwd_launch.h) until an A/B on the H200 prices it. The general
+// kernels keep the conversion: a fused writer compiled into them spilled in their step loop (forty-seventh session).
+constexpr bool kBwdFusedDq = true;
+constexpr bool bwd_fuses_dq(int head_dim, bool general) {
+  return kBwdFusedDq && !general && head_dim <= kBwdMaxNarrowHeadDim && bwd_orders_dq(head_dim) &&
+         bwd_dq_split(head_dim, bwd_tile_config(head_dim).block_m) != BwdDqSplit::kOwnKeys;
+}
+
 // Whether a masked step's per-element test compares each score's compile-time query column with the queries that see
 // its key row, as a 32-bit range local to the step (block_ranges.h rows_seeing_key, local_range), instead of
 // recomputing each query's visible keys in 64 bits, which runs on every masked step (4 of the 10 steps of a causal

@@ -138,20 +138,16 @@ void check_layout(flash::BwdParams p, const std::vector<int64_t>& lengths) {
     if (stats_end > floats) fail("statistics past the workspace", p, stats_end, floats);
     if (stats_begin % 4 != 0 || w.stats_head_stride % 4 != 0) fail("bulk copies misaligned", p, stats_begin, 0);
     check_stat_blocks(p, w, lengths);
-    // The ordered dQ's counters (deterministic calls): one per statistics block, after the statistics.
+    // The ordered dQ's counters (deterministic or fused dQ): one per statistics block, after the statistics.
     const int64_t counters_begin = reinterpret_cast<float*>(w.dq_semaphores) - base;
     const int64_t counters = s.nheads_q * w.semaphore_head_stride;
-    if (p.deterministic) {
-      if (w.dq_semaphores == nullptr || w.semaphore_head_stride * 2 * flash::kBwdStatsRows != w.stats_head_stride) {
-        fail("a counter per statistics block", p, w.semaphore_head_stride, w.stats_head_stride);
-      }
-      if (counters_begin < stats_end) fail("counters overlap the statistics", p, counters_begin, stats_end);
-      if (counters_begin + counters > floats) fail("counters past the workspace", p, counters_begin + counters, floats);
-    } else if (w.dq_semaphores != nullptr || counters != 0) {
-      fail("counters without deterministic", p, counters, 0);
+    if (w.dq_semaphores == nullptr || w.semaphore_head_stride * 2 * flash::kBwdStatsRows != w.stats_head_stride) {
+      fail("a counter per statistics block", p, w.semaphore_head_stride, w.stats_head_stride);
     }
-  } else if (w.stats != nullptr || w.stats_head_stride != 0) {
-    fail("statistics blocks without block_stats", p, 0, 0);
+    if (counters_begin < stats_end) fail("counters overlap the statistics", p, counters_begin, stats_end);
+    if (counters_begin + counters > floats) fail("counters past the workspace", p, counters_begin + counters, floats);
+  } else if (w.stats != nullptr || w.stats_head_stride != 0 || w.dq_semaphores != nullptr) {
+    fail("statistics blocks or counters without block_stats", p, 0, 0);
   }
   if (p.head_splits <= 1) {
     if (w.dk_accum != nullptr || w.dv_accum != nullptr || w.dkv_floats != 0) {

@@ -165,6 +165,22 @@ void check_dq_order(const MaskParams& mask, int64_t sq, int64_t sk, int block_m,
       }
     }
   }
+  // Fused dQ (bwd_ordered_dq.h): the adders a writer counts with dq_adds_into are those that walk the query block (its
+  // last adder converts the sum), and a query block that no key block walks holds only rows that see no key (the
+  // preprocess writes their dq = 0; nothing else does).
+  for (int m = 0; m < m_blocks; ++m) {
+    int adders = 0;
+    for (int n = 0; n < seq_blocks; ++n) adders += flash::sm90::dq_adds_into(blocks[n], m);
+    for (int head = 0; head < heads; ++head) {
+      if (static_cast<int>(counts[static_cast<size_t>(head) * (m_blocks + 1) + m].size()) != adders) {
+        fail("dq adders counted unlike the walks", sq, sk, mask, m, adders);
+      }
+    }
+    for (int64_t row = int64_t{m} * block_m; adders == 0 && row < sq && row < int64_t{m + 1} * block_m; ++row) {
+      const flash::KeyRange keys = flash::visible_keys(mask, row, offset, sk);
+      if (keys.end > keys.begin) fail("dq query block with a row that sees keys but no adder", sq, sk, mask, m, row);
+    }
+  }
   for (auto& adders : counts) {
     std::sort(adders.begin(), adders.end());
     for (size_t k = 0; k < adders.size(); ++k) {

@@ -131,9 +131,9 @@ struct BwdWorkspace {
   // With block_stats: [nheads_q][stats_head_stride] (blocks of 2 x kBwdStatsRows floats); null otherwise.
   float* stats;
   int64_t stats_head_stride;
-  // With block_stats and deterministic: one counter per statistics block, [nheads_q][semaphore_head_stride], zeroed
-  // before the main kernel: how many key blocks have added into that query block's dQ rows (the Hopper backward's
-  // ordered dQ, sm90/bwd_tile_config.h bwd_orders_dq); null otherwise.
+  // With block_stats: one counter per statistics block, [nheads_q][semaphore_head_stride], zeroed before the main
+  // kernel: how many key blocks have added into that query block's dQ rows (the Hopper backward's ordered dQ,
+  // deterministic or fused: sm90/bwd_tile_config.h bwd_orders_dq, bwd_fuses_dq); null otherwise.
   int* dq_semaphores;
   int64_t semaphore_head_stride;
 };
@@ -166,7 +166,7 @@ FLASH_HOST_DEVICE BwdWorkspace bwd_workspace(const BwdParams& params, DqLayout l
       kBwdStatsBlocksPerSequenceUnit * ((params.total_q + kBwdStatsSequenceRows - 1) / kBwdStatsSequenceRows + s.batch + 1);
   w.stats_head_stride = params.block_stats ? stats_blocks * 2 * kBwdStatsRows : 0;
   w.stats = params.block_stats && dkv != nullptr ? dkv + 2 * w.dkv_floats : nullptr;
-  w.semaphore_head_stride = params.block_stats && params.deterministic ? stats_blocks : 0;
+  w.semaphore_head_stride = params.block_stats ? stats_blocks : 0;
   w.dq_semaphores = w.semaphore_head_stride > 0 && w.stats != nullptr
                         ? reinterpret_cast<int*>(w.stats + s.nheads_q * w.stats_head_stride)
                         : nullptr;

@@ -73,6 +73,21 @@ __device__ __forceinline__ void tma_load_4d(void* box, const void* tensor_map, u
 #endif
 }
 
+// The same for a 2D map (c0 the inner coordinate), into a dense box of the map's box width (128-byte aligned
+// without a swizzle): the Hopper backward's fused dQ loads a query block's fp32 dQ sum back this way.
+__device__ __forceinline__ void tma_load_2d(void* box, const void* tensor_map, uint64_t* barrier, int c0, int c1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], "
+      "[%2];\n" ::"r"(smem_address(box)),
+      "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(smem_address(barrier)), "r"(c0), "r"(c1)
+      : "memory");
+#elif defined(__CUDA_ARCH__)
+  (void)box, (void)tensor_map, (void)barrier, (void)c0, (void)c1;
+  __trap();
+#endif
+}
+
 // Copies `bytes` contiguous bytes of global memory at `source` into shared memory at `destination` and counts them
 // on `barrier` (both addresses and the size multiples of 16 bytes). Reached below sm90 it traps.
 __device__ __forceinline__ void bulk_load(void* destination, const void* source, uint32_t bytes, uint64_t* barrier) {
