@@ -310,6 +310,98 @@ def test_deterministic_varlen(forced, head_dim):
         lambda *x, **kw: attention_varlen_ref(*x, cu_q.cpu(), cu_k.cpu(), causal=True, **kw)[:2])
 
 
+# Fused dQ (csrc/sm90/bwd_ordered_dq.h, under FLASH_ATTN_BWD_FUSED_DQ=1): a query block's first adder stores its tiles
+# into the fp32 accumulator (no zeroing pass; a sequence's last, partial box is added into rows the preprocess zeroed),
+# its last adder loads the sum back and stores dq (no conversion pass), an only adder stores dq from its own tiles, and
+# the preprocess writes dq = 0 in rows that see no key. Cases: arrival order with rotated walks, causal with more
+# queries than keys (query blocks no key block walks), a window, the descending order (more than 16 key blocks), GQA
+# on a grid large enough not to split its heads, fp16, deterministic, and varlen documents of several key blocks with
+# empty ones, partial boxes and queries without keys. dq and the workspace start as NaN, so a row no one writes fails.
+FUSED = "FLASH_ATTN_BWD_FUSED_DQ"
+FUSED_CASES = {
+    "none": dict(shape=(2, 700, 900)),
+    "causal": dict(shape=(2, 700, 900), causal=True),
+    "causal_long_q": dict(shape=(1, 1500, 300), causal=True),
+    "window": dict(shape=(2, 640, 1000), window=(100, 50)),
+    "descending": dict(shape=(1, 300, 128 * 20 + 7)),
+    "descending_causal": dict(shape=(1, 2600, 128 * 20 + 7), causal=True),
+    "gqa": dict(shape=(16, 300, 1100), heads=(8, 4)),
+    "fp16": dict(shape=(2, 500, 600), causal=True, dtype=torch.float16),
+    "deterministic": dict(shape=(2, 700, 900), causal=True, deterministic=True),
+}
+
+
+@pytest.fixture
+def fused(monkeypatch):
+    monkeypatch.setenv(SWITCH, "force")
+    monkeypatch.setenv(FUSED, "1")
+
+
+def _no_dq_conversion(call):
+    call()
+    names = cuda_kernel_names(call)
+    assert any("sm90::" in name for name in names), names
+    assert not any("bwd_convert_dq_kernel" in name for name in names), names
+
+
+@pytest.mark.parametrize("case", list(FUSED_CASES))
+@pytest.mark.parametrize("head_dim", [32, 64, 96, 128])
+def test_fused_dq(fused, case, head_dim):
+    spec = FUSED_CASES[case]
+    causal, window = spec.get("causal", False), spec.get("window", (-1, -1))
+    dtype = spec.get("dtype", torch.bfloat16)
+    _require(dtype, head_dim, "local" if window != (-1, -1) else "causal" if causal else "none")
+    batch, seqlen_q, seqlen_k = spec["shape"]
+    h, hk = spec.get("heads", (4, 4))
+    q, k, v = _leaves((batch, seqlen_q, h, head_dim), (batch, seqlen_k, hk, head_dim),
+                      (batch, seqlen_k, hk, head_dim), dtype=dtype)
+    dout = randn(batch, seqlen_q, h, head_dim, dtype=dtype, device="cuda")
+    kwargs = dict(causal=causal, window_size=window)
+    deterministic = spec.get("deterministic", False)
+
+    def run():
+        return flash_attn_func(q, k, v, deterministic=deterministic, **kwargs)
+
+    def ref(*x, **kw):
+        return attention_ref(*x, **kwargs, **kw)
+
+    _poison_allocator(q, q, q, q)
+    out = run()
+    _no_dq_conversion(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+    _poison_allocator(q, q, q, q)
+    if deterministic:
+        _repeatable_and_correct(run, (q, k, v), dout, ref)
+    else:
+        _check_grads(run(), (q, k, v), dout, ref)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_fused_dq_varlen(fused, causal, head_dim):
+    _require(torch.bfloat16, head_dim, "causal" if causal else "none")
+    seqlens_q = [257, 0, 31, 300, 129, 5, 200, 64, 1, 290, 17, 133]
+    seqlens_k = [520, 9, 0, 290, 129, 77, 128, 255, 1, 300, 40, 517]
+    q, k, v, cu_q, cu_k = varlen_tensors(seqlens_q, seqlens_k, 8, 8, head_dim, torch.bfloat16, "cuda",
+                                         requires_grad=True)
+    dout = randn(*q.shape, dtype=torch.bfloat16, device="cuda")
+    run = lambda: flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), causal=causal)
+    out = run()
+    _no_dq_conversion(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+    _poison_allocator(q, q, q, q)
+    _check_grads(run(), (q, k, v), dout,
+                 lambda *x, **kw: attention_varlen_ref(*x, cu_q.cpu(), cu_k.cpu(), causal=causal, **kw)[:2])
+
+
+def test_fused_dq_switch_rejects_other_values(monkeypatch):
+    _require(torch.bfloat16, 128)
+    q, k, v = _leaves((1, 300, 2, 128), (1, 300, 2, 128), (1, 300, 2, 128))
+    monkeypatch.setenv(SWITCH, "force")
+    monkeypatch.setenv(FUSED, "yes")
+    out = flash_attn_func(q, k, v)
+    with pytest.raises((RuntimeError, ValueError), match=FUSED):
+        torch.autograd.grad(out.sum(), (q, k, v))
+
+
 # Backward calls the Hopper backward does not serve yet: feature (as its force error names it) -> flash_attn_func
 # keyword arguments. The bias gradient (SDPA's attn_mask with requires_grad) is the one left.
 FALLBACKS = {

@@ -17,6 +17,8 @@
 #        rounds and order; SDPA peers refuse the features, so those rows compare the variants with each other)
 #        AB_CHECK_ROUNDS=1 (rounds that check every call against the fp32 reference; later ones only time)
 #        AB_JOBS=16 (compile jobs) AB_COMPILE_CACHE=0 (no shared object cache, every variant built at once)]
+#        An overlay's file AB_ENV (lines NAME=value) is exported for its tests and benchmark runs: a run-time switch
+#        (e.g. FLASH_ATTN_BWD_FUSED_DQ=1) is then a variant whose build is all cache hits.
 #        tools/ab_bench.sh   (build knobs FLASH_ATTN_* and REP_MS from the environment)
 set -uo pipefail
 # FLASH_ATTN_MASKS="none;causal" compiles a third fewer kernels: the benchmark runs the calls whose mask kind is built
@@ -54,6 +56,8 @@ DIRECTION="${AB_DIRECTION:-fwd}"; HEADDIMS="${AB_HEADDIMS:-64,128,256}"; SEQLENS
 REP_MS="${REP_MS:-30}"; ROUNDS="${AB_ROUNDS:-3}"; TESTS="${AB_TESTS:-}"; AB_HEADS_K="${AB_HEADS_K:-0}"
 
 name_of() { [ "$1" = "." ] && echo new || basename "$1"; }
+# Run in a variant's tree: exports its AB_ENV settings, if it has any.
+variant_env() { if [ -f AB_ENV ]; then set -a; . ./AB_ENV; set +a; fi; }
 start=$(date +%s)
 # The variants share an object cache (tools/compile_cache.py, for nvcc and, through tools/cxx_cache.sh, the C++
 # compiler of the compile rules): the first to build compiles alone with every job, then the others in parallel, each
@@ -105,7 +109,7 @@ if [ -n "$TESTS" ]; then  # correctness of every variant (of the first only with
     # Every run in a variant's tree imports that tree (PYTHONPATH): an editable install on the machine
     # (tools/hopper_validate.sh's pip install -e, earlier in the same warm call) otherwise serves every variant its
     # build, as in the forty-fourth session, where every variant ran the tree's hd 96 build and supported nothing.
-    (cd "$WORK/$name" && export PYTHONPATH="$PWD" &&
+    (cd "$WORK/$name" && export PYTHONPATH="$PWD" && variant_env &&
       timeout "${AB_TESTS_S:-150}" python3 -m pytest -q -n 8 -p no:cacheprovider $TESTS > "$OUT/tests_$name.log" 2>&1)
     echo "tests $name: $(grep -E "^(FAILED|ERROR)" "$OUT/tests_$name.log" | head -5) $(tail -1 "$OUT/tests_$name.log")"
     # The failures' first assertion lines here: the device returns only 8 files, and the test logs may not be among them.
@@ -143,7 +147,7 @@ for r in $(seq "$ROUNDS"); do
 ${arg_sets[$s]} $check --out $OUT/r${r}_${name}_$tag.json" >> "$runs"
       done
     done
-    (cd "$WORK/$name" && export PYTHONPATH="$PWD" && python3 tools/bench_runs.py "$runs") ||
+    (cd "$WORK/$name" && export PYTHONPATH="$PWD" && variant_env && python3 tools/bench_runs.py "$runs") ||
       echo "bench $name round $r: a run failed (its log says which)"
     rm -f "$runs"
     if [ "${AB_KVCACHE:-0}" = 1 ]; then
