@@ -13,6 +13,7 @@ import torch
 
 import flash_attn
 from flash_attn import flash_attn_func, flash_attn_varlen_func
+from flash_attn.interface import attention
 from flash_attn._native import C
 from flash_attn.reference import attention_ref, attention_varlen_ref
 from helpers import assert_close_fa, cuda_kernel_names, randn, reference_pair, varlen_tensors
@@ -376,7 +377,7 @@ def test_fused_dq(fused, case, head_dim):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [32, 64, 96, 128])
 def test_fused_dq_varlen(fused, causal, head_dim):
     _require(torch.bfloat16, head_dim, "causal" if causal else "none")
     seqlens_q = [257, 0, 31, 300, 129, 5, 200, 64, 1, 290, 17, 133]
@@ -400,6 +401,85 @@ def test_fused_dq_switch_rejects_other_values(monkeypatch):
     out = flash_attn_func(q, k, v)
     with pytest.raises((RuntimeError, ValueError), match=FUSED):
         torch.autograd.grad(out.sum(), (q, k, v))
+
+
+# D = rowsum(dO o O) in the kernel (csrc/sm90/bwd_step_delta.h, under FLASH_ATTN_BWD_D_IN_KERNEL=1, calls of at most
+# 8 key blocks at hd <= 128): with a gradient through the LSE as well (dlse enters D), on both sides of the threshold
+# (100 keys: one key block, direct dQ; 300 and 700: D in the kernel; 2300: the preprocess's D), in the lean kernels
+# alone, with fused dQ, deterministic, and in the general kernels (softcap + ALiBi); fp16; varlen with empty
+# documents and rows past each document's end in the same tiles (their D must stay 0).
+DELTA = "FLASH_ATTN_BWD_D_IN_KERNEL"
+DELTA_VARIANTS = {
+    "lean": {},
+    "fused": dict(env={FUSED: "1"}),
+    "deterministic": dict(deterministic=True),
+    "softcap_alibi": dict(softcap=20.0, alibi=True),
+    "fp16": dict(dtype=torch.float16),
+}
+
+
+@pytest.mark.parametrize("variant", list(DELTA_VARIANTS))
+@pytest.mark.parametrize("seqlen_k", [100, 300, 700, 2300])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
+def test_delta_in_kernel(monkeypatch, variant, seqlen_k, head_dim):
+    spec = DELTA_VARIANTS[variant]
+    dtype = spec.get("dtype", torch.bfloat16)
+    _require(dtype, head_dim, "causal")
+    monkeypatch.setenv(SWITCH, "force")
+    monkeypatch.setenv(DELTA, "1")
+    for name, value in spec.get("env", {}).items():
+        monkeypatch.setenv(name, value)
+    batch, seqlen_q, h, hk = 2, 203, 8, 2
+    q, k, v = _leaves((batch, seqlen_q, h, head_dim), (batch, seqlen_k, hk, head_dim), (batch, seqlen_k, hk, head_dim),
+                      dtype=dtype)
+    kwargs = dict(causal=True, softcap=spec.get("softcap", 0.0))
+    if spec.get("alibi"):
+        kwargs["alibi_slopes"] = torch.rand(batch, h, device="cuda") * 0.3
+    dout = randn(batch, seqlen_q, h, head_dim, dtype=dtype, device="cuda")
+    deterministic = spec.get("deterministic", False)
+    window = (-1, 0)
+
+    def run():
+        out, lse, _ = attention(q, k, v, window=window, softcap=kwargs["softcap"],
+                                alibi_slopes=kwargs.get("alibi_slopes"), deterministic=deterministic)
+        return out, lse
+
+    out, lse = run()
+    dlse = randn(*lse.shape, dtype=torch.float32, device="cuda")
+    grads = torch.autograd.grad((out, lse), (q, k, v), (dout, dlse))
+    if deterministic:
+        for _ in range(2):
+            again = torch.autograd.grad(run(), (q, k, v), (dout, dlse))
+            for name, a, b in zip("qkv", grads, again):
+                assert torch.equal(a, b), f"d{name} differs between deterministic runs"
+
+    def evaluate(compute_dtype):
+        xs = [x.detach().to(compute_dtype).requires_grad_() for x in (q, k, v)]
+        o, l = attention_ref(*xs, compute_dtype=compute_dtype, **kwargs)
+        return torch.autograd.grad((o, l), xs, (dout.to(compute_dtype), dlse.to(l.dtype)))
+
+    truth, naive = evaluate(torch.float64), evaluate(dtype)
+    for name, g, gt, gn in zip("qkv", grads, truth, naive):
+        try:
+            assert_close_fa(g.cpu(), gt.cpu(), gn.cpu(), 3.0, floor_dtype=torch.float32)
+        except AssertionError as error:
+            raise AssertionError(f"d{name}: {error}") from None
+
+
+@pytest.mark.parametrize("fused_dq", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_delta_in_kernel_varlen(monkeypatch, fused_dq, head_dim):
+    _require(torch.bfloat16, head_dim, "causal")
+    monkeypatch.setenv(SWITCH, "force")
+    monkeypatch.setenv(DELTA, "1")
+    monkeypatch.setenv(FUSED, "1" if fused_dq else "0")
+    seqlens_q, seqlens_k = [257, 0, 31, 300, 129, 5, 64, 1, 290, 17], [520, 9, 0, 290, 129, 77, 255, 1, 300, 40]
+    q, k, v, cu_q, cu_k = varlen_tensors(seqlens_q, seqlens_k, 4, 2, head_dim, torch.bfloat16, "cuda",
+                                         requires_grad=True)
+    dout = randn(*q.shape, dtype=torch.bfloat16, device="cuda")
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), causal=True)
+    _check_grads(out, (q, k, v), dout,
+                 lambda *x, **kw: attention_varlen_ref(*x, cu_q.cpu(), cu_k.cpu(), causal=True, **kw)[:2])
 
 
 # Backward calls the Hopper backward does not serve yet: feature (as its force error names it) -> flash_attn_func

@@ -40,9 +40,12 @@ __device__ __forceinline__ void zero_dq_row(const BwdParams& bp, int b, int64_t 
   }
 }
 
+// delta_in_kernel: the Hopper kernel sums rowsum(dO * O) itself (sm90/bwd_step_delta.h); delta and the statistics
+// blocks' D then get -dlse (or 0) only, and O and dO are not read.
 template <typename T>
 __global__ void __launch_bounds__(kRowwiseThreads) bwd_preprocess_kernel(const BwdParams bp, DqLayout layout,
-                                                                          DqPrep prep, int box_rows) {
+                                                                          DqPrep prep, int box_rows,
+                                                                          bool delta_in_kernel) {
   const FwdParams& p = bp.fwd;
   const int b = blockIdx.z;
   const int h = blockIdx.y;
@@ -68,7 +71,7 @@ __global__ void __launch_bounds__(kRowwiseThreads) bwd_preprocess_kernel(const B
   const int64_t head_dim = p.shape.head_dim;
 
   float dot = 0.f;
-  if (active) {
+  if (active && !delta_in_kernel) {
     const T* o = static_cast<const T*>(p.out) + b * p.out_strides.batch + (si.q_row0 + row) * p.out_strides.row +
                  h * p.out_strides.head;
     const T* d_o = static_cast<const T*>(bp.dout) + b * bp.dout_strides.batch +

@@ -30,6 +30,7 @@ struct BwdKernelArgs {
   // kDqSlotGroup columns x block_m rows. Enabled (bwd_reduces_dq_in_bulk, calls that are not deterministic): dQ goes
   // through the staging tile and bulk reductions; otherwise through register reductions.
   TensorMapArg dq_map;
+  CUtensorMap o_map;  // O as q_map has Q (d_in_kernel only)
   BwdParams params;
   float scale_log2;  // softmax_scale * log2(e)
   int heads_per_kv;
@@ -46,6 +47,9 @@ struct BwdKernelArgs {
   bool dq_fused;
   bool dq_arrival_order;
   bool dq_rotates;  // arrival order in a call without a mask
+  // D = rowsum(dO o O) summed in the kernel (bwd_tile_config.h bwd_computes_d_in_kernel, bwd_step_delta.h): the
+  // producer loads each step's O rows after its dO, and the consumers wait for the step's D (BwdDeltaRing::d_full).
+  bool d_in_kernel;
   // BwdParams::head_splits: CTA x takes query heads (x % head_splits) * heads_per_split ... of its KV head's group
   // for key block x / head_splits and adds dK, dV into the workspace's fp32 accumulators (head_splits > 1 only in
   // calls that are not deterministic: one CTA per key block and split).
@@ -169,15 +173,27 @@ struct BwdRing {
   }
 };
 
+// The narrow kernel's tiles for D in the kernel (bwd_step_delta.h): one buffer of a step's O rows with its full /
+// empty barriers, and per ring stage the barrier that publishes the step's D; null in the wide kernel.
+struct BwdDeltaRing {
+  uint8_t* o_tile = nullptr;
+  uint64_t* o_full = nullptr;
+  uint64_t* o_empty = nullptr;
+  uint64_t* d_full = nullptr;  // [stages]
+};
+
 // The producer thread: per key block with any step, K and V once; per step Q with its statistics block, then dO, each
-// into ring slot (ring % kStages) once the consumers released it.
+// into ring slot (ring % kStages) once the consumers released it, and with args.d_in_kernel the step's O into the one
+// O buffer once the delta warp released it.
 template <typename Layout, int kBlockM, int kBlockN, int kStages>
 __device__ __forceinline__ void produce_bwd_tiles(const BwdKernelArgs& args, const BwdCta<kBlockM, kBlockN>& cta,
-                                                  const BwdRing<Layout, kStages>& ring_tiles) {
+                                                  const BwdRing<Layout, kStages>& ring_tiles,
+                                                  const BwdDeltaRing& delta = BwdDeltaRing{}) {
   using Slot = RingSlot<kStages>;
   const MaskParams& mask = args.params.fwd.mask;
   int ring = 0;       // Q / dO ring iterations, counted across key blocks
   int loaded_kv = 0;  // key blocks whose K / V were loaded
+  int o_loads = 0;    // steps whose O was loaded (d_in_kernel)
   for (int n_block = cta.first_block; n_block < args.num_n_blocks; n_block += cta.block_stride) {
     const BwdBlock block = cta.plan(mask, n_block);
     if (block.steps == 0) continue;  // no keys, or no query sees them: the consumers write zeros
@@ -213,6 +229,14 @@ __device__ __forceinline__ void produce_bwd_tiles(const BwdKernelArgs& args, con
       for (int seg = 0; seg < Layout::kSegments; ++seg) {
         ptx::tma_load_4d(ring_tiles.do_tiles + slot.stage * Layout::kRowsBytes + seg * kBlockM * kSegmentBytes,
                          &args.do_map, do_full, seg * kSegmentElems, head, q_row, cta.map_batch);
+      }
+      if (args.d_in_kernel && delta.o_tile != nullptr) {
+        ptx::mbarrier_wait_parity(delta.o_empty, RingSlot<1>(o_loads++).parity ^ 1);
+        ptx::mbarrier_arrive_expect_tx(delta.o_full, Layout::kRowsBytes);
+        for (int seg = 0; seg < Layout::kSegments; ++seg) {
+          ptx::tma_load_4d(delta.o_tile + seg * kBlockM * kSegmentBytes, &args.o_map, delta.o_full,
+                           seg * kSegmentElems, head, q_row, cta.map_batch);
+        }
       }
     }
   }

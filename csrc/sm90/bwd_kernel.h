@@ -32,6 +32,7 @@
 #include "sm90/bwd_cta.h"
 #include "sm90/bwd_direct_dq.h"
 #include "sm90/bwd_ordered_dq.h"
+#include "sm90/bwd_step_delta.h"
 #include "sm90/bwd_tile_config.h"
 #include "sm90/fwd_tile_config.h"
 #include "sm90/kernel_common.h"
@@ -58,15 +59,18 @@ struct BwdSmemLayout {
   static constexpr int kDs = kDo + kStages * kRowsBytes;   // two tiles: step i writes tile i % 2
   static constexpr int kStats = kDs + 2 * kDsBytes;         // [stage][kStatFloats], loaded with the stage's Q
   static constexpr int kDqStage = kStats + kStages * kStatBytes;  // [consumer][box][row][16]
-  static constexpr int kBarriers = kDqStage + kBwdConsumerWarpgroups * kDqStageFloats * 4;
-  // kv_full, kv_empty, then per stage q_full, q_empty, do_full, do_empty, then each dQ writer's sum_full (fused dQ)
+  static constexpr int kO = kDqStage + kBwdConsumerWarpgroups * kDqStageFloats * 4;  // a step's O (D in the kernel)
+  static constexpr int kBarriers = kO + kRowsBytes;
+  // kv_full, kv_empty, then per stage q_full, q_empty, do_full, do_empty; each dQ writer's sum_full (fused dQ); o_full,
+  // o_empty and per stage d_full (D in the kernel)
   static constexpr int kSumBarriers = 2 + 4 * kStages;
-  static constexpr int kBarrierCount = kSumBarriers + kBwdDqWriters;
+  static constexpr int kDeltaBarriers = kSumBarriers + kBwdDqWriters;
+  static constexpr int kBarrierCount = kDeltaBarriers + 2 + kStages;
   static constexpr int kBytes = kBarriers + kBarrierCount * 8;
   static constexpr int kLaunchBytes = kBytes + static_cast<int>(ptx::kSwizzleAtomBytes);
   static_assert(kBlockM % kSegmentElems == 0, "a key's dS^T queries are whole 128-byte swizzled lines of 64");
   static_assert(kRowsBytes % ptx::kSwizzleAtomBytes == 0 && kKvBytes % ptx::kSwizzleAtomBytes == 0 &&
-                    kDsBytes % ptx::kSwizzleAtomBytes == 0,
+                    kDsBytes % ptx::kSwizzleAtomBytes == 0 && kO % ptx::kSwizzleAtomBytes == 0,
                 "every tile starts on a swizzle atom");
   static_assert(kLaunchBytes <= kMaxSmemPerBlock, "the tiles must fit the shared memory a block may opt into");
   static_assert(kBlockM % kBwdStatsRows == 0 && kBlockM <= kBwdStatsSequenceRows,
@@ -78,6 +82,7 @@ struct BwdSmemLayout {
 // (own-keys dQ) its dS^T rows, one over both consumers for column-half dQ.
 constexpr int kBwdOwnDsBarrier = 3;     // + consumer
 constexpr int kBwdSharedDsBarrier = 5;  // both consumers
+static_assert(kBwdDeltaWarp >= kBwdDqFirstWriterWarp + kBwdDqWriters, "the delta warp is not a dQ writer");
 constexpr int kBwdDqStageBarrier = 8;   // + consumer: its dQ staging tile written, the boxes may be issued (8-15:
                                         // ordered dQ's handoff instead, bwd_ordered_dq.h)
 
@@ -127,6 +132,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   uint64_t* do_full = ring_tiles.do_full;
   uint64_t* do_empty = ring_tiles.do_empty;
   uint64_t* sum_full = reinterpret_cast<uint64_t*>(smem + Layout::kBarriers) + Layout::kSumBarriers;
+  uint64_t* delta_barriers = reinterpret_cast<uint64_t*>(smem + Layout::kBarriers) + Layout::kDeltaBarriers;
+  const BwdDeltaRing delta{smem + Layout::kO, delta_barriers, delta_barriers + 1, delta_barriers + 2};
 
   const BwdParams& bp = args.params;
   const FwdParams& p = bp.fwd;
@@ -135,6 +142,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
     // arrival per consumer after a named barrier orders them too, but racecheck does not follow that order and
     // reported the next bulk copy against the other threads' reads (docs/perf_log.md, seventeenth session).
     for (int w = 0; w < kBwdDqWriters; ++w) ptx::mbarrier_init(sum_full + w, 1);
+    // o_full: the producer's arrival and the bytes; o_empty and d_full: the delta warp's one arrival.
+    for (int b = 0; b < 2 + kStages; ++b) ptx::mbarrier_init(delta_barriers + b, 1);
     init_pipeline_barriers(kv_full, kv_empty, q_full, do_full, q_empty, do_empty, kStages, kBwdConsumerWarpgroups,
                            kBwdConsumerWarpgroups * ptx::kWarpgroupThreads, kBwdConsumerWarpgroups);
   }
@@ -144,7 +153,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   if (warpgroup == 0) {
     ptx::release_registers<kProducerRegisters>();
     if (threadIdx.x == 0) {
-      produce_bwd_tiles(args, BwdCta<kBlockM, kBlockN>(args), ring_tiles);
+      produce_bwd_tiles(args, BwdCta<kBlockM, kBlockN>(args), ring_tiles, delta);
+    } else if (static_cast<int>(threadIdx.x) / kWarpSize == kBwdDeltaWarp) {
+      if (args.d_in_kernel) compute_step_deltas<T>(args, BwdCta<kBlockM, kBlockN>(args), ring_tiles, delta);
     } else if (args.dq_ordered) {
       const int writer = static_cast<int>(threadIdx.x) / kWarpSize - kBwdDqFirstWriterWarp;
       if (writer >= 0 && writer < kBwdDqWriters) {
@@ -284,6 +295,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
         const uint8_t* do_slot = do_tiles + slot.stage * Layout::kRowsBytes;
         if constexpr (!kPrefetchScores) issue_step_scores(slot);
         if constexpr (kPrefetchScores) issue_step_dp(slot);
+        // D summed in the kernel: the delta warp has added the step's row sums into its statistics block.
+        if (args.d_in_kernel) ptx::mbarrier_wait_parity(&delta.d_full[slot.stage], slot.parity);
 
         // P^T: register 4j + 2r + e holds key row keys[r], query column 8j + quad_col + e.
         const bool masked = block_pair_needs_mask(p.mask, kMask != MaskKind::kNone, q0, kBlockM, key0, kBlockN,

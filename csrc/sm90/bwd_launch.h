@@ -25,14 +25,24 @@ namespace flash::sm90 {
 // FLASH_ATTN_BWD_FUSED_DQ=1 runs fused dQ (bwd_tile_config.h bwd_fuses_dq) in the calls that can take it; unset or 0
 // keeps the accumulator's zeroing and conversion, the default until an A/B on the H200 prices it. Read at every call,
 // so that one process (a test, the A/B) runs both paths.
+// FLASH_ATTN_BWD_D_IN_KERNEL=1 likewise sums D = rowsum(dO o O) in the kernel (bwd_computes_d_in_kernel).
 constexpr const char* kBwdFusedDqEnv = "FLASH_ATTN_BWD_FUSED_DQ";
-inline bool bwd_fused_dq_requested() {
-  const char* value = std::getenv(kBwdFusedDqEnv);
+constexpr const char* kBwdDInKernelEnv = "FLASH_ATTN_BWD_D_IN_KERNEL";
+// Whether the switch `env` is set to 1 (unset, empty or 0: not); `off` and `on` say what each value does.
+inline bool bwd_switch_on(const char* env, const char* off, const char* on) {
+  const char* value = std::getenv(env);
   if (value == nullptr || *value == '\0' || std::string(value) == "0") return false;
   if (std::string(value) == "1") return true;
-  throw std::invalid_argument(std::string(kBwdFusedDqEnv) + "='" + value +
-                              "' is not a choice: use 0 (dq accumulator zeroed and converted in their own passes) or 1 "
-                              "(fused into the Hopper backward's ordered dQ adds)");
+  throw std::invalid_argument(std::string(env) + "='" + value + "' is not a choice: use 0 (" + off + ") or 1 (" + on +
+                              ")");
+}
+inline bool bwd_fused_dq_requested() {
+  return bwd_switch_on(kBwdFusedDqEnv, "dq accumulator zeroed and converted in their own passes",
+                       "fused into the Hopper backward's ordered dQ adds");
+}
+inline bool bwd_d_in_kernel_requested() {
+  return bwd_switch_on(kBwdDInKernelEnv, "D = rowsum(dO * O) in the preprocess",
+                       "summed in the Hopper backward's kernel for calls of up to 1k keys at head dims up to 128");
 }
 
 // Launches one backward kernel with its dynamic shared memory (above 48 KB a kernel must opt in; once per kernel
@@ -139,13 +149,17 @@ void run_bwd(const BwdParams& params, void* stream) {
   const bool fused = fusable && args.dq_map.enabled;
   args.dq_ordered = fused || (ordered && params.deterministic);
   args.dq_fused = fused;
+  // D in the kernel needs O as a TMA map like dO's.
+  args.d_in_kernel = bwd_computes_d_in_kernel(kHeadDim, key_blocks) && bwd_d_in_kernel_requested() &&
+                     encode_rows_map<T>(args.o_map, p.out, p.out_strides, shape.head_dim, shape.nheads_q,
+                                        rows.q_rows, rows.entries, kTile.block_m);
   if (row_blocks > 0) {
     const rowwise::DqPrep prep = direct_dq ? rowwise::DqPrep::kNone
                                  : fused   ? rowwise::DqPrep::kFused
                                            : rowwise::DqPrep::kZero;
     rowwise::bwd_preprocess_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch),
-                                        rowwise::kRowwiseThreads, 0, s>>>(params, DqLayout::kRows, prep,
-                                                                          bwd_dq_rows(kHeadDim, kTile.block_m));
+                                        rowwise::kRowwiseThreads, 0, s>>>(
+        params, DqLayout::kRows, prep, bwd_dq_rows(kHeadDim, kTile.block_m), args.d_in_kernel);
   }
   if (args.dq_ordered) {
     // Arrival order (bwd_cta.h) for short sequences, whose key blocks fit on the GPU at one CTA per SM.

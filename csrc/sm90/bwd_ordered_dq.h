@@ -124,8 +124,12 @@ __device__ __forceinline__ void store_dq_from_tile(const BwdParams& bp, T* dq_ro
   for (int r = (lane / 4) % 2; r < rows; r += 2) {
     const float4 v = *reinterpret_cast<const float4*>(from + r * kDqSlotGroup);
     T* dst = dq_rows + r * bp.dq_strides.row + column;
-    if (low) *reinterpret_cast<uint32_t*>(dst) = pack_pair<T>(v.x * scale, v.y * scale);
-    if (high) *reinterpret_cast<uint32_t*>(dst + kDqSlotGroup / 2) = pack_pair<T>(v.z * scale, v.w * scale);
+    // + 0: a -0 sum leaves as +0, as from the conversion kernel's 0 + sum, whatever the order of a first adder's
+    // store and a neighbouring sequence's +0 spill into its rows.
+    if (low) *reinterpret_cast<uint32_t*>(dst) = pack_pair<T>(v.x * scale + 0.f, v.y * scale + 0.f);
+    if (high) {
+      *reinterpret_cast<uint32_t*>(dst + kDqSlotGroup / 2) = pack_pair<T>(v.z * scale + 0.f, v.w * scale + 0.f);
+    }
   }
 }
 

@@ -3,6 +3,8 @@
 // (Q and dO through `stages`-slot TMA rings). FA3's hd 64 / 128 shapes (HOPPER_NOTES.md 2.4): 64 x 128, 2 stages.
 #pragma once
 
+#include <cstdint>
+
 namespace flash::sm90 {
 
 constexpr int kBwdRowsPerConsumer = 64;  // keys per consumer warpgroup: the wgmma M of S^T, dP^T, dV, dK
@@ -196,6 +198,22 @@ constexpr bool kBwdFusedDq = true;
 constexpr bool bwd_fuses_dq(int head_dim, bool general) {
   return kBwdFusedDq && !general && head_dim <= kBwdMaxNarrowHeadDim && bwd_orders_dq(head_dim) &&
          bwd_dq_split(head_dim, bwd_tile_config(head_dim).block_m) != BwdDqSplit::kOwnKeys;
+}
+
+// Whether D = rowsum(dO o O) is summed in the main kernel instead of the preprocess: the narrow kernels (lean and
+// general) load each step's O rows beside its dO, and warp kBwdDeltaWarp of the producer warpgroup
+// (bwd_step_delta.h) adds the step's row sums into its statistics block before the consumers form dS^T. The
+// preprocess then reads only the LSE: its O / dO pass took 46 us at 16k tokens x 16 heads x hd 128 (forty-second
+// session's profile), ~8 % of a 512-key backward once fused dQ removes the zeroing and the conversion. Each key
+// block recomputes the D of every query block it walks (O read again from L2 per key block, half again the Q / dO
+// traffic), so only calls of at most kBwdDInKernelMaxKeyBlocks key blocks (max_seqlen_k <= 1k). Predicted +6-8 % at
+// 512 keys, +3-4 % at 1k. Compiled into the narrow kernels; taken at run time only where FLASH_ATTN_BWD_D_IN_KERNEL=1
+// (bwd_launch.h) until an A/B on the H200 prices it.
+constexpr bool kBwdDInKernel = true;
+constexpr int kBwdDInKernelMaxKeyBlocks = 8;
+constexpr bool bwd_has_delta_warp(int head_dim) { return kBwdDInKernel && head_dim <= kBwdMaxNarrowHeadDim; }
+constexpr bool bwd_computes_d_in_kernel(int head_dim, int64_t key_blocks) {
+  return bwd_has_delta_warp(head_dim) && key_blocks <= kBwdDInKernelMaxKeyBlocks;
 }
 
 // Whether a masked step's per-element test compares each score's compile-time query column with the queries that see
