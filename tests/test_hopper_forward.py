@@ -7,6 +7,8 @@
 # NaN-filled cache tails, LSE, and the backward on the Hopper forward's output and LSE. Then the fallbacks: each feature
 # the path does not serve runs on the portable kernels under FLASH_ATTN_HOPPER=1 and fails, naming the feature, under
 # force. Collected where a Hopper GPU runs sm_90a code of a build with sm90 forward kernels.
+import re
+
 import pytest
 import torch
 
@@ -565,3 +567,62 @@ def test_auto_takes_small_head_dims_where_they_pay(monkeypatch, causal, seqlen, 
     call()
     names = cuda_kernel_names(call)
     assert any("sm90::" in name for name in names) == hopper, names
+
+
+# Tall rows (csrc/sm90/fwd_tile_config.h kFwdTallTile, under FLASH_ATTN_FWD_TALL_ROWS=1): the hd 96 bucket on 192-row
+# tiles of three consumer warpgroups from 4096 queries, a second instantiation beside the 128-row tile. Each case
+# checks the tile the call launched (the kernel's template arguments) and the output and LSE against the reference:
+# carried tiles (a CTA per SM), causal rows that see no key, softcap, hd 80 (below the bucket), GQA packed into the
+# tall rows (4 heads of 48 queries a tile), key splits over few tiles, fp16, varlen picked by its longest sequence;
+# 4095 queries and windows keep the 128-row tile.
+TALL = "FLASH_ATTN_FWD_TALL_ROWS"
+TALL_CASES = {
+    "none": dict(shape=(2, 4096, 4096), tall=True),
+    "causal_rows_without_keys": dict(shape=(1, 4133, 3000), causal=True, tall=True),
+    "softcap": dict(shape=(1, 4100, 1000), softcap=20.0, tall=True),
+    "hd80": dict(shape=(1, 4096, 2000), head_dim=80, tall=True),
+    "gqa_packed": dict(shape=(1, 4096, 1500), heads=(8, 2), tall=True),
+    "key_splits": dict(shape=(1, 4096, 40000), heads=(1, 1), tall=True),
+    "fp16": dict(shape=(1, 4096, 700), dtype=torch.float16, causal=True, tall=True),
+    "short": dict(shape=(2, 4095, 4095), tall=False),
+    "window": dict(shape=(1, 5000, 5000), window=(300, 0), tall=False),
+}
+TALL_KERNEL = re.compile(r"fwd_kernel<[^>]*\b192, 112, 2\b")
+
+
+def _launched_tall(call):
+    call()
+    names = [name for name in cuda_kernel_names(call) if "sm90::fwd_kernel" in name]
+    assert names, "no Hopper forward kernel ran"
+    return any(TALL_KERNEL.search(name) for name in names)
+
+
+@pytest.mark.parametrize("case", list(TALL_CASES))
+def test_tall_rows(forced, monkeypatch, case):
+    spec = TALL_CASES[case]
+    dtype, head_dim = spec.get("dtype", torch.bfloat16), spec.get("head_dim", 96)
+    causal, window = spec.get("causal", False), spec.get("window", (-1, -1))
+    _require(dtype, head_dim, "local" if window != (-1, -1) else "causal" if causal else "none")
+    monkeypatch.setenv(TALL, "1")
+    batch, seqlen_q, seqlen_k = spec["shape"]
+    h, hk = spec.get("heads", (4, 4))
+    q, k, v = _qkv(batch, seqlen_q, seqlen_k, h, hk, head_dim, dtype)
+    softcap = spec.get("softcap", 0.0)
+    assert _launched_tall(lambda: flash_attn_func(q, k, v, causal=causal, window_size=window,
+                                                  softcap=softcap)) == spec["tall"]
+    _check_forward(q, k, v, causal=causal, window_size=window, softcap=softcap)
+
+
+def test_tall_rows_varlen(forced, monkeypatch):
+    _require(torch.bfloat16, 96, "causal")
+    monkeypatch.setenv(TALL, "1")
+    seqlens_q, seqlens_k = [4500, 0, 300, 1, 4096], [4000, 50, 300, 0, 4200]
+    q, k, v, cu_q, cu_k = varlen_tensors(seqlens_q, seqlens_k, 4, 2, 96, torch.bfloat16, "cuda")
+    call = lambda: _flash_attn_varlen_forward(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), 0.0, None, True,
+                                              -1, -1)
+    assert _launched_tall(call)
+    out, lse, _, _ = call()
+    truth, naive = reference_pair(
+        lambda *x, **kw: attention_varlen_ref(*x, cu_q.cpu(), cu_k.cpu(), causal=True, **kw),
+        (q.cpu(), k.cpu(), v.cpu()))
+    _check_out_lse(out, lse, truth, naive, 2.0)

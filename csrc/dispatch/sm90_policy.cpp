@@ -59,7 +59,27 @@ bool fwd_pages_fit_call(const FwdParams& p) {
   return pages_per_block * query_tiles_per_kv_head(s, sm90_fwd_packed_heads(p), tile.block_m) <= kMaxInPlacePageBoxes;
 }
 
+// The tile a planned call's Hopper forward runs: the bucket's, or tall rows where the plan chose them.
+sm90::FwdTileConfig fwd_call_tile(const FwdParams& p) {
+  return p.sm90_tall_rows ? sm90::kFwdTallTile
+                          : sm90::fwd_tile_config(sm90_head_dim_bucket(p.shape.head_dim), mask_kind(p.mask));
+}
+
 }  // namespace
+
+bool sm90_fwd_tall_rows(const FwdParams& p) {
+  const AttentionShape& s = p.shape;
+  if (!sm90::fwd_has_tall_rows(sm90_head_dim_bucket(s.head_dim), mask_kind(p.mask)) || p.block_table != nullptr ||
+      s.seqlen_q < sm90::kFwdTallRowsMinQueries) {
+    return false;
+  }
+  const char* value = std::getenv(kFwdTallRowsEnv);
+  if (value == nullptr || *value == '\0' || std::string(value) == "0") return false;
+  if (std::string(value) == "1") return true;
+  throw std::invalid_argument(std::string(kFwdTallRowsEnv) + "='" + value +
+                              "' is not a choice: use 0 (the hd 96 Hopper forward on 128-row tiles) or 1 (192-row "
+                              "tiles from 4096 queries)");
+}
 
 HopperSwitch hopper_switch() {
   const char* value = std::getenv(kHopperSwitchEnv);
@@ -221,7 +241,7 @@ int sm90_fwd_packed_heads(const FwdParams& p) {
   const AttentionShape& s = p.shape;
   if (p.mask.alibi_slopes != nullptr || s.nheads_k < 1 || s.seqlen_q < 1) return 1;
   const int64_t group = s.nheads_q / s.nheads_k;
-  const int block_m = sm90::fwd_tile_config(sm90_head_dim_bucket(s.head_dim), mask_kind(p.mask)).block_m;
+  const int block_m = fwd_call_tile(p).block_m;
   int64_t packed = 1;
   while (group % (2 * packed) == 0 && block_m % (2 * packed) == 0) packed *= 2;
   return query_tiles_per_kv_head(s, packed, block_m) < query_tiles_per_kv_head(s, 1, block_m)
@@ -242,8 +262,7 @@ int sm90_fwd_num_splits(const FwdParams& p, int num_sms) {
   constexpr double kSplitOverheadBlocks = 1.0;
   const AttentionShape& s = p.shape;
   if (p.probs != nullptr || s.seqlen_k <= 0 || num_sms < 1) return 1;
-  const int bucket = sm90_head_dim_bucket(s.head_dim);
-  const sm90::FwdTileConfig tile = sm90::fwd_tile_config(bucket, mask_kind(p.mask));
+  const sm90::FwdTileConfig tile = fwd_call_tile(p);
   const int64_t packed = p.sm90_packed_heads > 1 ? p.sm90_packed_heads : 1;
   const int64_t tiles = s.batch * s.nheads_k * query_tiles_per_kv_head(s, packed, tile.block_m);
   const int64_t key_blocks = (s.seqlen_k + tile.block_n - 1) / tile.block_n;

@@ -54,6 +54,13 @@ int64_t sm90_bwd_dq_splits(const BwdParams& p, int num_sms);
 // head, or when nothing is saved. Measured in sm90_policy.cpp.
 int sm90_fwd_packed_heads(const FwdParams& p);
 
+// Whether a Hopper forward call runs on tall rows (FwdParams::sm90_tall_rows; sm90/fwd_tile_config.h kFwdTallTile: hd
+// 96 on 192-row tiles from kFwdTallRowsMinQueries queries, no window, no pages read in place). Only under
+// FLASH_ATTN_FWD_TALL_ROWS=1 until the rewritten tile is timed again on the H200 (docs/perf_log.md, forty-ninth
+// session); unset or 0: never. Set by the plan before the packing and the key splits, which take its tile.
+constexpr const char* kFwdTallRowsEnv = "FLASH_ATTN_FWD_TALL_ROWS";
+bool sm90_fwd_tall_rows(const FwdParams& p);
+
 // Calls of 2-16 query rows (speculative decoding with few draft tokens) whose query heads pack (sm90_fwd_packed_heads
 // > 1) into at least this many tile rows take the Hopper forward instead of the portable decode kernels. H200, bf16,
 // hd 128, GQA 32/8 (4 heads packed), from CUDA graphs, us Hopper / decode kernels (fortieth session): 2 queries (8 rows)

@@ -123,7 +123,7 @@ void launch_fwd(FwdKernelArgs& args, cudaStream_t stream) {
     const int64_t ctas = args.num_tiles < max_ctas ? args.num_tiles : max_ctas;
     constexpr bool kCanCarry = fwd_carries_tile_tail(kStorageDim) && kSchedule == FwdSchedule::kOverlap;
     if (kCanCarry && ctas < args.num_tiles) {
-      constexpr FwdSchedule kCarrying = fwd_carrying_schedule(kStorageDim, kMask);
+      constexpr FwdSchedule kCarrying = fwd_carrying_schedule(kTile.block_m);
       launch_fwd_kernel<T, kHeadDim, kMask, kCarrying, kGeneral, kTile, true, kPolyEvery, kCanCarry, false>(args, ctas,
                                                                                                           stream);
     } else {
@@ -161,6 +161,21 @@ template <DType kDType, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule = fw
           int kPolyEvery = fwd_poly_exp_every(fwd_storage_dim(kHeadDim)),
           int kPolyEveryGeneral = fwd_poly_exp_every_general(fwd_storage_dim(kHeadDim))>
 void run_fwd(const FwdParams& params, void* stream) {
+  // Tall rows (fwd_tile_config.h kFwdTallTile) where the plan chose them, as the second instantiation of the bucket's
+  // policy tile.
+  constexpr bool kPolicyTile = kTile == fwd_tile_config(kHeadDim, kMask);
+  if constexpr (fwd_has_tall_rows(kHeadDim, kMask) && kPolicyTile) {
+    if (params.sm90_tall_rows) {
+      run_fwd<kDType, kHeadDim, kMask, kSchedule, kFwdTallTile, kPersistent, kPolyEvery, kPolyEveryGeneral>(params,
+                                                                                                           stream);
+      return;
+    }
+  }
+  if (params.sm90_tall_rows && !(fwd_has_tall_rows(kHeadDim, kMask) && kPolicyTile) && kTile != kFwdTallTile) {
+    throw std::invalid_argument("flash_attn internal error: the plan chose tall rows (FwdParams::sm90_tall_rows) for "
+                                "head_dim=" + std::to_string(params.shape.head_dim) +
+                                ", whose Hopper forward kernel has none");
+  }
   using T = Element<kDType>;
   const AttentionShape& shape = params.shape;
   const bool general = fwd_needs_general_kernel(params);

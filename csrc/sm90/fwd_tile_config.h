@@ -40,6 +40,7 @@ struct FwdTileConfig {
   int block_m;  // query rows per CTA
   int block_n;  // keys per K/V stage (a multiple of 16: the P.V GEMM's k16 steps)
   int stages;   // K/V ring depth
+  constexpr bool operator==(const FwdTileConfig&) const = default;
 };
 
 // Calls without a mask run the persistent kernel (fwd_kernel.h kPersistent: CTAs stride over the tiles, the next
@@ -173,9 +174,9 @@ constexpr FwdSchedule fwd_schedule(int head_dim) {
 // 8k level; hd 192 causal 4k 613 / 552 (605), two rounds. Beyond the table at hd 128 (both on / off, 1k and 4k):
 // GQA 16/4 causal +5-8 %, varlen documents of 512 +5-6 %, softcap / ALiBi / window -1 to +8 %.
 constexpr bool kFwdPingpongWhenCarrying = true;
-constexpr FwdSchedule fwd_carrying_schedule(int head_dim, MaskKind mask) {
-  return kFwdPingpongWhenCarrying && fwd_consumer_warpgroups(head_dim, mask) == 2 ? FwdSchedule::kPingpong
-                                                                                   : FwdSchedule::kOverlap;
+constexpr FwdSchedule fwd_carrying_schedule(int block_m) {
+  return kFwdPingpongWhenCarrying && block_m == kConsumerWarpgroups * kRowsPerConsumer ? FwdSchedule::kPingpong
+                                                                                        : FwdSchedule::kOverlap;
 }
 
 // Buckets come every 32 columns (32 ... 256); each stores its tiles in whole 64-column TMA segments (TMA zero-fills
@@ -208,6 +209,20 @@ constexpr FwdTileConfig fwd_tile_config(int head_dim, MaskKind mask = MaskKind::
   if (head_dim <= 192) return FwdTileConfig{block_m, 112, 2};
   return FwdTileConfig{block_m, 80, 2};
 }
+
+// Tall rows: the hd 96 bucket (stored as 128 columns) on three consumer warpgroups, 192 query rows a tile and 112 keys
+// a stage (the most that fits beside a 192-row Q tile and its carried second slot; at 128 keys four of seven kernels
+// spilled 96-144 bytes, at 112 two spill 4-28), as hd 64 runs (fwd_consumer_warpgroups). A second instantiation
+// beside the two-consumer tile, taken per call (FwdParams::sm90_tall_rows, dispatch/sm90_policy.cpp
+// sm90_fwd_tall_rows): from kFwdTallRowsMinQueries queries, since a 192-row tile pads short sequences. Measured on
+// the H200 (forty-sixth session, 70 heads, TFLOP/s, two consumers / tall / cuDNN): non-causal 1k 505 / 475 / 496, 4k
+// 565 / 567 / 536, 16k 532 / 585 / 486; causal 1k 346 / 289 / 372, 4k 448 / 474 / 466, 16k 505 / 561 / 478; GQA 70/14
+// 4k 532 / 610, causal 453 / 521, 16k 520 / 584, causal 521 / 584; documents of 512 at 16k 421 / 401, causal 256 /
+// 204. Not for windows (a 192-row tile's band of keys is wider, as at hd 64) nor paged caches read in place (pages
+// fit 128-key blocks, not 112).
+constexpr FwdTileConfig kFwdTallTile{3 * kRowsPerConsumer, 112, 2};
+constexpr int64_t kFwdTallRowsMinQueries = 4096;
+constexpr bool fwd_has_tall_rows(int head_dim, MaskKind mask) { return head_dim == 96 && mask != MaskKind::kLocal; }
 
 // Paged K / V caches (FwdParams::block_table) read in place: a key block's rows come by TMA from its pages, one box
 // per segment from a page of whole key blocks, else one per page (fwd_kernel.h load_paged_block), instead of a

@@ -2,11 +2,14 @@
 // by tests/test_sm90_fwd_plan.py: KV-cache lengths served, appends in the call and packed GQA decode steps declined,
 // the backward declining seqused_k, paged caches only where pages fit the key blocks, GQA packing, and
 // sm90_fwd_num_splits on the H200's 132 SMs (no split once the query tiles fill the SMs; otherwise the fewest splits
-// of the least waves x blocks per split; at most 128; at least four key blocks a split).
+// of the least waves x blocks per split; at most 128; at least four key blocks a split), and tall rows (hd 96 on 192-row
+// tiles: which calls, under which switch values, and the splits and packing they plan).
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <initializer_list>
+#include <stdexcept>
 
 #include "dispatch/sm90_policy.h"
 #include "sm90/fwd_tile_config.h"
@@ -197,6 +200,65 @@ int main() {
                   bucket, stored, c.bucket, c.stored);
     }
   }
+
+  // Tall rows (hd 96 on 192-row tiles): only under FLASH_ATTN_FWD_TALL_ROWS=1, from 4096 queries, not under a window
+  // nor with pages read in place; the split plan and the packing then count 192-row tiles. Another value is refused.
+  struct TallCase {
+    const char* what;
+    flash::FwdParams p;
+    bool want;
+  };
+  flash::FwdParams window = call(1, 8, 8192, 8192, 96);
+  window.mask.window_left = 256;
+  flash::FwdParams tall_paged = call(1, 8, 8192, 8192, 96);
+  tall_paged.block_table = kUsed;
+  tall_paged.page_size = 256;
+  setenv(flash::kFwdTallRowsEnv, "1", 1);
+  for (const TallCase& c : {TallCase{"hd 96, 4096 queries", call(1, 8, 4096, 4096, 96), true},
+                            TallCase{"hd 80 (the 96 bucket), causal", call(1, 8, 5000, 5000, 80, true), true},
+                            TallCase{"hd 96, 4095 queries", call(1, 8, 4095, 8192, 96), false},
+                            TallCase{"hd 128", call(1, 8, 8192, 8192, 128), false},
+                            TallCase{"hd 64", call(1, 8, 8192, 8192, 64), false},
+                            TallCase{"hd 96 window", window, false}, TallCase{"hd 96 paged", tall_paged, false}}) {
+    ++cases;
+    if (flash::sm90_fwd_tall_rows(c.p) != c.want) {
+      ++failures;
+      std::printf("FAIL tall rows, %s: want %d\n", c.what, c.want);
+    }
+  }
+  // 1 x 1 head x 4096 queries: 22 tall tiles (32 of 128 rows) over 64k keys (586 blocks of 112, 512 of 128).
+  flash::FwdParams tall = call(1, 1, 4096, 65536, 96);
+  tall.sm90_tall_rows = flash::sm90_fwd_tall_rows(tall);
+  flash::FwdParams flat = call(1, 1, 4096, 65536, 96);
+  const int tall_splits = flash::sm90_fwd_num_splits(tall, kH200Sms);
+  const int flat_splits = flash::sm90_fwd_num_splits(flat, kH200Sms);
+  ++cases;
+  if (!tall.sm90_tall_rows || tall_splits <= 1 || tall_splits == flat_splits) {
+    ++failures;
+    std::printf("FAIL tall rows' split plan: %d splits (%d on 128-row tiles)\n", tall_splits, flat_splits);
+  }
+  // GQA 32 / 8 at 4096 queries: 22 tall tiles a head, 86 for a group of 4 packed (88 unpacked); 128-row tiles pack
+  // none (32 a head either way).
+  flash::FwdParams grouped = call(1, 32, 4096, 4096, 96);
+  grouped.shape.nheads_k = 8;
+  grouped.sm90_tall_rows = flash::sm90_fwd_tall_rows(grouped);
+  expect_packed("tall rows, 32 / 8 heads, 4096 queries", grouped, 4);
+  setenv(flash::kFwdTallRowsEnv, "0", 1);
+  expect_packed("128-row tiles, 32 / 8 heads, 4096 queries", gqa(1, 32, 8, 4096, 4096, 96), 1);
+  ++cases;
+  if (flash::sm90_fwd_tall_rows(call(1, 8, 8192, 8192, 96))) {
+    ++failures;
+    std::printf("FAIL tall rows under FLASH_ATTN_FWD_TALL_ROWS=0\n");
+  }
+  setenv(flash::kFwdTallRowsEnv, "yes", 1);
+  ++cases;
+  try {
+    flash::sm90_fwd_tall_rows(call(1, 8, 8192, 8192, 96));
+    ++failures;
+    std::printf("FAIL FLASH_ATTN_FWD_TALL_ROWS=yes accepted\n");
+  } catch (const std::invalid_argument&) {
+  }
+  unsetenv(flash::kFwdTallRowsEnv);
 
   std::printf("%d cases, %d failures\n", cases, failures);
   return failures == 0 ? 0 : 1;

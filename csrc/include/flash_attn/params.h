@@ -140,6 +140,9 @@ struct FwdParams {
   // Hopper forward calls of few query rows with GQA: this many query heads of one KV head share each tile's rows
   // (dispatch/sm90_policy.h sm90_fwd_packed_heads; sm90/fwd_kernel.h FwdKernelArgs::pack_shift). 1: one head a tile.
   int sm90_packed_heads = 1;
+  // Hopper forward calls at hd 96 from 4k queries: 192-row tiles on three consumer warpgroups
+  // (sm90/fwd_tile_config.h kFwdTallTile; dispatch/sm90_policy.h sm90_fwd_tall_rows).
+  bool sm90_tall_rows = false;
 
   // Paged K / V (flash_attn_with_kvcache's block_table; dense decode-tile CUDA calls whose pages hold whole key
   // blocks, with seqused_k: dispatch/fwd_plan.h fwd_reads_pages): k and v are (num_pages, page_size, nheads_k,
