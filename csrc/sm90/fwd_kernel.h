@@ -137,6 +137,11 @@ __device__ __forceinline__ void softmax_step(float (&s)[kBlockN / 2], ConsumerRo
     for (int j = 0; j < kBlockN / 8; ++j) block_max = fmaxf(block_max, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
     block_max = fmaxf(block_max, __shfl_xor_sync(kFullWarp, block_max, 1));
     block_max = fmaxf(block_max, __shfl_xor_sync(kFullWarp, block_max, 2));
+    // Lazy rescaling keeps the applied max while the block's is within kFwdLazyRescaleLog2 of it (a row's first
+    // finite max, -inf before, always moves it).
+    if constexpr (kFwdLazyRescale) {
+      if ((block_max - rows.max[r]) * scale_log2 <= kFwdLazyRescaleLog2) block_max = rows.max[r];
+    }
     const float max_used = block_max == -INFINITY ? 0.f : block_max;
     factor[r] = exp2f((rows.max[r] - max_used) * scale_log2);
     rows.max[r] = block_max;
@@ -161,8 +166,12 @@ __device__ __forceinline__ void softmax_step(float (&s)[kBlockN / 2], ConsumerRo
   }
 }
 
+// With lazy rescaling a warp none of whose rows moved its max (every factor exactly 1) skips the multiplies.
 template <int kHeadDim>
 __device__ __forceinline__ void rescale_o(float (&o)[kHeadDim / 2], const float (&factor)[2]) {
+  if constexpr (kFwdLazyRescale) {
+    if (!__any_sync(kFullWarp, factor[0] != 1.f || factor[1] != 1.f)) return;
+  }
 #pragma unroll
   for (int j = 0; j < kHeadDim / 8; ++j) {
 #pragma unroll

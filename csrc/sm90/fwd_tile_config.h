@@ -154,6 +154,16 @@ constexpr int fwd_poly_exp_every_general(int head_dim) {
   return 0;
 }
 
+// Lazy rescaling (FlashAttention-4's rule, HOPPER_NOTES.md section 7): the online softmax keeps a row's applied max
+// while a key block's max exceeds it by at most kFwdLazyRescaleLog2 in the exponent (P then up to 2^8, far inside
+// fp16 / bf16 and the fp32 sums), so the row's factor is exactly 1, and a warp skips O's rescale (32 FMULs a key
+// block at hd 64, 64 at hd 128) when none of its rows moved its max; the LSE and 1 / sum use the applied max. Once a
+// row's max settles, most key blocks skip. Predicted +2-3 % at hd 64, +3-5 % at hd 128 where the softmax is on the
+// critical path (short causal rows); the forty-fourth session's branch (`sm90-lazy-rescale`, lost) measured nothing.
+// Off until an A/B on the H200 (an overlay setting it true; tests/test_hopper_forward.py's large-score cases then).
+constexpr bool kFwdLazyRescale = false;
+constexpr float kFwdLazyRescaleLog2 = 8.f;
+
 // kOverlap at every head dim. Measured on the H200 (tools/sm90_fwd_check.sh, bf16, 16k tokens per batch x heads x
 // 2048 columns), serial / overlap / pingpong in TFLOP/s: hd 128 16k 585 / 698 / -, 2k 545 / 609 / 606, 512 374 / 398
 // / 404; hd 64 16k 424 / 452 / 452, 512 275 / 283 / 290; hd 256 16k 691 / 734 / - (serial was never ahead).
