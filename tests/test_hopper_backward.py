@@ -316,8 +316,9 @@ def test_deterministic_varlen(forced, head_dim):
 # its last adder loads the sum back and stores dq (no conversion pass), an only adder stores dq from its own tiles, and
 # the preprocess writes dq = 0 in rows that see no key. Cases: arrival order with rotated walks, causal with more
 # queries than keys (query blocks no key block walks), a window, the descending order (more than 16 key blocks), GQA
-# on a grid large enough not to split its heads, fp16, deterministic, and varlen documents of several key blocks with
-# empty ones, partial boxes and queries without keys. dq and the workspace start as NaN, so a row no one writes fails.
+# on a grid large enough not to split its heads, fp16, deterministic, the switch's descending order on short calls,
+# and varlen documents of several key blocks with empty ones, partial boxes and queries without keys. dq and the
+# workspace start as NaN, so a row no one writes fails.
 FUSED = "FLASH_ATTN_BWD_FUSED_DQ"
 FUSED_CASES = {
     "none": dict(shape=(2, 700, 900)),
@@ -329,6 +330,8 @@ FUSED_CASES = {
     "gqa": dict(shape=(16, 300, 1100), heads=(8, 4)),
     "fp16": dict(shape=(2, 500, 600), causal=True, dtype=torch.float16),
     "deterministic": dict(shape=(2, 700, 900), causal=True, deterministic=True),
+    "switch_descending": dict(shape=(2, 700, 900), causal=True, switch="descending"),
+    "switch_descending_unmasked": dict(shape=(2, 300, 1000), switch="descending"),
 }
 
 
@@ -347,8 +350,10 @@ def _no_dq_conversion(call):
 
 @pytest.mark.parametrize("case", list(FUSED_CASES))
 @pytest.mark.parametrize("head_dim", [32, 64, 96, 128])
-def test_fused_dq(fused, case, head_dim):
+def test_fused_dq(fused, monkeypatch, case, head_dim):
     spec = FUSED_CASES[case]
+    if "switch" in spec:  # FLASH_ATTN_BWD_FUSED_DQ=descending: the adds in descending order at every length
+        monkeypatch.setenv(FUSED, spec["switch"])
     causal, window = spec.get("causal", False), spec.get("window", (-1, -1))
     dtype = spec.get("dtype", torch.bfloat16)
     _require(dtype, head_dim, "local" if window != (-1, -1) else "causal" if causal else "none")

@@ -376,7 +376,10 @@ bool bulk_copy_2d(const float* src, float* dst, const int32_t* where, void* stre
   if (!runs_sm90_code()) return false;
   TensorMapArg src_map{};
   TensorMapArg dst_map{};
-  if (!encode_fp32_map_2d(src_map, const_cast<float*>(src), kBulkCols, kBulkRows, kBulkCols * sizeof(float), kBulkBoxCols, kBulkBoxRows) ||
+  // The source map is only read (the encoder takes a mutable base).
+  float* src_base = const_cast<float*>(src);
+  if (!encode_fp32_map_2d(src_map, src_base, kBulkCols, kBulkRows, kBulkCols * sizeof(float), kBulkBoxCols,
+                          kBulkBoxRows) ||
       !encode_fp32_map_2d(dst_map, dst, kBulkCols, kBulkRows, kBulkCols * sizeof(float), kBulkBoxCols, kBulkBoxRows)) {
     return false;
   }

@@ -23,26 +23,34 @@
 namespace flash::sm90 {
 
 // FLASH_ATTN_BWD_FUSED_DQ=1 runs fused dQ (bwd_tile_config.h bwd_fuses_dq) in the calls that can take it; unset or 0
-// keeps the accumulator's zeroing and conversion, the default until an A/B on the H200 prices it. Read at every call,
-// so that one process (a test, the A/B) runs both paths.
+// keeps the accumulator's zeroing and conversion, the default until an A/B on the H200 prices it; `descending` runs it
+// with the adds in descending key-block order at every length instead of arrival order up to
+// kBwdOrderedDqArrivalMaxKeyBlocks (whose spin-waits need a KV head's key blocks resident at once), to price that
+// order. Read at every call, so that one process (a test, the A/B) runs every path.
 // FLASH_ATTN_BWD_D_IN_KERNEL=1 likewise sums D = rowsum(dO o O) in the kernel (bwd_computes_d_in_kernel).
 constexpr const char* kBwdFusedDqEnv = "FLASH_ATTN_BWD_FUSED_DQ";
 constexpr const char* kBwdDInKernelEnv = "FLASH_ATTN_BWD_D_IN_KERNEL";
-// Whether the switch `env` is set to 1 (unset, empty or 0: not); `off` and `on` say what each value does.
-inline bool bwd_switch_on(const char* env, const char* off, const char* on) {
+// The value of the switch `env`: 0 when unset, empty or "0", 1 for "1", 2 for `second` where one is given (else an
+// error naming the choices, which `off`, `on` and `second_text` describe).
+inline int bwd_switch_value(const char* env, const char* off, const char* on, const char* second = nullptr,
+                            const char* second_text = nullptr) {
   const char* value = std::getenv(env);
-  if (value == nullptr || *value == '\0' || std::string(value) == "0") return false;
-  if (std::string(value) == "1") return true;
+  if (value == nullptr || *value == '\0' || std::string(value) == "0") return 0;
+  if (std::string(value) == "1") return 1;
+  if (second != nullptr && std::string(value) == second) return 2;
   throw std::invalid_argument(std::string(env) + "='" + value + "' is not a choice: use 0 (" + off + ") or 1 (" + on +
-                              ")");
+                              ")" + (second != nullptr ? std::string(" or ") + second + " (" + second_text + ")" : ""));
 }
-inline bool bwd_fused_dq_requested() {
-  return bwd_switch_on(kBwdFusedDqEnv, "dq accumulator zeroed and converted in their own passes",
-                       "fused into the Hopper backward's ordered dQ adds");
+enum class BwdFusedDqSwitch { kOff, kOn, kDescending };
+inline BwdFusedDqSwitch bwd_fused_dq_requested() {
+  return static_cast<BwdFusedDqSwitch>(bwd_switch_value(
+      kBwdFusedDqEnv, "dq accumulator zeroed and converted in their own passes",
+      "fused into the Hopper backward's ordered dQ adds", "descending", "fused, adds in descending key-block order"));
 }
 inline bool bwd_d_in_kernel_requested() {
-  return bwd_switch_on(kBwdDInKernelEnv, "D = rowsum(dO * O) in the preprocess",
-                       "summed in the Hopper backward's kernel for calls of up to 1k keys at head dims up to 128");
+  return bwd_switch_value(kBwdDInKernelEnv, "D = rowsum(dO * O) in the preprocess",
+                          "summed in the Hopper backward's kernel for calls of up to 1k keys at head dims up to 128") ==
+         1;
 }
 
 // Launches one backward kernel with its dynamic shared memory (above 48 KB a kernel must opt in; once per kernel
@@ -136,7 +144,8 @@ void run_bwd(const BwdParams& params, void* stream) {
   // the map: its bulk reductions are what the writer warp orders. Fused dQ (bwd_fuses_dq) runs in that order too,
   // where a CTA walks all of its KV head's query heads (no head splits) and the map exists.
   const bool fusable = bwd_fuses_dq(kHeadDim, general) && !direct_dq && key_blocks > 1 && !split_heads &&
-                       params.dq_splits == 1 && workspace.dq_semaphores != nullptr && bwd_fused_dq_requested();
+                       params.dq_splits == 1 && workspace.dq_semaphores != nullptr &&
+                       bwd_fused_dq_requested() != BwdFusedDqSwitch::kOff;
   const bool ordered = (params.deterministic && bwd_orders_dq(kHeadDim) && !direct_dq) || fusable;
   const bool bulk = !direct_dq && (ordered || (params.deterministic ? bwd_deterministic_dq_in_bulk(kHeadDim)
                                                                     : bwd_reduces_dq_in_bulk(kHeadDim)));
@@ -166,7 +175,9 @@ void run_bwd(const BwdParams& params, void* stream) {
     int device = 0;
     cudaGetDevice(&device);
     const int64_t key_blocks = (shape.seqlen_k + kTile.block_n - 1) / kTile.block_n;
-    args.dq_arrival_order = kBwdOrderedDqArrivalOrder && key_blocks <= kBwdOrderedDqArrivalMaxKeyBlocks &&
+    const bool descending = fused && bwd_fused_dq_requested() == BwdFusedDqSwitch::kDescending;
+    args.dq_arrival_order = kBwdOrderedDqArrivalOrder && !descending &&
+                            key_blocks <= kBwdOrderedDqArrivalMaxKeyBlocks &&
                             key_blocks <= device_attributes(device).num_sms;
     args.dq_rotates = args.dq_arrival_order && kMask == MaskKind::kNone;
   }

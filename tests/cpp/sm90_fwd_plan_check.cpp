@@ -2,8 +2,8 @@
 // by tests/test_sm90_fwd_plan.py: KV-cache lengths served, appends in the call and packed GQA decode steps declined,
 // the backward declining seqused_k, paged caches only where pages fit the key blocks, GQA packing, and
 // sm90_fwd_num_splits on the H200's 132 SMs (no split once the query tiles fill the SMs; otherwise the fewest splits
-// of the least waves x blocks per split; at most 128; at least four key blocks a split), and tall rows (hd 96 on 192-row
-// tiles: which calls, under which switch values, and the splits and packing they plan).
+// of the least waves x blocks per split; at most 128; at least four key blocks a split), and tall rows (hd 96 on
+// 192-row tiles: which calls, under which switch values, and the splits and packing they plan).
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
