@@ -129,6 +129,24 @@ FLASH_HOST_DEVICE bool dq_adds_into(const BwdBlock& block, int m_block) {
   return local >= 0 && local < block.m_count;
 }
 
+// The key blocks that add into query block m_block of a sequence (those whose walk reaches it, plan_key_block):
+// [first, end). A key block walks the query blocks holding a row that sees one of its keys, so its adders are the key
+// blocks holding a key that some row of the block sees: key_blocks_of_rows over its rows (tests/cpp/
+// sm90_block_ranges_check.cpp ties the two on random shapes). In descending order the adders before key block n are
+// then n + 1 ... end - 1, counted without testing every key block's plan (the ballot over all of a sequence's key
+// blocks took 32 rounds a step at 128k keys).
+struct DqAdders {
+  int first;
+  int end;
+};
+FLASH_HOST_DEVICE DqAdders dq_adders_of(const MaskParams& mask, int m_block, int block_m, int block_n,
+                                        int64_t seqlen_q, int64_t seqlen_k, int64_t offset) {
+  const int64_t row0 = static_cast<int64_t>(m_block) * block_m;
+  if (row0 >= seqlen_q || seqlen_k <= 0) return DqAdders{0, 0};
+  const KeyBlocks blocks = key_blocks_of_rows(mask, row0, block_m, seqlen_q, seqlen_k, offset, block_n);
+  return DqAdders{blocks.n_min, blocks.n_max > blocks.n_min ? blocks.n_max : blocks.n_min};
+}
+
 // Whether key block n_other (planned as `other`) adds into query block m_block of walked head head_index before key
 // block n_block does at its step `step`, in the ordered dQ's order: arrival order, those that reach it at an earlier
 // step or at the same step with a higher index; otherwise every higher key block that sees it.

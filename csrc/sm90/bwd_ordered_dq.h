@@ -58,10 +58,11 @@ __device__ __forceinline__ int dq_handoff_barrier(int base, int step, int consum
 
 // A key block's place among the adders of query block m_block of `head` at its step `step` (block_ranges.h
 // dq_adds_before, dq_adds_into): how many add before it and, where count_adders (fused dQ), how many add in all, itself
-// included. The key blocks of the sequence are tested by the warp with the plan() their CTAs walk (lane l tests blocks
-// l, l + 32, ...; in descending order without count_adders only the higher ones), so the counts cannot disagree with
-// the steps they take; tests/cpp/sm90_block_ranges_check.cpp checks that the counts of a query block's adders are 0,
-// 1, 2, ... on random shapes, and that the adders counted are those that walk it.
+// included. In descending order the adders are an interval (block_ranges.h dq_adders_of); in arrival order the key
+// blocks of the sequence are tested by the warp with the plan() their CTAs walk (lane l tests blocks l, l + 32, ...,
+// at most kBwdOrderedDqArrivalMaxKeyBlocks of them), so the counts cannot disagree with the steps they take.
+// tests/cpp/sm90_block_ranges_check.cpp checks that the counts of a query block's adders are 0, 1, 2, ... on random
+// shapes, that the adders counted are those that walk it, and that the interval holds exactly those.
 struct DqTurn {
   int predecessors;
   int adders;  // 0 unless counted
@@ -70,9 +71,13 @@ template <int kBlockM, int kBlockN>
 __device__ __forceinline__ DqTurn dq_turn(const BwdKernelArgs& args, const BwdCta<kBlockM, kBlockN>& cta, int n_block,
                                           int head, int m_block, int step, int lane, bool count_adders) {
   const MaskParams& mask = args.params.fwd.mask;
+  if (!args.dq_arrival_order) {  // descending: the adders are one interval of key blocks, the higher ones first
+    const DqAdders adders = dq_adders_of(mask, m_block, kBlockM, kBlockN, cta.sequence.seqlen_q,
+                                         cta.sequence.seqlen_k, cta.offset);
+    return DqTurn{adders.end - 1 - n_block, count_adders ? adders.end - adders.first : 0};
+  }
   DqTurn turn{0, 0};
-  const int first = args.dq_arrival_order || count_adders ? 0 : n_block + 1;
-  for (int base = first; base < cta.seq_blocks; base += kWarpSize) {
+  for (int base = 0; base < cta.seq_blocks; base += kWarpSize) {
     const int n = base + lane;
     bool before = false;
     bool adds = false;

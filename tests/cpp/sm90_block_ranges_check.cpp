@@ -171,6 +171,14 @@ void check_dq_order(const MaskParams& mask, int64_t sq, int64_t sk, int block_m,
   for (int m = 0; m < m_blocks; ++m) {
     int adders = 0;
     for (int n = 0; n < seq_blocks; ++n) adders += flash::sm90::dq_adds_into(blocks[n], m);
+    // The closed form of the adders (descending order's counts): exactly the key blocks whose walk reaches m.
+    const flash::sm90::DqAdders range = flash::sm90::dq_adders_of(mask, m, block_m, block_n, sq, sk, offset);
+    for (int n = 0; n < seq_blocks; ++n) {
+      if (flash::sm90::dq_adds_into(blocks[n], m) != (n >= range.first && n < range.end)) {
+        fail("dq_adders_of unlike the walks", sq, sk, mask, m, n);
+        break;
+      }
+    }
     for (int head = 0; head < heads; ++head) {
       if (static_cast<int>(counts[static_cast<size_t>(head) * (m_blocks + 1) + m].size()) != adders) {
         fail("dq adders counted unlike the walks", sq, sk, mask, m, adders);
