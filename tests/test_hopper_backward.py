@@ -8,6 +8,8 @@
 # general kernels), deterministic mode (bitwise repeatable), every sequence's keys in one key block (dQ stored
 # directly). Then the fallback: a bias gradient runs on the portable
 # kernels under FLASH_ATTN_HOPPER=1 and fails under force, naming the mask. Collected where a Hopper GPU runs sm_90a code of a build with sm90 backward kernels.
+import re
+
 import pytest
 import torch
 
@@ -414,6 +416,9 @@ def test_fused_dq_switch_rejects_other_values(monkeypatch):
 # alone, with fused dQ, deterministic, and in the general kernels (softcap + ALiBi); fp16; varlen with empty
 # documents and rows past each document's end in the same tiles (their D must stay 0).
 DELTA = "FLASH_ATTN_BWD_D_IN_KERNEL"
+# The preprocess of calls whose kernel sums D: LSE and dlse only, a thread a row (csrc/sm80/bwd_preprocess_kernel.h).
+DELTA_PREPROCESS = re.compile(r"bwd_preprocess_kernel<[^>]*, true>")
+D_IN_KERNEL_MAX_KEYS = 8 * 128  # kBwdDInKernelMaxKeyBlocks key blocks of 128 keys (hd <= 128)
 DELTA_VARIANTS = {
     "lean": {},
     "fused": dict(env={FUSED: "1"}),
@@ -452,6 +457,8 @@ def test_delta_in_kernel(monkeypatch, variant, seqlen_k, head_dim):
     out, lse = run()
     dlse = randn(*lse.shape, dtype=torch.float32, device="cuda")
     grads = torch.autograd.grad((out, lse), (q, k, v), (dout, dlse))
+    names = cuda_kernel_names(lambda: torch.autograd.grad(run(), (q, k, v), (dout, dlse)))
+    assert any(DELTA_PREPROCESS.search(n) for n in names) == (seqlen_k <= D_IN_KERNEL_MAX_KEYS), names
     if deterministic:
         for _ in range(2):
             again = torch.autograd.grad(run(), (q, k, v), (dout, dlse))
@@ -483,6 +490,9 @@ def test_delta_in_kernel_varlen(monkeypatch, fused_dq, head_dim):
                                          requires_grad=True)
     dout = randn(*q.shape, dtype=torch.bfloat16, device="cuda")
     out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), causal=True)
+    call = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    call()
+    assert any(DELTA_PREPROCESS.search(n) for n in cuda_kernel_names(call))
     _check_grads(out, (q, k, v), dout,
                  lambda *x, **kw: attention_varlen_ref(*x, cu_q.cpu(), cu_k.cpu(), causal=True, **kw)[:2])
 

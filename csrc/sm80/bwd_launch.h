@@ -266,7 +266,7 @@ void run_bwd(const BwdParams& params, void* stream) {
   }
   if (row_blocks > 0) {
     bwd::bwd_preprocess_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch), bwd::kRowwiseThreads,
-                                    0, cuda_stream>>>(params, choice.layout, bwd::DqPrep::kZero, 0, false);
+                                    0, cuda_stream>>>(params, choice.layout, bwd::DqPrep::kZero, 0);
   }
   if (choice.split_heads) bwd::zero_dkv_accumulators(params, cuda_stream);
   if (full) {

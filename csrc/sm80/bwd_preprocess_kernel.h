@@ -2,7 +2,7 @@
 // backward's row term, dlse entering like -D) into the fp32 workspace, and zeroes the row's dq accumulators (in the
 // main kernel's layout, DqLayout). For the Hopper kernel (BwdParams::block_stats) it also writes LSE log2(e) and
 // delta into the statistics blocks, padding included.
-// Memory-bound: 8 threads per row, 16-byte loads when the rows allow them.
+// Memory-bound: 8 threads per row, 16-byte loads when the rows allow them; one where the Hopper kernel sums D itself.
 #pragma once
 
 #include "flash_attn/bwd_workspace.h"
@@ -26,33 +26,47 @@ constexpr int kRowwiseRows = kRowwiseThreads / kRowThreads;
 //           so no adder writes them (tests/cpp/sm90_block_ranges_check.cpp).
 enum class DqPrep { kZero, kNone, kFused };
 
-template <typename T>
+// Threads sharing a row of the preprocess: kRowThreads where it sums the row's dO . O, one where the Hopper kernel does
+// (kDeltaInKernel: the row's LSE and dlse are all it reads, and 8 threads a row launched 8x the CTAs for nothing).
+template <bool kDeltaInKernel>
+constexpr int preprocess_row_threads() {
+  return kDeltaInKernel ? 1 : kRowThreads;
+}
+template <bool kDeltaInKernel>
+constexpr int preprocess_rows() {
+  return kRowwiseThreads / preprocess_row_threads<kDeltaInKernel>();
+}
+
+// dq = 0 in one row, by the kThreads threads sharing it (part: this thread's index among them).
+template <typename T, int kThreads>
 __device__ __forceinline__ void zero_dq_row(const BwdParams& bp, int b, int64_t q_row, int h, int part) {
   T* dq = static_cast<T*>(bp.dq) + b * bp.dq_strides.batch + q_row * bp.dq_strides.row + h * bp.dq_strides.head;
   const int64_t head_dim = bp.fwd.shape.head_dim;
   constexpr int kWidth = kVectorBytes / sizeof(T);
   if (vector_rows(dq, bp.dq_strides.row, head_dim)) {
-    for (int64_t c = part * kWidth; c < head_dim; c += kRowThreads * kWidth) {
+    for (int64_t c = part * kWidth; c < head_dim; c += kThreads * kWidth) {
       *reinterpret_cast<uint4*>(dq + c) = make_uint4(0, 0, 0, 0);
     }
   } else {
-    for (int64_t c = part; c < head_dim; c += kRowThreads) dq[c] = from_float<T>(0.f);
+    for (int64_t c = part; c < head_dim; c += kThreads) dq[c] = from_float<T>(0.f);
   }
 }
 
-// delta_in_kernel: the Hopper kernel sums rowsum(dO * O) itself (sm90/bwd_step_delta.h); delta and the statistics
-// blocks' D then get -dlse (or 0) only, and O and dO are not read.
-template <typename T>
+// kDeltaInKernel: the Hopper kernel sums rowsum(dO * O) itself (sm90/bwd_step_delta.h); delta and the statistics
+// blocks' D then get -dlse (or 0) only, O and dO are not read, and a thread takes a row. Grid: (ceil(max_seqlen_q /
+// preprocess_rows), heads, batch).
+template <typename T, bool kDeltaInKernel = false>
 __global__ void __launch_bounds__(kRowwiseThreads) bwd_preprocess_kernel(const BwdParams bp, DqLayout layout,
-                                                                          DqPrep prep, int box_rows,
-                                                                          bool delta_in_kernel) {
+                                                                          DqPrep prep, int box_rows) {
+  constexpr int kThreads = preprocess_row_threads<kDeltaInKernel>();
+  constexpr int kRows = preprocess_rows<kDeltaInKernel>();
   const FwdParams& p = bp.fwd;
   const int b = blockIdx.z;
   const int h = blockIdx.y;
   const SeqInfo si = seq_info(p.shape, b);
-  const int row = blockIdx.x * kRowwiseRows + threadIdx.x / kRowThreads;
-  const int part = threadIdx.x % kRowThreads;
-  if (blockIdx.x * kRowwiseRows >= si.seqlen_q) return;
+  const int row = blockIdx.x * kRows + threadIdx.x / kThreads;
+  const int part = threadIdx.x % kThreads;
+  if (blockIdx.x * kRows >= si.seqlen_q) return;
   const bool active = row < si.seqlen_q;
   const BwdWorkspace w = bwd_workspace(bp, layout);
   float* stats = w.stats == nullptr ? nullptr
@@ -60,7 +74,7 @@ __global__ void __launch_bounds__(kRowwiseThreads) bwd_preprocess_kernel(const B
                                           bwd_stats_block0(si.global_q_row0, b) * 2 * kBwdStatsRows;
   // The CTA of the sequence's last row pads its last statistics blocks (bwd_stats_padded_rows): rows past the end
   // see no key (LSE +inf, P = 0) and add nothing (D = 0).
-  if (stats != nullptr && blockIdx.x == (si.seqlen_q - 1) / kRowwiseRows) {
+  if (stats != nullptr && blockIdx.x == (si.seqlen_q - 1) / kRows) {
     const int64_t padded = bwd_stats_padded_rows(si.seqlen_q);
     for (int64_t r = si.seqlen_q + threadIdx.x; r < padded; r += kRowwiseThreads) {
       float* block = stats + r / kBwdStatsRows * 2 * kBwdStatsRows;
@@ -71,14 +85,14 @@ __global__ void __launch_bounds__(kRowwiseThreads) bwd_preprocess_kernel(const B
   const int64_t head_dim = p.shape.head_dim;
 
   float dot = 0.f;
-  if (active && !delta_in_kernel) {
+  if (active && !kDeltaInKernel) {
     const T* o = static_cast<const T*>(p.out) + b * p.out_strides.batch + (si.q_row0 + row) * p.out_strides.row +
                  h * p.out_strides.head;
     const T* d_o = static_cast<const T*>(bp.dout) + b * bp.dout_strides.batch +
                    (si.q_row0 + row) * bp.dout_strides.row + h * bp.dout_strides.head;
     constexpr int kWidth = kVectorBytes / sizeof(T);
     if (vector_rows(o, p.out_strides.row, head_dim) && vector_rows(d_o, bp.dout_strides.row, head_dim)) {
-      for (int64_t c = part * kWidth; c < head_dim; c += kRowThreads * kWidth) {
+      for (int64_t c = part * kWidth; c < head_dim; c += kThreads * kWidth) {
         const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
         const uint4 dv = *reinterpret_cast<const uint4*>(d_o + c);
         const T* oe = reinterpret_cast<const T*>(&ov);
@@ -87,11 +101,11 @@ __global__ void __launch_bounds__(kRowwiseThreads) bwd_preprocess_kernel(const B
         for (int e = 0; e < kWidth; ++e) dot += to_float(oe[e]) * to_float(de[e]);
       }
     } else {
-      for (int64_t c = part; c < head_dim; c += kRowThreads) dot += to_float(o[c]) * to_float(d_o[c]);
+      for (int64_t c = part; c < head_dim; c += kThreads) dot += to_float(o[c]) * to_float(d_o[c]);
     }
   }
 #pragma unroll
-  for (int offset = kRowThreads / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+  for (int offset = kThreads / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
   if (!active) return;
 
   const int64_t global_row = si.global_q_row0 + row;
@@ -114,7 +128,7 @@ __global__ void __launch_bounds__(kRowwiseThreads) bwd_preprocess_kernel(const B
     // The main kernel's key count (seqused_k included) and diagonal, as its walks see them (sm90/kernel_common.h).
     const int64_t keys = p.shape.cu_seqlens_q == nullptr ? used_keys(p.shape, b, si.seqlen_k) : si.seqlen_k;
     const KeyRange seen = visible_keys(p.mask, row, diagonal_offset(p.mask, si.seqlen_q, keys), keys);
-    if (seen.end <= seen.begin) zero_dq_row<T>(bp, b, si.q_row0 + row, h, part);
+    if (seen.end <= seen.begin) zero_dq_row<T, kThreads>(bp, b, si.q_row0 + row, h, part);
     if (row < si.seqlen_q / box_rows * box_rows) return;
   }
   const float4 zeros = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -122,7 +136,7 @@ __global__ void __launch_bounds__(kRowwiseThreads) bwd_preprocess_kernel(const B
   const int64_t zeroed = pair_tail ? 2 : 1;
   for (int64_t split = 0; split < bp.dq_splits; ++split) {
     float* acc = w.dq_accum + split * w.dq_split_stride + h * w.dq_head_stride + global_row * w.dq_row_stride;
-    for (int64_t c = part * 4; c < zeroed * w.dq_row_stride; c += kRowThreads * 4) {
+    for (int64_t c = part * 4; c < zeroed * w.dq_row_stride; c += kThreads * 4) {
       *reinterpret_cast<float4*>(acc + c) = zeros;
     }
   }

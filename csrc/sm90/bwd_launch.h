@@ -166,9 +166,16 @@ void run_bwd(const BwdParams& params, void* stream) {
     const rowwise::DqPrep prep = direct_dq ? rowwise::DqPrep::kNone
                                  : fused   ? rowwise::DqPrep::kFused
                                            : rowwise::DqPrep::kZero;
-    rowwise::bwd_preprocess_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch),
-                                        rowwise::kRowwiseThreads, 0, s>>>(
-        params, DqLayout::kRows, prep, bwd_dq_rows(kHeadDim, kTile.block_m), args.d_in_kernel);
+    const int box_rows = bwd_dq_rows(kHeadDim, kTile.block_m);
+    if (args.d_in_kernel) {  // LSE and dlse only: a thread a row
+      constexpr int64_t kRows = rowwise::preprocess_rows<true>();
+      const unsigned blocks = static_cast<unsigned>((shape.seqlen_q + kRows - 1) / kRows);
+      rowwise::bwd_preprocess_kernel<T, true>
+          <<<dim3(blocks, heads_q, batch), rowwise::kRowwiseThreads, 0, s>>>(params, DqLayout::kRows, prep, box_rows);
+    } else {
+      rowwise::bwd_preprocess_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch),
+                                          rowwise::kRowwiseThreads, 0, s>>>(params, DqLayout::kRows, prep, box_rows);
+    }
   }
   if (args.dq_ordered) {
     // Arrival order (bwd_cta.h) for short sequences, whose key blocks fit on the GPU at one CTA per SM.
