@@ -9,6 +9,8 @@
 # directly). Then the fallback: a bias gradient runs on the portable
 # kernels under FLASH_ATTN_HOPPER=1 and fails under force, naming the mask. Collected where a Hopper GPU runs sm_90a code of a build with sm90 backward kernels.
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -495,6 +497,26 @@ def test_delta_in_kernel_varlen(monkeypatch, fused_dq, head_dim):
     assert any(DELTA_PREPROCESS.search(n) for n in cuda_kernel_names(call))
     _check_grads(out, (q, k, v), dout,
                  lambda *x, **kw: attention_varlen_ref(*x, cu_q.cpu(), cu_k.cpu(), causal=True, **kw)[:2])
+
+
+def test_first_backward_of_a_process(forced):
+    """A fresh process's first backward calls run on torch's autograd device thread, whose first CUDA work is the
+    Hopper backward's TMA map encoding: the driver's encoder needs the context bound there first
+    (csrc/include/flash_attn/tensor_map_sm90.h encode_in_context). Without it the first calls failed with "could not
+    make TMA tensor maps" (forty-ninth session)."""
+    _require(torch.bfloat16, 64)
+    code = (
+        "import torch\n"
+        "from flash_attn import flash_attn_func\n"
+        "for sq, sk in ((17, 1), (17, 300), (200, 200)):\n"
+        "    q, k, v = (torch.randn(2, n, 2, 64, device='cuda', dtype=torch.bfloat16, requires_grad=True)\n"
+        "               for n in (sq, sk, sk))\n"
+        "    out = flash_attn_func(q, k, v)\n"
+        "    grads = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))\n"
+        "    assert all(torch.isfinite(g).all() for g in grads)\n"
+        "print('ok')\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-2000:]
 
 
 # Backward calls the Hopper backward does not serve yet: feature (as its force error names it) -> flash_attn_func

@@ -39,6 +39,22 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
+// Runs encode() (a call of the driver's encoder) with the calling thread bound to a context. The driver's encoder
+// needs a current context, which the runtime makes current lazily, at a thread's first runtime call: a thread whose
+// first CUDA work is an encode failed it (torch's autograd device thread, where the Hopper backward encodes its maps
+// before its first launch: the first backward calls of a process failed with "could not make TMA tensor maps",
+// forty-ninth session). On a failure the runtime's current device is bound (cudaSetDevice makes its primary context
+// current) and the encode tried once more.
+template <typename Encode>
+inline CUresult encode_in_context(Encode&& encode) {
+  CUresult result = encode();
+  if (result == CUDA_SUCCESS) return result;
+  int device = 0;
+  if (cudaGetDevice(&device) == cudaSuccess && cudaSetDevice(device) == cudaSuccess) result = encode();
+  (void)cudaGetLastError();  // a failed binding must not surface as the next kernel launch's error
+  return result;
+}
+
 // Maps `rows` x `cols` fp32 at `base` (16-byte aligned; rows row_stride_bytes apart, a multiple of 16) in boxes
 // of box_rows x box_cols (box_cols * 4 a multiple of 16, both at most 256), no swizzle. Returns false, leaving
 // `arg` disabled, where the driver has no encoder or rejects the shape.
@@ -51,9 +67,11 @@ inline bool encode_fp32_map_2d(TensorMapArg& arg, float* base, uint64_t cols, ui
   const cuuint64_t strides[1] = {row_stride_bytes};
   const cuuint32_t box[2] = {box_cols, box_rows};
   const cuuint32_t element_strides[2] = {1, 1};
-  arg.enabled = encode(&arg.map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, base, dims, strides, box, element_strides,
-                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  arg.enabled = encode_in_context([&] {
+                  return encode(&arg.map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, base, dims, strides, box,
+                                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                }) == CUDA_SUCCESS;
   return arg.enabled;
 }
 
@@ -73,9 +91,11 @@ inline bool encode_16bit_swizzled_map_4d(TensorMapArg& arg, const void* base, CU
   const cuuint64_t map_strides[3] = {strides_bytes[0], strides_bytes[1], strides_bytes[2]};
   const cuuint32_t map_box[4] = {box[0], box[1], box[2], box[3]};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  arg.enabled = encode(&arg.map, data_type, 4, const_cast<void*>(base), map_dims, map_strides, map_box,
-                       element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                       CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  arg.enabled = encode_in_context([&] {
+                  return encode(&arg.map, data_type, 4, const_cast<void*>(base), map_dims, map_strides, map_box,
+                                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                }) == CUDA_SUCCESS;
   return arg.enabled;
 }
 
