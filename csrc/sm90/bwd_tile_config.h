@@ -191,8 +191,10 @@ constexpr bool bwd_stores_dq_directly(int head_dim, bool general) {
 // the key length: at 16k tokens x 16 heads x hd 128 the zeroing ~27 us and the conversion 55-58 us (forty-second
 // session's profile), 14 % of a 512-key backward, 9 % at 1k, 5 % at 2k (18 / 13 / 8 % causal). Predicted +12-16 % at
 // 512 keys, +8-10 % at 1k, less what ordering costs (0.99-1.02x of the default at hd 128, twenty-third session) and
-// the staging tile held ~2 us longer by a last adder. Compiled into the lean narrow kernels (kBwdFusedDq); taken at
-// run time only where FLASH_ATTN_BWD_FUSED_DQ=1 (bwd_launch.h) until an A/B on the H200 prices it. The general
+// the staging tile held ~2 us longer by a last adder. Measured on the H200 (forty-ninth session, bf16, best of 2
+// rounds, TFLOP/s main -> fused): hd 128 512 / 1k / 2k 285 / 367 / 438 -> 230 / 312 / 390, causal 175 / 260 / 347 ->
+// 129 / 191 / 252; hd 64 246 / 327 / 392 -> 199 / 276 / 343: ordering alone costs 8-13 %, fusing 6-19 % more (key
+// block 0 converts at every causal step). So only where FLASH_ATTN_BWD_FUSED_DQ=1 (bwd_launch.h). The general
 // kernels keep the conversion: a fused writer compiled into them spilled in their step loop (forty-seventh session).
 constexpr bool kBwdFusedDq = true;
 constexpr bool bwd_fuses_dq(int head_dim, bool general) {
@@ -207,8 +209,9 @@ constexpr bool bwd_fuses_dq(int head_dim, bool general) {
 // session's profile), ~8 % of a 512-key backward once fused dQ removes the zeroing and the conversion. Each key
 // block recomputes the D of every query block it walks (O read again from L2 per key block, half again the Q / dO
 // traffic), so only calls of at most kBwdDInKernelMaxKeyBlocks key blocks (max_seqlen_k <= 1k). Predicted +6-8 % at
-// 512 keys, +3-4 % at 1k. Compiled into the narrow kernels; taken at run time only where FLASH_ATTN_BWD_D_IN_KERNEL=1
-// (bwd_launch.h) until an A/B on the H200 prices it.
+// 512 keys, +3-4 % at 1k. Measured (forty-ninth session, with fused dQ, TFLOP/s fused -> fused + D): hd 128 512 / 1k
+// 230 / 312 -> 171 / 208, causal 129 / 191 -> 112 / 152: one warp and one O buffer give a step's D ~2 us after the
+// last, and the consumers wait for it. So only where FLASH_ATTN_BWD_D_IN_KERNEL=1 (bwd_launch.h).
 constexpr bool kBwdDInKernel = true;
 constexpr int kBwdDInKernelMaxKeyBlocks = 8;
 constexpr bool bwd_has_delta_warp(int head_dim) { return kBwdDInKernel && head_dim <= kBwdMaxNarrowHeadDim; }
