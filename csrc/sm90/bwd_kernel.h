@@ -163,7 +163,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
       const int writer = static_cast<int>(threadIdx.x) / kWarpSize - kBwdDqFirstWriterWarp;
       if (writer >= 0 && writer < kBwdDqWriters) {
         constexpr bool kFusable = bwd_fuses_dq(kHeadDim, kGeneral) && !kDirectDq;
-        if (kFusable && args.dq_converts) {  // one sum at a time (a step's), so the first writer's barrier serves both
+        // Converting dQ loads one step's sum at a time, so the first writer's barrier serves both writers.
+        if (bwd_converts_dq(kHeadDim, kGeneral) && !kDirectDq && args.dq_converts) {
           write_converting_dq<Layout, kHeadDim, kBlockM, kBlockN>(args, BwdCta<kBlockM, kBlockN>(args), smem, sum_full,
                                                                   step_flags, writer);
         } else {
@@ -209,8 +210,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   int ring = 0;       // Q / dO ring iterations, counted across key blocks (as the producer counts them)
   int loaded_kv = 0;  // key blocks whose K / V this consumer waited for
   int sums_read = 0;  // converting dQ: the steps whose sum this consumer read (sum_full's phases)
-  // Converting dQ's steps (bwd_converting_dq.h) run only in the kernels that serve fused dQ.
-  constexpr bool kConverts = bwd_fuses_dq(kHeadDim, kGeneral) && !kDirectDq;
+  constexpr bool kConverts = bwd_converts_dq(kHeadDim, kGeneral) && !kDirectDq;  // bwd_converting_dq.h
 
   // The CTA's key blocks and sequence, built by each warpgroup after its setmaxnreg rather than once before the
   // warpgroups split. H200, bf16, TFLOP/s before -> after, two A/B calls of two rounds (thirtieth session): hd 128

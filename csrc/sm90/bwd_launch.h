@@ -167,8 +167,8 @@ void run_bwd(const BwdParams& params, void* stream) {
   const bool fusable = bwd_fuses_dq(kHeadDim, general) && !direct_dq && key_blocks > 1 && !split_heads &&
                        params.dq_splits == 1 && workspace.dq_semaphores != nullptr &&
                        fused_switch != BwdFusedDqSwitch::kOff;
-  const bool converting =
-      fusable && fused_switch == BwdFusedDqSwitch::kConvert && !params.deterministic && arrival_fits;
+  const bool converting = fusable && bwd_converts_dq(kHeadDim, general) &&
+                          fused_switch == BwdFusedDqSwitch::kConvert && !params.deterministic && arrival_fits;
   const bool fusing = fusable && fused_switch != BwdFusedDqSwitch::kConvert;
   const bool ordered = (params.deterministic && bwd_orders_dq(kHeadDim) && !direct_dq) || fusing || converting;
   const bool bulk = !direct_dq && (ordered || (params.deterministic ? bwd_deterministic_dq_in_bulk(kHeadDim)
