@@ -402,59 +402,6 @@ def test_fused_dq_varlen(fused, causal, head_dim):
                  lambda *x, **kw: attention_varlen_ref(*x, cu_q.cpu(), cu_k.cpu(), causal=causal, **kw)[:2])
 
 
-# Converting dQ (csrc/sm90/bwd_converting_dq.h, under FLASH_ATTN_BWD_FUSED_DQ=convert): the adds stay unordered into
-# the zeroed accumulator, a query block's last adder in arrival order stores its dq from the others' sum and its own
-# dQ, and the conversion kernel skips the blocks so stored. Cases as fused dQ's where arrival order runs (at most 16
-# key blocks), and beyond it (more key blocks, deterministic), where the switch leaves the call to the conversion
-# kernel. dq starts as NaN, so a block that neither writes fails.
-CONVERT_CASES = ["none", "causal", "causal_long_q", "window", "gqa", "fp16", "deterministic", "descending"]
-
-
-@pytest.mark.parametrize("case", CONVERT_CASES)
-@pytest.mark.parametrize("head_dim", [32, 64, 96, 128])
-def test_converting_dq(monkeypatch, case, head_dim):
-    spec = FUSED_CASES[case]
-    monkeypatch.setenv(SWITCH, "force")
-    monkeypatch.setenv(FUSED, "convert")
-    causal, window = spec.get("causal", False), spec.get("window", (-1, -1))
-    dtype = spec.get("dtype", torch.bfloat16)
-    _require(dtype, head_dim, "local" if window != (-1, -1) else "causal" if causal else "none")
-    batch, seqlen_q, seqlen_k = spec["shape"]
-    h, hk = spec.get("heads", (4, 4))
-    q, k, v = _leaves((batch, seqlen_q, h, head_dim), (batch, seqlen_k, hk, head_dim),
-                      (batch, seqlen_k, hk, head_dim), dtype=dtype)
-    dout = randn(batch, seqlen_q, h, head_dim, dtype=dtype, device="cuda")
-    kwargs = dict(causal=causal, window_size=window)
-    deterministic = spec.get("deterministic", False)
-
-    def run():
-        return flash_attn_func(q, k, v, deterministic=deterministic, **kwargs)
-
-    def ref(*x, **kw):
-        return attention_ref(*x, **kwargs, **kw)
-
-    for _ in range(2):  # the last adders differ from run to run
-        _poison_allocator(q, q, q, q)
-        _check_grads(run(), (q, k, v), dout, ref)
-
-
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 96, 128])
-def test_converting_dq_varlen(monkeypatch, causal, head_dim):
-    _require(torch.bfloat16, head_dim, "causal" if causal else "none")
-    monkeypatch.setenv(SWITCH, "force")
-    monkeypatch.setenv(FUSED, "convert")
-    seqlens_q = [257, 0, 31, 300, 129, 5, 200, 64, 1, 290, 17, 133]
-    seqlens_k = [520, 9, 0, 290, 129, 77, 128, 255, 1, 300, 40, 517]
-    q, k, v, cu_q, cu_k = varlen_tensors(seqlens_q, seqlens_k, 8, 8, head_dim, torch.bfloat16, "cuda",
-                                         requires_grad=True)
-    dout = randn(*q.shape, dtype=torch.bfloat16, device="cuda")
-    run = lambda: flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), causal=causal)
-    _poison_allocator(q, q, q, q)
-    _check_grads(run(), (q, k, v), dout,
-                 lambda *x, **kw: attention_varlen_ref(*x, cu_q.cpu(), cu_k.cpu(), causal=causal, **kw)[:2])
-
-
 def test_fused_dq_switch_rejects_other_values(monkeypatch):
     _require(torch.bfloat16, 128)
     q, k, v = _leaves((1, 300, 2, 128), (1, 300, 2, 128), (1, 300, 2, 128))

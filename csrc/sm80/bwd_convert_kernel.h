@@ -9,11 +9,8 @@
 
 namespace flash::sm80::bwd {
 
-// converted_block_rows: 0, or the Hopper backward's query block rows when its last adders may have stored a block's
-// dq themselves (sm90/bwd_converting_dq.h): rows whose block counter reads kDqConvertedInKernel are skipped.
 template <typename T>
-__global__ void __launch_bounds__(kRowwiseThreads)
-    bwd_convert_dq_kernel(const BwdParams bp, DqLayout layout, int converted_block_rows) {
+__global__ void __launch_bounds__(kRowwiseThreads) bwd_convert_dq_kernel(const BwdParams bp, DqLayout layout) {
   const FwdParams& p = bp.fwd;
   const int b = blockIdx.z;
   const int h = blockIdx.y;
@@ -24,11 +21,6 @@ __global__ void __launch_bounds__(kRowwiseThreads)
   const int64_t head_dim = p.shape.head_dim;
   const float scale = static_cast<float>(p.softmax_scale);
   const BwdWorkspace w = bwd_workspace(bp, layout);
-  if (converted_block_rows > 0 &&
-      w.dq_semaphores[bwd_stats_block0(si.global_q_row0, b) + h * w.semaphore_head_stride +
-                      row / converted_block_rows] == kDqConvertedInKernel) {
-    return;
-  }
   const float* acc = w.dq_accum + h * w.dq_head_stride;
   const int64_t global_row = si.global_q_row0 + row;
   T* dq = static_cast<T*>(bp.dq) + b * bp.dq_strides.batch + (si.q_row0 + row) * bp.dq_strides.row +

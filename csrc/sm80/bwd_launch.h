@@ -281,7 +281,7 @@ void run_bwd(const BwdParams& params, void* stream) {
   if (choice.split_heads && shape.seqlen_k > 0) bwd::launch_dkv_convert<T>(params, cuda_stream);
   if (row_blocks > 0) {
     bwd::bwd_convert_dq_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch),
-                                    bwd::kRowwiseThreads, 0, cuda_stream>>>(params, choice.layout, 0);
+                                    bwd::kRowwiseThreads, 0, cuda_stream>>>(params, choice.layout);
   }
 }
 

@@ -45,9 +45,6 @@ struct BwdKernelArgs {
   // Fused dQ (bwd_tile_config.h bwd_fuses_dq; ordered, deterministic or not): a query block's first adder stores its
   // tiles into the accumulator, its last adder's writer stores dq from the sum (bwd_ordered_dq.h).
   bool dq_fused;
-  // Converting dQ (bwd_converting_dq.h; ordered writers, unordered adds): a query block's last adder in arrival order
-  // stores its dq from the others' sum and its own dQ, and the conversion kernel skips that block.
-  bool dq_converts;
   bool dq_arrival_order;
   bool dq_rotates;  // arrival order in a call without a mask
   // D = rowsum(dO o O) summed in the kernel (bwd_tile_config.h bwd_computes_d_in_kernel, bwd_step_delta.h): the

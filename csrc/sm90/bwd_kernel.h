@@ -29,7 +29,6 @@
 #include "flash_attn/ptx/wgmma_sm90_generated.h"
 #include "flash_attn/tensor_map_sm90.h"
 #include "sm90/block_ranges.h"
-#include "sm90/bwd_converting_dq.h"
 #include "sm90/bwd_cta.h"
 #include "sm90/bwd_direct_dq.h"
 #include "sm90/bwd_ordered_dq.h"
@@ -67,8 +66,7 @@ struct BwdSmemLayout {
   static constexpr int kSumBarriers = 2 + 4 * kStages;
   static constexpr int kDeltaBarriers = kSumBarriers + kBwdDqWriters;
   static constexpr int kBarrierCount = kDeltaBarriers + 2 + kStages;
-  static constexpr int kStepFlags = kBarriers + kBarrierCount * 8;  // [2]: converting dQ's flag of step i at i % 2
-  static constexpr int kBytes = kStepFlags + 2 * static_cast<int>(sizeof(int));
+  static constexpr int kBytes = kBarriers + kBarrierCount * 8;
   static constexpr int kLaunchBytes = kBytes + static_cast<int>(ptx::kSwizzleAtomBytes);
   static_assert(kBlockM % kSegmentElems == 0, "a key's dS^T queries are whole 128-byte swizzled lines of 64");
   static_assert(kRowsBytes % ptx::kSwizzleAtomBytes == 0 && kKvBytes % ptx::kSwizzleAtomBytes == 0 &&
@@ -136,7 +134,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   uint64_t* sum_full = reinterpret_cast<uint64_t*>(smem + Layout::kBarriers) + Layout::kSumBarriers;
   uint64_t* delta_barriers = reinterpret_cast<uint64_t*>(smem + Layout::kBarriers) + Layout::kDeltaBarriers;
   const BwdDeltaRing delta{smem + Layout::kO, delta_barriers, delta_barriers + 1, delta_barriers + 2};
-  int* step_flags = reinterpret_cast<int*>(smem + Layout::kStepFlags);
 
   const BwdParams& bp = args.params;
   const FwdParams& p = bp.fwd;
@@ -163,14 +160,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
       const int writer = static_cast<int>(threadIdx.x) / kWarpSize - kBwdDqFirstWriterWarp;
       if (writer >= 0 && writer < kBwdDqWriters) {
         constexpr bool kFusable = bwd_fuses_dq(kHeadDim, kGeneral) && !kDirectDq;
-        // Converting dQ loads one step's sum at a time, so the first writer's barrier serves both writers.
-        if (bwd_converts_dq(kHeadDim, kGeneral) && !kDirectDq && args.dq_converts) {
-          write_converting_dq<Layout, kHeadDim, kBlockM, kBlockN>(args, BwdCta<kBlockM, kBlockN>(args), smem, sum_full,
-                                                                  step_flags, writer);
-        } else {
-          write_ordered_dq<T, Layout, kHeadDim, kFusable>(args, BwdCta<kBlockM, kBlockN>(args), smem,
-                                                          sum_full + writer, writer);
-        }
+        write_ordered_dq<T, Layout, kHeadDim, kFusable>(args, BwdCta<kBlockM, kBlockN>(args), smem, sum_full + writer,
+                                                        writer);
       }
     }
     return;
@@ -209,8 +200,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   const BwdLogit logit(p);
   int ring = 0;       // Q / dO ring iterations, counted across key blocks (as the producer counts them)
   int loaded_kv = 0;  // key blocks whose K / V this consumer waited for
-  int sums_read = 0;  // converting dQ: the steps whose sum this consumer read (sum_full's phases)
-  constexpr bool kConverts = bwd_converts_dq(kHeadDim, kGeneral) && !kDirectDq;  // bwd_converting_dq.h
 
   // The CTA's key blocks and sequence, built by each warpgroup after its setmaxnreg rather than once before the
   // warpgroups split. H200, bf16, TFLOP/s before -> after, two A/B calls of two rounds (thirtieth session): hd 128
@@ -418,44 +407,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
           if (args.dq_ordered && (kBwdDqFirstStepHandoff || i > 0)) {
             ptx::named_barrier_sync(dq_handoff_barrier(kBwdDqEmptyBarrier, i, consumer), kBwdDqHandoffThreads);
           }
-          // Converting dQ, where this CTA adds last into the step's query block: the staging tile brings the others'
-          // sum, and dq = softmax_scale (sum + dQ) is stored from registers as direct dQ stores it.
-          const bool converts = kConverts && args.dq_converts && step_flags[i % 2] != 0;
-          if (converts) {
-            ptx::mbarrier_wait_parity(sum_full, sums_read++ & 1);
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              const int row = warp * kRowsPerWarp + lane / kQuadLanes + kSecondRow * r;
+          for (int r = 0; r < 2; ++r) {
+            const int row = warp * kRowsPerWarp + lane / kQuadLanes + kSecondRow * r;
 #pragma unroll
-              for (int g = 0; g < kDqColumns / kDqSlotGroup; ++g) {
-                if (g >= dq_groups) continue;  // columns past the accumulator's rows: not loaded, not stored
-                const float4 sum =
-                    *reinterpret_cast<const float4*>(dq_stage + g * kDqRows * kDqSlotGroup + row * kDqSlotGroup +
-                                                     2 * quad_col);
-                dq[8 * g + 2 * r] += sum.x;
-                dq[8 * g + 2 * r + 1] += sum.y;
-                dq[8 * g + 4 + 2 * r] += sum.z;
-                dq[8 * g + 4 + 2 * r + 1] += sum.w;
-              }
-            }
-            store_direct_dq<T, kDqColumns>(bp, direct_dq_rows<T>(bp, batch, cta.sequence.q_row0) +
-                                                   head * bp.dq_strides.head,
-                                           dq, q0 + dq_row0, seqlen_q, dq_segment * kSegmentElems, warp, lane,
-                                           quad_col);
-          } else {
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              const int row = warp * kRowsPerWarp + lane / kQuadLanes + kSecondRow * r;
-#pragma unroll
-              for (int g = 0; g < kDqColumns / kDqSlotGroup; ++g) {
-                float* box = dq_stage + g * kDqRows * kDqSlotGroup;
-                *reinterpret_cast<float4*>(box + row * kDqSlotGroup + 2 * quad_col) = make_float4(
-                    dq[8 * g + 2 * r], dq[8 * g + 2 * r + 1], dq[8 * g + 4 + 2 * r], dq[8 * g + 4 + 2 * r + 1]);
-              }
+            for (int g = 0; g < kDqColumns / kDqSlotGroup; ++g) {
+              float* box = dq_stage + g * kDqRows * kDqSlotGroup;
+              *reinterpret_cast<float4*>(box + row * kDqSlotGroup + 2 * quad_col) = make_float4(
+                  dq[8 * g + 2 * r], dq[8 * g + 2 * r + 1], dq[8 * g + 4 + 2 * r], dq[8 * g + 4 + 2 * r + 1]);
             }
           }
-          // The staged tile goes to the bulk reductions, and a read sum's tile is next written by a bulk copy: both
-          // the async proxy.
           ptx::fence_proxy_async_shared();
           if (args.dq_ordered) {
             ptx::named_barrier_arrive(dq_handoff_barrier(kBwdDqFullBarrier, i, consumer), kBwdDqHandoffThreads);

@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -27,39 +26,26 @@ namespace flash::sm90 {
 // keeps the accumulator's zeroing and conversion, the default until an A/B on the H200 prices it; `descending` runs it
 // with the adds in descending key-block order at every length instead of arrival order up to
 // kBwdOrderedDqArrivalMaxKeyBlocks (whose spin-waits need a KV head's key blocks resident at once), to price that
-// order; `convert` fuses only the conversion, without ordering the adds (bwd_converting_dq.h, bwd_converts_dq).
-// Read at every call, so that one process (a test, the A/B) runs every path.
+// order. Read at every call, so that one process (a test, the A/B) runs every path.
 // FLASH_ATTN_BWD_D_IN_KERNEL=1 likewise sums D = rowsum(dO o O) in the kernel (bwd_computes_d_in_kernel).
 constexpr const char* kBwdFusedDqEnv = "FLASH_ATTN_BWD_FUSED_DQ";
 constexpr const char* kBwdDInKernelEnv = "FLASH_ATTN_BWD_D_IN_KERNEL";
-// A value of a switch beside 0 and 1, and what it does (for the error that lists the choices).
-struct BwdSwitchChoice {
-  const char* value;
-  const char* text;
-};
-// The value of the switch `env`: 0 when unset, empty or "0", 1 for "1", 2 + k for the k-th of `more` (else an error
-// naming the choices, which `off`, `on` and the choices' texts describe).
-inline int bwd_switch_value(const char* env, const char* off, const char* on,
-                            std::initializer_list<BwdSwitchChoice> more = {}) {
+// The value of the switch `env`: 0 when unset, empty or "0", 1 for "1", 2 for `second` where one is given (else an
+// error naming the choices, which `off`, `on` and `second_text` describe).
+inline int bwd_switch_value(const char* env, const char* off, const char* on, const char* second = nullptr,
+                            const char* second_text = nullptr) {
   const char* value = std::getenv(env);
   if (value == nullptr || *value == '\0' || std::string(value) == "0") return 0;
   if (std::string(value) == "1") return 1;
-  std::string choices = std::string("0 (") + off + ") or 1 (" + on + ")";
-  int index = 2;
-  for (const BwdSwitchChoice& choice : more) {
-    if (std::string(value) == choice.value) return index;
-    choices += std::string(" or ") + choice.value + " (" + choice.text + ")";
-    ++index;
-  }
-  throw std::invalid_argument(std::string(env) + "='" + value + "' is not a choice: use " + choices);
+  if (second != nullptr && std::string(value) == second) return 2;
+  throw std::invalid_argument(std::string(env) + "='" + value + "' is not a choice: use 0 (" + off + ") or 1 (" + on +
+                              ")" + (second != nullptr ? std::string(" or ") + second + " (" + second_text + ")" : ""));
 }
-enum class BwdFusedDqSwitch { kOff, kOn, kDescending, kConvert };
+enum class BwdFusedDqSwitch { kOff, kOn, kDescending };
 inline BwdFusedDqSwitch bwd_fused_dq_requested() {
-  return static_cast<BwdFusedDqSwitch>(
-      bwd_switch_value(kBwdFusedDqEnv, "dq accumulator zeroed and converted in their own passes",
-                       "fused into the Hopper backward's ordered dQ adds",
-                       {{"descending", "fused, adds in descending key-block order"},
-                        {"convert", "the last adder of a query block converts its dq, adds unordered"}}));
+  return static_cast<BwdFusedDqSwitch>(bwd_switch_value(
+      kBwdFusedDqEnv, "dq accumulator zeroed and converted in their own passes",
+      "fused into the Hopper backward's ordered dQ adds", "descending", "fused, adds in descending key-block order"));
 }
 inline bool bwd_d_in_kernel_requested() {
   return bwd_switch_value(kBwdDInKernelEnv, "D = rowsum(dO * O) in the preprocess",
@@ -156,21 +142,11 @@ void run_bwd(const BwdParams& params, void* stream) {
   constexpr int64_t kMaxDqRows = int64_t{1} << 31;
   // Deterministic calls of the narrow kernel add into one accumulator in key-block order (bwd_orders_dq), which needs
   // the map: its bulk reductions are what the writer warp orders. Fused dQ (bwd_fuses_dq) runs in that order too,
-  // where a CTA walks all of its KV head's query heads (no head splits) and the map exists. Converting dQ
-  // (bwd_converting_dq.h) runs on the same writers without ordering the adds, in calls that are not deterministic and
-  // where arrival order may wait (a KV head's key blocks resident at once: at most one CTA per SM of them).
-  int device = 0;
-  cudaGetDevice(&device);
-  const bool arrival_fits = kBwdOrderedDqArrivalOrder && key_blocks <= kBwdOrderedDqArrivalMaxKeyBlocks &&
-                            key_blocks <= device_attributes(device).num_sms;
-  const BwdFusedDqSwitch fused_switch = bwd_fused_dq_requested();
+  // where a CTA walks all of its KV head's query heads (no head splits) and the map exists.
   const bool fusable = bwd_fuses_dq(kHeadDim, general) && !direct_dq && key_blocks > 1 && !split_heads &&
                        params.dq_splits == 1 && workspace.dq_semaphores != nullptr &&
-                       fused_switch != BwdFusedDqSwitch::kOff;
-  const bool converting = fusable && bwd_converts_dq(kHeadDim, general) &&
-                          fused_switch == BwdFusedDqSwitch::kConvert && !params.deterministic && arrival_fits;
-  const bool fusing = fusable && fused_switch != BwdFusedDqSwitch::kConvert;
-  const bool ordered = (params.deterministic && bwd_orders_dq(kHeadDim) && !direct_dq) || fusing || converting;
+                       bwd_fused_dq_requested() != BwdFusedDqSwitch::kOff;
+  const bool ordered = (params.deterministic && bwd_orders_dq(kHeadDim) && !direct_dq) || fusable;
   const bool bulk = !direct_dq && (ordered || (params.deterministic ? bwd_deterministic_dq_in_bulk(kHeadDim)
                                                                     : bwd_reduces_dq_in_bulk(kHeadDim)));
   if (bulk && dq_rows > 0 && dq_rows < kMaxDqRows) {
@@ -179,11 +155,9 @@ void run_bwd(const BwdParams& params, void* stream) {
                        kDqSlotGroup, bwd_dq_rows(kHeadDim, kTile.block_m));
   }
   // Without the map a fusable call that is not deterministic goes back to the plain reductions and the conversion.
-  const bool fused = fusing && args.dq_map.enabled;
-  const bool converts = converting && args.dq_map.enabled;
-  args.dq_ordered = fused || converts || (ordered && params.deterministic);
+  const bool fused = fusable && args.dq_map.enabled;
+  args.dq_ordered = fused || (ordered && params.deterministic);
   args.dq_fused = fused;
-  args.dq_converts = converts;
   // D in the kernel needs O as a TMA map like dO's.
   args.d_in_kernel = bwd_computes_d_in_kernel(kHeadDim, key_blocks) && bwd_d_in_kernel_requested() &&
                      encode_rows_map<T>(args.o_map, p.out, p.out_strides, shape.head_dim, shape.nheads_q,
@@ -205,8 +179,13 @@ void run_bwd(const BwdParams& params, void* stream) {
   }
   if (args.dq_ordered) {
     // Arrival order (bwd_cta.h) for short sequences, whose key blocks fit on the GPU at one CTA per SM.
-    const bool descending = fused && fused_switch == BwdFusedDqSwitch::kDescending;
-    args.dq_arrival_order = arrival_fits && !descending;
+    int device = 0;
+    cudaGetDevice(&device);
+    const int64_t key_blocks = (shape.seqlen_k + kTile.block_n - 1) / kTile.block_n;
+    const bool descending = fused && bwd_fused_dq_requested() == BwdFusedDqSwitch::kDescending;
+    args.dq_arrival_order = kBwdOrderedDqArrivalOrder && !descending &&
+                            key_blocks <= kBwdOrderedDqArrivalMaxKeyBlocks &&
+                            key_blocks <= device_attributes(device).num_sms;
     args.dq_rotates = args.dq_arrival_order && kMask == MaskKind::kNone;
   }
   if (args.dq_ordered && dq_rows > 0) {
@@ -247,8 +226,7 @@ void run_bwd(const BwdParams& params, void* stream) {
   if (split_heads && key_blocks > 0) rowwise::launch_dkv_convert<T>(params, s);
   if (row_blocks > 0 && !direct_dq && !fused) {
     rowwise::bwd_convert_dq_kernel<T><<<dim3(static_cast<unsigned>(row_blocks), heads_q, batch),
-                                        rowwise::kRowwiseThreads, 0, s>>>(params, DqLayout::kRows,
-                                                                          converts ? kTile.block_m : 0);
+                                        rowwise::kRowwiseThreads, 0, s>>>(params, DqLayout::kRows);
   }
 }
 

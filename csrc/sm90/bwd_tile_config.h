@@ -202,15 +202,6 @@ constexpr bool bwd_fuses_dq(int head_dim, bool general) {
          bwd_dq_split(head_dim, bwd_tile_config(head_dim).block_m) != BwdDqSplit::kOwnKeys;
 }
 
-// Whether calls of the kernels that serve fused dQ may take converting dQ instead (bwd_converting_dq.h, under
-// FLASH_ATTN_BWD_FUSED_DQ=convert): the adds stay unordered into the zeroed accumulator, and only the conversion moves
-// into the kernel, done by each query block's last adder in arrival order from its registers once the others' sum is
-// in its staging tile. It keeps what fused dQ lost on (the ordered adds, 8-13 %, and a last adder's staging tile held
-// through complete / load / convert, key block 0 at every causal step) and saves the conversion kernel's pass over
-// the accumulator (55-58 us of a 512-key hd 128 backward at 16k tokens x 16 heads, ~9 %). Predicted +5-8 % at 512
-// keys, +3-5 % at 1k, +1-3 % at 2k, where the writers' waits stay hidden under the steps.
-constexpr bool bwd_converts_dq(int head_dim, bool general) { return bwd_fuses_dq(head_dim, general); }
-
 // Whether D = rowsum(dO o O) is summed in the main kernel instead of the preprocess: the narrow kernels (lean and
 // general) load each step's O rows beside its dO, and warp kBwdDeltaWarp of the producer warpgroup
 // (bwd_step_delta.h) adds the step's row sums into its statistics block before the consumers form dS^T. The

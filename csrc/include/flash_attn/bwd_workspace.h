@@ -137,9 +137,6 @@ struct BwdWorkspace {
   int* dq_semaphores;
   int64_t semaphore_head_stride;
 };
-// A counter's value once the query block's last adder has stored its dq itself (sm90/bwd_converting_dq.h): the dq
-// conversion kernel skips those rows. Counts are never negative.
-constexpr int kDqConvertedInKernel = -1;
 
 // The layout for params (total_q, dq_splits, head dim, heads) and the main kernel's dq layout; pointers into
 // params.workspace (may be null when only the size is wanted).
