@@ -106,6 +106,20 @@ def test_wide_forward_tile(causal):
     _run_dense((1, 130, 16400 if causal else 4100, 2, 1, 256), False, causal=causal)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_tall_rows_forward(causal):
+    """The hd 96 Hopper forward on 192-row tiles of three consumer warpgroups (from 4096 queries, sm90): a ragged last
+    row tile and key block, GQA."""
+    _run_dense((1, 4100, 300, 2, 1, 96), False, causal=causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_lazy_rescale_softcap_forward(causal):
+    """The Hopper forward's general kernels with lazy rescaling (hd 128 softcap, sm90): rows whose max moves by more
+    and by less than the lazy threshold between key blocks, a ragged last key block."""
+    _run_dense((1, 200, 700, 2, 2, 128), False, causal=causal, softcap=30.0)
+
+
 @pytest.mark.parametrize("head_dim, causal", [(64, False), (64, True), (128, False)])
 def test_one_item_tma_forward(head_dim, causal):
     """The one-item forward kernel whose K and V arrive by TMA on sm90 (mbarrier waits, swizzled tiles): several key

@@ -569,12 +569,12 @@ def test_auto_takes_small_head_dims_where_they_pay(monkeypatch, causal, seqlen, 
     assert any("sm90::" in name for name in names) == hopper, names
 
 
-# Tall rows (csrc/sm90/fwd_tile_config.h kFwdTallTile, under FLASH_ATTN_FWD_TALL_ROWS=1): the hd 96 bucket on 192-row
-# tiles of three consumer warpgroups from 4096 queries, a second instantiation beside the 128-row tile. Each case
-# checks the tile the call launched (the kernel's template arguments) and the output and LSE against the reference:
-# carried tiles (a CTA per SM), causal rows that see no key, softcap, hd 80 (below the bucket), GQA packed into the
-# tall rows (4 heads of 48 queries a tile), key splits over few tiles, fp16, varlen picked by its longest sequence;
-# 4095 queries and windows keep the 128-row tile.
+# Tall rows (csrc/sm90/fwd_tile_config.h kFwdTallTile; FLASH_ATTN_FWD_TALL_ROWS unset or 1, 0 turns them off): the
+# hd 96 bucket on 192-row tiles of three consumer warpgroups from 4096 queries, a second instantiation beside the
+# 128-row tile. Each case checks the tile the call launched (the kernel's template arguments) and the output and LSE
+# against the reference: carried tiles (a CTA per SM), causal rows that see no key, softcap, hd 80 (below the
+# bucket), GQA packed into the tall rows (4 heads of 48 queries a tile), key splits over few tiles, fp16, varlen
+# picked by its longest sequence; 4095 queries, windows and the switch at 0 keep the 128-row tile; unset takes them.
 TALL = "FLASH_ATTN_FWD_TALL_ROWS"
 TALL_CASES = {
     "none": dict(shape=(2, 4096, 4096), tall=True),
@@ -586,6 +586,8 @@ TALL_CASES = {
     "fp16": dict(shape=(1, 4096, 700), dtype=torch.float16, causal=True, tall=True),
     "short": dict(shape=(2, 4095, 4095), tall=False),
     "window": dict(shape=(1, 5000, 5000), window=(300, 0), tall=False),
+    "switch_unset": dict(shape=(1, 4096, 3000), causal=True, tall=True, switch=None),
+    "switch_off": dict(shape=(1, 4096, 3000), causal=True, tall=False, switch="0"),
 }
 TALL_KERNEL = re.compile(r"fwd_kernel<[^>]*\b192, 112, 2\b")
 
@@ -603,7 +605,11 @@ def test_tall_rows(forced, monkeypatch, case):
     dtype, head_dim = spec.get("dtype", torch.bfloat16), spec.get("head_dim", 96)
     causal, window = spec.get("causal", False), spec.get("window", (-1, -1))
     _require(dtype, head_dim, "local" if window != (-1, -1) else "causal" if causal else "none")
-    monkeypatch.setenv(TALL, "1")
+    switch = spec.get("switch", "1")
+    if switch is None:
+        monkeypatch.delenv(TALL, raising=False)
+    else:
+        monkeypatch.setenv(TALL, switch)
     batch, seqlen_q, seqlen_k = spec["shape"]
     h, hk = spec.get("heads", (4, 4))
     q, k, v = _qkv(batch, seqlen_q, seqlen_k, h, hk, head_dim, dtype)

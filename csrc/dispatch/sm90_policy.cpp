@@ -74,8 +74,8 @@ bool sm90_fwd_tall_rows(const FwdParams& p) {
     return false;
   }
   const char* value = std::getenv(kFwdTallRowsEnv);
-  if (value == nullptr || *value == '\0' || std::string(value) == "0") return false;
-  if (std::string(value) == "1") return true;
+  if (value == nullptr || *value == '\0' || std::string(value) == "1") return true;
+  if (std::string(value) == "0") return false;
   throw std::invalid_argument(std::string(kFwdTallRowsEnv) + "='" + value +
                               "' is not a choice: use 0 (the hd 96 Hopper forward on 128-row tiles) or 1 (192-row "
                               "tiles from 4096 queries)");

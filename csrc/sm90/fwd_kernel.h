@@ -127,7 +127,8 @@ __device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], const Consu
 // FFMA + ex2 per score), S replaced by P, the running sum rescaled; `factor` is what O must be multiplied by. A row
 // whose max is still -inf uses 0 in its place, so it gets P = 0 and factor 0, never NaN. kPolyEvery > 0: every
 // kPolyEvery-th column group's exponentials run on the FMA pipe (exp2_polynomial), the rest on the MUFU unit.
-template <int kBlockN, int kPolyEvery = 0>
+// kLazy: lazy rescaling (fwd_tile_config.h fwd_lazy_rescale).
+template <int kBlockN, int kPolyEvery, bool kLazy>
 __device__ __forceinline__ void softmax_step(float (&s)[kBlockN / 2], ConsumerRows& rows, float scale_log2,
                                              float (&factor)[2]) {
 #pragma unroll
@@ -139,7 +140,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[kBlockN / 2], ConsumerRo
     block_max = fmaxf(block_max, __shfl_xor_sync(kFullWarp, block_max, 2));
     // Lazy rescaling keeps the applied max while the block's is within kFwdLazyRescaleLog2 of it (a row's first
     // finite max, -inf before, always moves it).
-    if constexpr (kFwdLazyRescale) {
+    if constexpr (kLazy) {
       if ((block_max - rows.max[r]) * scale_log2 <= kFwdLazyRescaleLog2) block_max = rows.max[r];
     }
     const float max_used = block_max == -INFINITY ? 0.f : block_max;
@@ -167,9 +168,9 @@ __device__ __forceinline__ void softmax_step(float (&s)[kBlockN / 2], ConsumerRo
 }
 
 // With lazy rescaling a warp none of whose rows moved its max (every factor exactly 1) skips the multiplies.
-template <int kHeadDim>
+template <int kHeadDim, bool kLazy>
 __device__ __forceinline__ void rescale_o(float (&o)[kHeadDim / 2], const float (&factor)[2]) {
-  if constexpr (kFwdLazyRescale) {
+  if constexpr (kLazy) {
     if (!__any_sync(kFullWarp, factor[0] != 1.f || factor[1] != 1.f)) return;
   }
 #pragma unroll
@@ -477,6 +478,7 @@ template <typename T, int kHeadDim, MaskKind kMask, FwdSchedule kSchedule, bool 
 __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __grid_constant__ FwdKernelArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kConsumers = kBlockM / kRowsPerConsumer;
+  constexpr bool kLazy = fwd_lazy_rescale(kHeadDim, kGeneral);
   // Tiles are stored and loaded in whole 64-column segments (kStorageDim; TMA zero-fills the columns past the head
   // dim), the S GEMM runs over kHeadDim's k16 steps, O over kPvCols columns (fwd_tile_config.h fwd_pv_columns), and
   // the policies measured per whole-segment bucket take kStorageDim.
@@ -733,8 +735,8 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
           release(&k_empty[slot.stage]);
           scores_done(n);
           prepare_scores(s, n);
-          softmax_step<kBlockN, kPolyEvery>(s, rows, args.scale_log2, factor);
-          rescale_o<kPvCols>(o, factor);
+          softmax_step<kBlockN, kPolyEvery, kLazy>(s, rows, args.scale_log2, factor);
+          rescale_o<kPvCols, kLazy>(o, factor);
           pack_probs<T, kBlockN>(s, a);
           ptx::mbarrier_wait_parity(&v_full[slot.stage], slot.parity);
           if (n == n_max - 1 && v_rows < kBlockN) {
@@ -765,7 +767,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
           release(&k_empty[first.stage]);
           scores_done(n_max - 1);
           prepare_scores(s, n_max - 1);
-          softmax_step<kBlockN, kPolyEvery>(s, rows, args.scale_log2, factor);  // O is 0 for this tile: no rescale
+          softmax_step<kBlockN, kPolyEvery, kLazy>(s, rows, args.scale_log2, factor);  // O is 0 for this tile: no rescale
         };
         // Each branch ends with no GEMM in flight: waits that differ between paths which then merge made ptxas
         // serialise every wgmma of the kernel (C7515: warpgroup.wait injected before each).
@@ -806,11 +808,11 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
           release(&k_empty[slot.stage]);
           scores_done(n);
           prepare_scores(s, n);
-          softmax_step<kBlockN, kPolyEvery>(s, rows, args.scale_log2, factor);
+          softmax_step<kBlockN, kPolyEvery, kLazy>(s, rows, args.scale_log2, factor);
           ptx::warpgroup_wait<0>();
           pin_all(o);
           release(&v_empty[previous.stage]);
-          rescale_o<kPvCols>(o, factor);
+          rescale_o<kPvCols, kLazy>(o, factor);
           pack_probs<T, kBlockN>(s, a);
         }
         if constexpr (kCarry) {

@@ -157,11 +157,18 @@ constexpr int fwd_poly_exp_every_general(int head_dim) {
 // Lazy rescaling (FlashAttention-4's rule, HOPPER_NOTES.md section 7): the online softmax keeps a row's applied max
 // while a key block's max exceeds it by at most kFwdLazyRescaleLog2 in the exponent (P then up to 2^8, far inside
 // fp16 / bf16 and the fp32 sums), so the row's factor is exactly 1, and a warp skips O's rescale (32 FMULs a key
-// block at hd 64, 64 at hd 128) when none of its rows moved its max; the LSE and 1 / sum use the applied max. Once a
-// row's max settles, most key blocks skip. Predicted +2-3 % at hd 64, +3-5 % at hd 128 where the softmax is on the
-// critical path (short causal rows); the forty-fourth session's branch (`sm90-lazy-rescale`, lost) measured nothing.
-// Off until an A/B on the H200 (an overlay setting it true; tests/test_hopper_forward.py's large-score cases then).
-constexpr bool kFwdLazyRescale = false;
+// block at hd 64, 64 at hd 128) when none of its rows moved its max; the LSE and 1 / sum use the applied max.
+// Predicted +2-3 % at hd 64, +3-5 % at hd 128. Measured on the H200 (fiftieth session, bf16, 16k tokens, hidden 3072,
+// best of 2 rounds, TFLOP/s off -> on, 512 / 2k / 4k / 16k keys): the general kernels gain at hd 128, softcap 371 /
+// 458 / 444 / 461 -> 412 / 469 / 472 / 488 (causal 240 / 404 / 410 / 468 -> 251 / 400 / 426 / 486; 8 KV heads alike,
+// +0-11 %), where the tanh beside each exponential makes the softmax the critical path; the lean ones lose at hd 128
+// (458 / 596 / 593 / 639 -> 467 / 573 / 562 / 612, causal 4k 516 -> 498), where the extra compare and vote sit on a
+// path the MMAs already bound; hd 64 level either way (softcap 256 / 333 / 334 / 353 -> 253 / 335 / 333 / 356).
+// So the general kernels from hd 96 up.
+constexpr int kFwdLazyRescaleMinHeadDim = 96;
+constexpr bool fwd_lazy_rescale(int head_dim, bool general) {
+  return general && head_dim >= kFwdLazyRescaleMinHeadDim;
+}
 constexpr float kFwdLazyRescaleLog2 = 8.f;
 
 // kOverlap at every head dim. Measured on the H200 (tools/sm90_fwd_check.sh, bf16, 16k tokens per batch x heads x

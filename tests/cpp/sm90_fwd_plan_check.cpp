@@ -201,8 +201,9 @@ int main() {
     }
   }
 
-  // Tall rows (hd 96 on 192-row tiles): only under FLASH_ATTN_FWD_TALL_ROWS=1, from 4096 queries, not under a window
-  // nor with pages read in place; the split plan and the packing then count 192-row tiles. Another value is refused.
+  // Tall rows (hd 96 on 192-row tiles): by default (unset) and under FLASH_ATTN_FWD_TALL_ROWS=1, from 4096 queries, not
+  // under a window nor with pages read in place; the split plan and the packing then count 192-row tiles; 0 turns
+  // them off. Another value is refused.
   struct TallCase {
     const char* what;
     flash::FwdParams p;
@@ -213,6 +214,12 @@ int main() {
   flash::FwdParams tall_paged = call(1, 8, 8192, 8192, 96);
   tall_paged.block_table = kUsed;
   tall_paged.page_size = 256;
+  unsetenv(flash::kFwdTallRowsEnv);
+  ++cases;
+  if (!flash::sm90_fwd_tall_rows(call(1, 8, 8192, 8192, 96))) {
+    ++failures;
+    std::printf("FAIL tall rows not taken by default\n");
+  }
   setenv(flash::kFwdTallRowsEnv, "1", 1);
   for (const TallCase& c : {TallCase{"hd 96, 4096 queries", call(1, 8, 4096, 4096, 96), true},
                             TallCase{"hd 80 (the 96 bucket), causal", call(1, 8, 5000, 5000, 80, true), true},
