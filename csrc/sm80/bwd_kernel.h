@@ -829,6 +829,50 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles, kS
             hk * bp.dk_strides.head;
     T* dv = static_cast<T*>(bp.dv) + b * bp.dv_strides.batch + (si.k_row0 + n0) * bp.dv_strides.row +
             hk * bp.dv_strides.head;
+    if constexpr (bwd_stages_dkv(kHeadDim)) {
+      // Staged (bwd_stages_dkv): dK then dV as row-major tiles of Smem::kStrideD elements from the start of shared
+      // memory, then whole rows out in 16-byte chunks. The next key block's first barrier keeps its loads off these
+      // tiles until every thread has stored its chunks.
+      if (vector_rows(dk, bp.dk_strides.row, head_dim) && vector_rows(dv, bp.dv_strides.row, head_dim)) {
+        constexpr int kStride = Smem::kStrideD;
+        constexpr int kWidth = kVectorBytes / static_cast<int>(sizeof(T));
+        constexpr int kRowChunks = kHeadDim / kWidth;
+        static_assert(2 * kBlockN * kStride * static_cast<int>(sizeof(T)) <= Smem::template unstaged_bytes<T>() &&
+                          (kStride * static_cast<int>(sizeof(T))) % kVectorBytes == 0 && kHeadDim % kWidth == 0,
+                      "the dK and dV tiles fit the kernel's shared memory in 16-byte rows");
+        T* s_dk = reinterpret_cast<T*>(smem_raw);
+        T* s_dv = s_dk + kBlockN * kStride;
+        __syncthreads();  // every warp's last GEMMs and the TMA unit's reads of the dQ boxes are done
+#pragma unroll
+        for (int mt = 0; mt < kKVMT; ++mt) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int key_local = kv_key0 + mt * kMmaM + g + 8 * r;
+#pragma unroll
+            for (int nt = 0; nt < kKVNT; ++nt) {
+              const int col = kv_dim0 + nt * kMmaN + 2 * t;
+              *reinterpret_cast<uint32_t*>(s_dk + key_local * kStride + col) =
+                  pack_float2<T>(acc_dk[mt][nt].reg[2 * r] * scale, acc_dk[mt][nt].reg[2 * r + 1] * scale);
+              *reinterpret_cast<uint32_t*>(s_dv + key_local * kStride + col) =
+                  pack_float2<T>(acc_dv[mt][nt].reg[2 * r], acc_dv[mt][nt].reg[2 * r + 1]);
+            }
+          }
+        }
+        __syncthreads();
+        const int rows = min(kBlockN, seqlen_k - n0);
+        for (int i = tid; i < 2 * kBlockN * kRowChunks; i += kThreads) {
+          const bool value_tile = i >= kBlockN * kRowChunks;
+          const int item = value_tile ? i - kBlockN * kRowChunks : i;
+          const int row = item / kRowChunks;
+          const int column = (item % kRowChunks) * kWidth;
+          if (row >= rows || column >= head_dim) continue;
+          const uint4 chunk = *reinterpret_cast<const uint4*>((value_tile ? s_dv : s_dk) + row * kStride + column);
+          T* dst = value_tile ? dv + row * bp.dv_strides.row : dk + row * bp.dk_strides.row;
+          *reinterpret_cast<uint4*>(dst + column) = chunk;
+        }
+        continue;
+      }
+    }
 #pragma unroll
     for (int mt = 0; mt < kKVMT; ++mt) {
 #pragma unroll
