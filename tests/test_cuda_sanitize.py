@@ -115,8 +115,9 @@ def test_tall_rows_forward(causal):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_lazy_rescale_softcap_forward(causal):
-    """The Hopper forward's general kernels with lazy rescaling (hd 128 softcap, sm90): rows whose max moves by more
-    and by less than the lazy threshold between key blocks, a ragged last key block."""
+    """The Hopper forward's general kernels with lazy rescaling (hd 128 softcap, sm90): the first key block sets each
+    row's max and the later ones mostly stay within the lazy threshold (the warp-wide skip of O's rescale), a ragged
+    last key block."""
     _run_dense((1, 200, 700, 2, 2, 128), False, causal=causal, softcap=30.0)
 
 

@@ -55,9 +55,9 @@ int64_t sm90_bwd_dq_splits(const BwdParams& p, int num_sms);
 int sm90_fwd_packed_heads(const FwdParams& p);
 
 // Whether a Hopper forward call runs on tall rows (FwdParams::sm90_tall_rows; sm90/fwd_tile_config.h kFwdTallTile: hd
-// 96 on 192-row tiles from kFwdTallRowsMinQueries queries, no window, no pages read in place). FLASH_ATTN_FWD_TALL_ROWS=0
-// keeps such calls on 128-row tiles (for A/Bs); unset or 1: tall rows. Set by the plan before the packing and the key
-// splits, which take its tile.
+// 96 on 192-row tiles from kFwdTallRowsMinQueries queries, no window, no pages read in place). Unset or 1: tall rows;
+// FLASH_ATTN_FWD_TALL_ROWS=0 keeps such calls on 128-row tiles (for A/Bs). Set by the plan before the packing and the
+// key splits, which take its tile.
 constexpr const char* kFwdTallRowsEnv = "FLASH_ATTN_FWD_TALL_ROWS";
 bool sm90_fwd_tall_rows(const FwdParams& p);
 

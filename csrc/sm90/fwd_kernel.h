@@ -767,7 +767,8 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
           release(&k_empty[first.stage]);
           scores_done(n_max - 1);
           prepare_scores(s, n_max - 1);
-          softmax_step<kBlockN, kPolyEvery, kLazy>(s, rows, args.scale_log2, factor);  // O is 0 for this tile: no rescale
+          // O is 0 for this tile: no rescale.
+          softmax_step<kBlockN, kPolyEvery, kLazy>(s, rows, args.scale_log2, factor);
         };
         // Each branch ends with no GEMM in flight: waits that differ between paths which then merge made ptxas
         // serialise every wgmma of the kernel (C7515: warpgroup.wait injected before each).

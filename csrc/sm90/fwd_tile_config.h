@@ -160,14 +160,15 @@ constexpr int fwd_poly_exp_every_general(int head_dim) {
 // block at hd 64, 64 at hd 128) when none of its rows moved its max; the LSE and 1 / sum use the applied max.
 // Predicted +2-3 % at hd 64, +3-5 % at hd 128. Measured on the H200 (fiftieth session, bf16, 16k tokens, hidden 3072,
 // best of 2 rounds, TFLOP/s off -> on, 512 / 2k / 4k / 16k keys), with it in every kernel: the general kernel gains at
-// hd 128, softcap 371 / 458 / 444 / 461 -> 412 / 469 / 472 / 488 (causal 240 / 404 / 410 / 468 -> 251 / 400 / 426 / 486;
-// 8 KV heads alike), where the tanh beside each exponential puts the softmax on the critical path; the lean kernels
-// lose at hd 128 (458 / 596 / 593 / 639 -> 467 / 573 / 562 / 612), where the MMAs bound the step and the compare and
-// vote are extra; hd 64 level either way. In the general kernels alone (two more calls, 2k and 16k keys, each call
-// off -> on; the spread between identical kernels in these calls is up to ±7 %): hd 128 softcap 2k 468 -> 457, 485 ->
-// 463, 16k 436 -> 457, 478 -> 487, causal 16k 484 -> 519, 483 -> 516; hd 256 softcap 2k 550 -> 608, 584 -> 579, 16k
-// 636 -> 647, 629 -> 667, causal 16k 615 -> 655, 597 -> 615; ALiBi level (±4 %); hd 96 loses at 512-2k (softcap 390
-// -> 379, ALiBi 484 -> 456, causal 372 -> 361). So the general kernels from hd 128 (160-224 inferred from 256).
+// hd 128, softcap 371 / 458 / 444 / 461 -> 412 / 469 / 472 / 488 (causal 240 / 404 / 410 / 468 -> 251 / 400 / 426 /
+// 486; 8 KV heads alike), where the tanh beside each exponential puts the softmax on the critical path; the lean
+// kernels lose at hd 128 (458 / 596 / 593 / 639 -> 467 / 573 / 562 / 612), where the MMAs bound the step and the
+// compare and vote are extra; hd 64 level either way. In the general kernels alone (two more calls, 2k and 16k keys,
+// each call off -> on; the spread between identical kernels in these calls is up to ±7 %): hd 128 softcap 2k 468 ->
+// 457, 485 -> 463, 16k 436 -> 457, 478 -> 487, causal 16k 484 -> 519, 483 -> 516; hd 256 softcap 2k 550 -> 608, 584 ->
+// 579, 16k 636 -> 647, 629 -> 667, causal 16k 615 -> 655, 597 -> 615; ALiBi level (±4 %); hd 96 loses at 512-2k
+// (softcap 390 -> 379, ALiBi 484 -> 456, causal 372 -> 361). So the general kernels from hd 128 (160-224 inferred from
+// 256).
 constexpr int kFwdLazyRescaleMinHeadDim = 128;
 constexpr bool fwd_lazy_rescale(int head_dim, bool general) {
   return general && head_dim >= kFwdLazyRescaleMinHeadDim;
