@@ -13,4 +13,4 @@ SOURCES = [ROOT / "tests" / "cpp" / "sm90_fwd_plan_check.cpp", ROOT / "csrc" / "
 
 @pytest.mark.skipif(HOST_COMPILER is None, reason="needs a host C++ compiler")
 def test_hopper_forward_plan(tmp_path):
-    assert "68 cases, 0 failures" in run_host_check(SOURCES, tmp_path / "sm90_fwd_plan_check")
+    assert "70 cases, 0 failures" in run_host_check(SOURCES, tmp_path / "sm90_fwd_plan_check")

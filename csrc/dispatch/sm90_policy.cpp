@@ -10,6 +10,7 @@
 #include <string>
 
 #include "flash_attn/bwd_workspace.h"
+#include "flash_attn/common/fast_divmod.h"
 #include "flash_attn/common/mask.h"
 #include "sm80/fwd_tile_config.h"
 #include "sm90/bwd_tile_config.h"
@@ -125,6 +126,13 @@ const char* sm90_fwd_declines(const FwdParams& p) {
   if (!strides_fit(p.q_strides) || !strides_fit(p.k_strides) || !strides_fit(p.v_strides)) {
     return "q, k or v strides of 2^40 bytes or more, or negative";
   }
+  // The persistent kernel's tile walk divides tile indices by multiply and shift (common/fast_divmod.h), exact below
+  // 2^31: bounded here with the smallest tile (one consumer's rows) and unsplit keys (splits are planned only for
+  // calls of fewer tiles than SMs). In double: the product of the limits above overflows 64 bits.
+  const double tiles_bound = static_cast<double>(s.batch) * static_cast<double>(s.nheads_k) *
+                             static_cast<double>(query_tiles_per_kv_head(s, packed > 1 ? packed : 1,
+                                                                         sm90::kRowsPerConsumer));
+  if (tiles_bound >= static_cast<double>(kFastDivmodLimit)) return "2^31 query tiles or more";
   return nullptr;
 }
 

@@ -14,6 +14,7 @@
 
 #include "flash_attn/common/mask.h"
 #include "flash_attn/common/exp2_polynomial.h"
+#include "flash_attn/common/fast_divmod.h"
 #include "flash_attn/common/fast_tanh.h"
 #include "flash_attn/common/math.h"
 #include "flash_attn/common/seqlen.h"
@@ -46,6 +47,9 @@ struct FwdKernelArgs {
   int64_t num_tiles;  // query blocks x key splits x tile heads x batch entries (persistent kernels walk them)
   int num_splits;     // key splits (FwdParams::num_splits; kSplit kernels): each tile's keys in num_splits parts,
                       // merged by the combine kernel from split_out / split_lse
+  // plan_tile's divisors (tile_order.h; the plan keeps num_tiles below 2^31), remade by a persistent launch for its
+  // CTAs.
+  TileWalkDivisors walk;
 };
 
 // Split-KV partial rows (FwdParams::split_out) are the head dim rounded up to this many floats, as the call's
@@ -331,34 +335,23 @@ __device__ __forceinline__ FwdTile plan_tile(const FwdKernelArgs& args, int64_t 
   // tiles, sharing that split's K / V in L2.
   tile.split = 0;
   if constexpr (kPersistent) {
-    int64_t split_head_batch;
-    if constexpr (kMask == MaskKind::kNone) {
-      tile.m_block = static_cast<int>(index % args.num_m_blocks);
-      split_head_batch = index / args.num_m_blocks;
-    } else if (gridDim.x >= args.num_tiles) {
-      // One CTA per tile (fwd_persistent_pays false): the one-tile kernel's order, each head's query blocks last
-      // first, so concurrent CTAs share a head's K / V in L2 (the longest-first order below, across every head, ran
-      // 4-12 % behind it at 4k / 16k keys: docs/perf_log.md, eighteenth session).
-      tile.m_block = args.num_m_blocks - 1 - static_cast<int>(index % args.num_m_blocks);
-      split_head_batch = index / args.num_m_blocks;
-    } else {
-      const MaskedTile masked = masked_tile_at(index, gridDim.x, args.num_tiles, args.num_m_blocks,
-                                               fwd_masked_tiles_in_chunks(kHeadDim, kMask));
-      tile.m_block = masked.m_block;
-      split_head_batch = masked.head_batch;
-    }
-    int64_t head_batch = split_head_batch;
-    if constexpr (kSplit) {
-      tile.split = static_cast<int>(split_head_batch % args.num_splits);
-      head_batch = split_head_batch / args.num_splits;
-    }
-    tile.head = static_cast<int>(head_batch % args.tile_heads) << args.pack_shift;
-    tile.batch = static_cast<int>(head_batch / args.tile_heads);
+    // One CTA per tile (fwd_persistent_pays false) walks a masked call in the one-tile kernel's order, each head's
+    // query blocks last first, so concurrent CTAs share a head's K / V in L2 (the longest-first order, across every
+    // head, ran 4-12 % behind it at 4k / 16k keys: docs/perf_log.md, eighteenth session).
+    const TileWalk walk = kMask == MaskKind::kNone       ? TileWalk::kInOrder
+                          : gridDim.x >= args.num_tiles ? TileWalk::kLastFirst
+                          : fwd_masked_tiles_in_chunks(kHeadDim, kMask) ? TileWalk::kLongestFirstInChunks
+                                                                         : TileWalk::kLongestFirst;
+    const TileCoordinates at = tile_coordinates(index, args.num_tiles, args.num_m_blocks, args.walk, walk, kSplit);
+    tile.m_block = at.m_block;
+    tile.split = at.split;
+    tile.head = at.head_group << args.pack_shift;
+    tile.batch = at.batch;
   } else {
     (void)index;
     int unit = static_cast<int>(blockIdx.x);
     if constexpr (kSplit) {
-      tile.split = unit / args.num_m_blocks;
+      tile.split = static_cast<int>(fast_div(unit, args.walk.order.m_blocks));
       unit -= tile.split * args.num_m_blocks;
     }
     tile.m_block = kMask == MaskKind::kNone ? unit : args.num_m_blocks - 1 - unit;
@@ -379,7 +372,7 @@ __device__ __forceinline__ FwdTile plan_tile(const FwdKernelArgs& args, int64_t 
     // Split s takes the sequence's key blocks [s per, (s + 1) per); a tile that sees none of them writes an empty
     // partial (O = 0, lse -inf), which the combine kernel weights 0.
     const int seq_blocks = static_cast<int>((seqlen_k + kBlockN - 1) / kBlockN);
-    const int per = (seq_blocks + args.num_splits - 1) / args.num_splits;
+    const int per = static_cast<int>(fast_div(seq_blocks + args.num_splits - 1, args.walk.splits));
     const int lo = tile.split * per;
     const int hi = lo + per;
     tile.n_min = tile.n_min > lo ? tile.n_min : lo;

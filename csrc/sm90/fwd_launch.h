@@ -94,6 +94,7 @@ void launch_fwd_kernel(FwdKernelArgs& args, int64_t ctas, cudaStream_t stream) {
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::kLaunchBytes);
   require_smem_opt_in(opt_in, Layout::kLaunchBytes, "forward");
   if constexpr (kPersistent) {
+    args.walk.order.ctas = make_fast_divmod(ctas);
     kernel<<<static_cast<unsigned>(ctas), kThreads, Layout::kLaunchBytes, stream>>>(args);
   } else {
     const AttentionShape& shape = args.params.shape;
@@ -191,6 +192,14 @@ void run_fwd(const FwdParams& params, void* stream) {
   args.num_m_blocks = static_cast<int>((shape.seqlen_q * packed + kTile.block_m - 1) / kTile.block_m);
   args.num_splits = params.num_splits > 1 ? params.num_splits : 1;
   args.num_tiles = static_cast<int64_t>(args.num_m_blocks) * args.num_splits * args.tile_heads * shape.batch;
+  if (args.num_tiles >= kFastDivmodLimit) {
+    throw std::invalid_argument("flash_attn internal error: a Hopper forward of " + std::to_string(args.num_tiles) +
+                                " query tiles reached the kernel, whose tile walk divides below 2^31 (the plan "
+                                "declines such calls: dispatch/sm90_policy.cpp sm90_fwd_declines)");
+  }
+  // One CTA per tile until a launch of fewer CTAs remakes the order's (launch_fwd_kernel).
+  args.walk = make_tile_walk_divisors(args.num_tiles, args.num_tiles, args.num_m_blocks, args.num_splits,
+                                      args.tile_heads);
   // Varlen tensors: one map over every row, the sequence's first row added to the row coordinate (rows past a
   // sequence belong to the next one: masked keys, dropped query rows).
   // Paged caches: K / V maps over the page pool, a box per key block or per page (fwd_pages_fit).

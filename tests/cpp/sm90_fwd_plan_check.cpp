@@ -3,7 +3,8 @@
 // the backward declining seqused_k, paged caches only where pages fit the key blocks, GQA packing, and
 // sm90_fwd_num_splits on the H200's 132 SMs (no split once the query tiles fill the SMs; otherwise the fewest splits
 // of the least waves x blocks per split; at most 128; at least four key blocks a split), and tall rows (hd 96 on
-// 192-row tiles: which calls, under which switch values, and the splits and packing they plan).
+// 192-row tiles: which calls, under which switch values, and the splits and packing they plan), and calls of 2^31
+// query tiles or more declined.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -145,6 +146,11 @@ int main() {
   expect_declines("64 splits", flash::sm90_fwd_declines(split), nullptr);
   split.num_splits = 129;
   expect_declines("129 splits", flash::sm90_fwd_declines(split), "splits");
+  // The tile walk's divisions (common/fast_divmod.h) hold below 2^31 tiles, bounded with 64-row tiles: 65535 x 128 x
+  // 256 blocks of 64 queries is 2^31 - 2^15; twice the queries pass it.
+  expect_declines("65535 x 128 heads x 16k queries", flash::sm90_fwd_declines(call(65535, 128, 16384, 16384)), nullptr);
+  expect_declines("65535 x 128 heads x 32k queries", flash::sm90_fwd_declines(call(65535, 128, 32768, 16384)),
+                  "2^31 query tiles");
   flash::FwdParams paged = used;
   paged.block_table = kUsed;
   paged.page_size = 16;
