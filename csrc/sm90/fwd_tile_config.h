@@ -112,10 +112,11 @@ constexpr bool fwd_carries_tile_tail(int head_dim) { return head_dim <= 192; }
 // of in a peeled copy of the loop body with its own softmax and mask. The code a short tile runs then shrinks: ptxas +
 // cuobjdump, bf16 carrying kernels, peeled step + key loop -> key loop with the epilogue branch, hd 128 causal lean
 // ~920 + 640 -> 1,206 instructions (kernel 6,072 -> 5,856), general 7,432 -> 6,824, hd 192 causal 7,032 -> 6,832,
-// no spill. ncu put 12.8 % of the hd 128 causal 512-key forward's stall samples on instruction fetch (cuDNN 1.2 %;
-// thirty-first session). Predicted +1-4 % at 512-1k keys, level where CTAs walk few tiles. Two consumer warpgroups
-// only: with three (hd 64, hd 96's tall rows) the carried state live across the loop spilled in it (6-11 spill
-// instructions a key block). Off until timed on the GPU.
+// no spill. The thirty-first session's form of it (kFwdFirstBlockInLoop: a CTA's first tile ran a real P.V through a
+// descriptor chosen at run time; no ping-pong then) cut the instruction-fetch stalls 12.8 -> 3.2 % of the samples and
+// ran 10-13 % slower below 8k keys. Predicted level to +2 % at 512-1k keys. Two consumer warpgroups only: with three
+// (hd 64, hd 96's tall rows) the carried state live across the loop spilled in it (6-11 spill instructions a key
+// block). Off until timed on the GPU (docs/perf_log.md, fifty-first session).
 constexpr bool kFwdCarriedFirstInLoop = false;
 constexpr bool fwd_carried_first_in_loop(int block_m) {
   return kFwdCarriedFirstInLoop && block_m == kConsumerWarpgroups * kRowsPerConsumer;
