@@ -237,6 +237,7 @@ __global__ void tma_load_kernel(const __grid_constant__ TensorMapArg map, const 
   const int lane = threadIdx.x;
   for (int i = lane; i < kElems; i += kWarpLanes) tile[i] = static_cast<uint16_t>(kSmemFillWord);
   if (lane == 0) {
+    ptx::prefetch_tensor_map(&map.map);  // the attention kernels' start: the loads below must not depend on it
     ptx::mbarrier_init(&full, 1);
     ptx::fence_barrier_init();
   }

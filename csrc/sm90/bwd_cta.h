@@ -57,6 +57,18 @@ struct BwdKernelArgs {
   int heads_per_split;
 };
 
+// The maps a backward CTA copies with, fetched by its first thread while the barriers are set up
+// (kernel_common.h kPrefetchesTensorMaps), not by the first copies.
+__device__ __forceinline__ void prefetch_bwd_tensor_maps(const BwdKernelArgs& args) {
+  if constexpr (!kPrefetchesTensorMaps) return;
+  ptx::prefetch_tensor_map(&args.q_map);
+  ptx::prefetch_tensor_map(&args.do_map);
+  ptx::prefetch_tensor_map(&args.k_map);
+  ptx::prefetch_tensor_map(&args.v_map);
+  if (args.dq_map.enabled) ptx::prefetch_tensor_map(&args.dq_map.map);
+  if (args.d_in_kernel) ptx::prefetch_tensor_map(&args.o_map);
+}
+
 // A CTA's (batch entry, KV head), its sequence, and which key blocks and query heads it walks.
 template <int kBlockM, int kBlockN>
 struct BwdCta {

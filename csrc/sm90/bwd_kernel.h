@@ -138,6 +138,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_kernel(const __grid_consta
   const BwdParams& bp = args.params;
   const FwdParams& p = bp.fwd;
   if (threadIdx.x == 0) {
+    prefetch_bwd_tensor_maps(args);
     // q_empty: every consumer thread arrives, since each read the stage's statistics block with plain loads; one
     // arrival per consumer after a named barrier orders them too, but racecheck does not follow that order and
     // reported the next bulk copy against the other threads' reads (docs/perf_log.md, seventeenth session).

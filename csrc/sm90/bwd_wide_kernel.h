@@ -149,6 +149,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
   // Deterministic calls with ordered dQ (bwd_tile_config.h; compiled out while kBwdDeterministicDqOrderedWide is off).
   const bool dq_ordered = kBwdDeterministicDqOrderedWide && args.dq_ordered;
   if (threadIdx.x == 0) {
+    prefetch_bwd_tensor_maps(args);
     // q_empty: every consumer thread arrives, since each read the stage's statistics with plain loads: an arrival
     // releases the arriving thread's own reads (one arrival per consumer after a named barrier left racecheck
     // reporting the next bulk copy against the other threads' reads; docs/perf_log.md, seventeenth session). do_empty

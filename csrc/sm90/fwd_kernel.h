@@ -508,6 +508,11 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
   if (!kPersistent && !plan_tile<kStorageDim, kMask, kPersistent, kBlockM, kBlockN, kSplit>(args, 0).has_rows) return;
 
   if (threadIdx.x == 0) {
+    if constexpr (kPrefetchesTensorMaps) {
+      ptx::prefetch_tensor_map(&args.q_map);
+      ptx::prefetch_tensor_map(&args.k_map);
+      ptx::prefetch_tensor_map(&args.v_map);
+    }
     init_pipeline_barriers(q_full, q_empty, k_full, v_full, k_empty, v_empty, kStages, kConsumers, kConsumers,
                            kConsumers);
     for (int q = 1; q < kQStages; ++q) {

@@ -33,6 +33,12 @@ constexpr int consumer_registers(int consumers) {
 }
 static_assert(consumer_registers(2) == kConsumerRegisters, "two consumers take the split above");
 
+// Whether a kernel's first thread prefetches its tensor maps (ptx::prefetch_tensor_map) before setting up its
+// barriers, so that a CTA's first copies do not also fetch the descriptors. Pays where CTAs are many and short: one
+// tile per CTA (hd 256 masked calls, ~10 us a CTA at 512 keys) and the backward (a CTA per key block). Predicted
+// +0-3 % there, level where persistent CTAs walk many tiles. Not yet timed (fifty-first session: no GPU).
+constexpr bool kPrefetchesTensorMaps = true;
+
 constexpr int kSegmentElems = 64;  // head-dim columns per TMA box and per 128-byte swizzled line
 constexpr int kSegmentBytes = 128;
 constexpr int kK16Bytes = 32;      // one k16 step along a K-major line

@@ -55,6 +55,17 @@ __device__ __forceinline__ void mbarrier_wait_parity(uint64_t* barrier, uint32_t
 #endif
 }
 
+// Fetches a tensor map (generic address of a CUtensorMap in kernel-parameter (__grid_constant__), constant or global
+// memory) into the TMA unit's descriptor cache ahead of its first copy, whose latency would otherwise include that
+// fetch; CUTLASS and FlashAttention-3 issue it from the producer at kernel start. A hint: results do not depend on it.
+__device__ __forceinline__ void prefetch_tensor_map(const void* tensor_map) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tensor_map)) : "memory");
+#else
+  (void)tensor_map;
+#endif
+}
+
 // Copies the box of the 4D tensor map at coordinates (c0 innermost .. c3) into shared memory at `box` (1024-byte
 // aligned for the 128-byte swizzle) and counts its bytes on `barrier`; elements outside the map's extent are
 // written as zeros and counted too. `tensor_map`: generic address of a CUtensorMap in kernel-parameter
