@@ -1299,7 +1299,12 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
   // Not in the softcap / ALiBi lean kernel: there it spilled (hd 96, 253 -> 255 registers and 24 bytes of stack).
   constexpr bool kFillsPastRange =
       !kTma && !kLeanMods && kPaging == KvPaging::kNone && fwd_fills_past_kv_range(kHeadDim, kKind, kStages);
-  using KvTiles = TileLayout<fwd_swizzles_kv(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone), kHeadDim>;
+  constexpr bool kHalfSegments =
+      fwd_swizzles_half_segments(kHeadDim, kGeneral, kKind, kLeanMods, kPaging != KvPaging::kNone);
+  using HalfSegmentTiles = HalfSegmentSwizzledRows<kHalfSegments ? kHeadDim : kFwdHalfSegmentSwizzleHeadDim>;
+  using KvTiles = std::conditional_t<kHalfSegments, HalfSegmentTiles,
+                                     TileLayout<fwd_swizzles_kv(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone),
+                                                kHeadDim>>;
   using CheckedLayout =
       std::conditional_t<fwd_branches_whole_tiles(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone),
                          WholeTileLoads<KvTiles>, KvTiles>;

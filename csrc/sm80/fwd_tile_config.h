@@ -301,6 +301,22 @@ FLASH_HOST_DEVICE constexpr bool fwd_loads_grouped_columns(int head_dim, bool ge
   return !general && !fwd_is_decode_kind(kind) && head_dim == kGroupedColumnsHeadDim;
 }
 
+// Whether the hd 96 forward's K / V tiles are unpadded rows swizzled within 64-byte half segments (kernel_common.h
+// HalfSegmentSwizzledRows) instead of rows padded to 104 columns, whose cp.async copies conflict: the hd 96 backward's
+// padded Q / dO copies took 3.0x the ideal wavefronts, and swizzled it gained 1-5 % (forty-fourth session). ptxas
+// (sm_90a, bf16, fifty-first session), padded -> swizzled: non-causal key loop 920 -> 932 instructions, 0 -> 24 bytes
+// of stack and 5 spill instructions in the loop; causal 987 -> 1,001, 16 -> 24 bytes, 3 -> 4 (the forty-fourth
+// session's branch, lost with the branches, measured the same; its softcap / ALiBi lean kernel spilled 48 bytes, so
+// that kernel keeps padded rows). Predicted -2 to +3 % (hd 96 forward 0.98-0.99x FA2 non-causal at 1k-16k): the A/B
+// decides whether conflict-free copies beat the spill. Off until timed.
+constexpr bool kFwdHalfSegmentSwizzle = false;
+constexpr int kFwdHalfSegmentSwizzleHeadDim = 96;
+FLASH_HOST_DEVICE constexpr bool fwd_swizzles_half_segments(int head_dim, bool general, FwdTileKind kind,
+                                                            bool lean_mods, bool paged) {
+  return kFwdHalfSegmentSwizzle && head_dim == kFwdHalfSegmentSwizzleHeadDim && !general && !lean_mods && !paged &&
+         kind == FwdTileKind::kStandard;
+}
+
 // The general kernel takes 32-key tiles at head dims 192 and 224: with 64 keys ptxas spilled 304 / 328 bytes (hd 192)
 // and 520 / 580 (hd 224), with 32 none and 32 / 32 (O alone is 96 / 112 registers there). Head dims 160 (56 bytes) and
 // 256 (none) keep 64 keys, which halve the K/V tiles' barriers per key. Not yet timed.
