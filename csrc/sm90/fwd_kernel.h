@@ -35,8 +35,8 @@ struct FwdKernelArgs {
   CUtensorMap k_map;  // (head dim, kv head, key, batch) boxes of 64 columns x block_n keys
   CUtensorMap v_map;
   FwdParams params;
-  float scale_log2;   // what multiplies a score in the exponent: softmax_scale * log2(e); 1 for general kernels,
-                      // whose transform_scores turns scores into log2-domain logits first
+  float scale_log2;   // what multiplies a score in the exponent: softmax_scale * log2(e), or softcap * log2(e) in
+                      // softcap calls, whose transform_scores leaves tanh(score * softmax_scale / softcap)
   int heads_per_kv;   // nheads_q / nheads_k
   // GQA packing (FwdParams::sm90_packed_heads = 2^pack_shift query heads of one KV head per tile): tile row l holds
   // query l >> pack_shift of head (l & (2^pack_shift - 1)) of the tile's heads, and the Q map's boxes span those heads;
@@ -184,15 +184,15 @@ __device__ __forceinline__ void rescale_o(float (&o)[kHeadDim / 2], const float 
   }
 }
 
-// The general kernels' per-score features, applied before the mask: softcap (on the scaled score) and ALiBi, giving
-// the log2-domain logit the softmax exponentiates (the same order and units as the portable path's transform_scores),
-// with the log2(e) factor folded into the constants: softcap_log2 tanh(s scale / softcap) - slope_log2 |distance|.
+// The general kernels' per-score features, applied before the mask: softcap (on the scaled score) and ALiBi, in the
+// units that softmax_step multiplies by FwdKernelArgs::scale_log2 in the exponent, so that the logit's scale costs no
+// multiply of its own (the exponent's FFMA takes it, as in the lean kernels): tanh(s scale / softcap) - (slope /
+// softcap) |distance| with softcap, s - (slope / scale) |distance| without; the same logit as the portable path's
+// transform_scores.
 struct ScoreTransform {
-  float scale_log2;        // softmax_scale log2(e): the logit without softcap
-  float tanh_scale;        // softmax_scale / softcap; 0: no softcap
-  float softcap_log2;      // softcap log2(e)
-  float alibi_slope_log2;  // the head's ALiBi slope log2(e); 0: none
-  int64_t offset;          // the diagonal offset ALiBi's distance is measured from
+  float tanh_scale;   // softmax_scale / softcap; 0: no softcap
+  float alibi_slope;  // the head's ALiBi slope over softcap (or over softmax_scale without softcap); 0: none
+  int64_t offset;     // the diagonal offset ALiBi's distance is measured from
 };
 
 // Each feature is one uniform branch around its loop, and ALiBi's distance is converted once per row: the first form
@@ -204,12 +204,9 @@ __device__ __forceinline__ void transform_scores(float (&s)[kBlockN / 2], const 
                                                  const ScoreTransform& t) {
   if (t.tanh_scale > 0.f) {
 #pragma unroll
-    for (int i = 0; i < kBlockN / 2; ++i) s[i] = t.softcap_log2 * fast_tanh(s[i] * t.tanh_scale);
-  } else {
-#pragma unroll
-    for (int i = 0; i < kBlockN / 2; ++i) s[i] *= t.scale_log2;
+    for (int i = 0; i < kBlockN / 2; ++i) s[i] = fast_tanh(s[i] * t.tanh_scale);
   }
-  if (t.alibi_slope_log2 != 0.f) {
+  if (t.alibi_slope != 0.f) {
     // Score 4j + e is row e / 2 at column col0 + 8j + e % 2; exact while |distance| < 2^24.
     const float distance0[2] = {static_cast<float>(rows.row[0] + t.offset - col0),
                                 static_cast<float>(rows.row[1] + t.offset - col0)};
@@ -217,7 +214,7 @@ __device__ __forceinline__ void transform_scores(float (&s)[kBlockN / 2], const 
     for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[4 * j + e] -= t.alibi_slope_log2 * fabsf(distance0[e / 2] - static_cast<float>(8 * j + e % 2));
+        s[4 * j + e] -= t.alibi_slope * fabsf(distance0[e / 2] - static_cast<float>(8 * j + e % 2));
       }
     }
   }
@@ -393,8 +390,8 @@ struct TileOutput {
   int64_t seqlen_q;
 };
 
-// Epilogue: O / sum and LSE = max * scale_log2 * ln(2) + ln(sum) (max * softmax_scale for lean kernels, whose max is a
-// raw score; max * ln(2) for general ones, whose max is a log2-domain logit); rows that saw no key give O = 0 and
+// Epilogue: O / sum and LSE = max * scale_log2 * ln(2) + ln(sum) (max * softmax_scale where max is a raw score, max *
+// softcap where it is a score's tanh: transform_scores); rows that saw no key give O = 0 and
 // LSE = +inf. From registers: shared memory stays with the next tile's loads. Split calls write the tile's split's fp32
 // partial and natural-log lse instead (-inf where a row saw no key of the split), rows of the combine kernel's layout
 // ([split][batch][head][row], sm80/fwd_combine_kernel.h). tile_row: the thread's first row in the tile (its second is
@@ -694,12 +691,10 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
     } else {
       auto masked = [&](int n) { return n < tile.full_lo || n >= tile.full_hi; };
       const bool softcap = p.softcap > 0.0;
-      ScoreTransform transform{static_cast<float>(p.softmax_scale * kLog2e),
-                               softcap ? static_cast<float>(p.softmax_scale / p.softcap) : 0.f,
-                               static_cast<float>(p.softcap * kLog2e), 0.f, tile.offset};
+      ScoreTransform transform{softcap ? static_cast<float>(p.softmax_scale / p.softcap) : 0.f, 0.f, tile.offset};
       if (kGeneral && p.mask.alibi_slopes != nullptr) {  // one head per tile: packing declines ALiBi's per-head slopes
-        transform.alibi_slope_log2 =
-            p.mask.alibi_slopes[tile.batch * p.mask.alibi_batch_stride + tile.head] * static_cast<float>(kLog2e);
+        transform.alibi_slope = p.mask.alibi_slopes[tile.batch * p.mask.alibi_batch_stride + tile.head] /
+                                static_cast<float>(softcap ? p.softcap : p.softmax_scale);
       }
       // S of key block n -> what softmax_step exponentiates: the general transform, then the mask where needed.
       auto prepare_scores = [&](float (&scores)[kBlockN / 2], int n) {

@@ -182,7 +182,10 @@ void run_fwd(const FwdParams& params, void* stream) {
   const bool general = fwd_needs_general_kernel(params);
   FwdKernelArgs args{};
   args.params = params;
-  args.scale_log2 = general ? 1.f : static_cast<float>(params.softmax_scale * kLog2e);
+  // The exponent's scale (fwd_kernel.h ScoreTransform): softcap's tanh values are scaled by softcap, scores by
+  // softmax_scale.
+  args.scale_log2 =
+      static_cast<float>((general && params.softcap > 0.0 ? params.softcap : params.softmax_scale) * kLog2e);
   args.heads_per_kv = static_cast<int>(shape.nheads_q / shape.nheads_k);
   // GQA packing (dispatch/sm90_policy.h sm90_fwd_packed_heads: a power of two dividing the heads per KV head and
   // block_m): a tile's rows are block_m / packed queries of `packed` heads, so a sequence has seqlen_q * packed rows.
