@@ -2,7 +2,8 @@
 # head-dim bucket (backward also with the tiles of an A100 and the compact ones of sm86/sm89), odd sequence lengths,
 # GQA, causal and not, varlen with empty sequences and rows past cu_seqlens[-1], a padded head dim, dropout, the wide
 # forward tile (and its persistent form), the forward's TMA K/V loads, the row-pair dq accumulator and the stmatrix
-# backward stores, the Hopper forward's packed heads over pages read in place, malformed cu_seqlens, cache indices and
+# backward stores, the Hopper forward's packed heads over pages read in place, its tall rows, lazy rescaling and
+# short-keys tile (carried tiles with two Q slots), malformed cu_seqlens, cache indices and
 # block tables with the host checks off (the kernels' clamps); forward, and backward where it is built. Small sizes
 # keep the sanitizers' slowdown bearable; each case is also checked against the fp64 reference, so the subset is an
 # ordinary part of the CUDA suite as well (marker: sanitize).
@@ -119,6 +120,15 @@ def test_lazy_rescale_softcap_forward(causal):
     row's max and the later ones mostly stay within the lazy threshold (the warp-wide skip of O's rescale), a ragged
     last key block."""
     _run_dense((1, 200, 700, 2, 2, 128), False, causal=causal, softcap=30.0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_short_keys_forward(causal, monkeypatch):
+    """The hd 256 Hopper forward's short-keys tile (FLASH_ATTN_FWD_SHORT_KEYS=1, sm90): 48-key stages, a CTA per SM
+    carrying each tile's tail into the next with two Q slots; 5 x 28 = 140 tiles on the H200's 132 SMs, so some CTAs
+    walk two, and a ragged last key block."""
+    monkeypatch.setenv("FLASH_ATTN_FWD_SHORT_KEYS", "1")
+    _run_dense((1, 640, 500, 28, 28, 256), False, causal=causal)
 
 
 @pytest.mark.parametrize("head_dim, causal", [(64, False), (64, True), (128, False)])
