@@ -3,8 +3,8 @@
 # GQA, causal and not, varlen with empty sequences and rows past cu_seqlens[-1], a padded head dim, dropout, the wide
 # forward tile (and its persistent form), the forward's TMA K/V loads, the row-pair dq accumulator and the stmatrix
 # backward stores, the Hopper forward's packed heads over pages read in place, its tall rows, lazy rescaling and
-# short-keys tile (carried tiles with two Q slots), malformed cu_seqlens, cache indices and
-# block tables with the host checks off (the kernels' clamps); forward, and backward where it is built. Small sizes
+# short-keys tile (carried tiles with two Q slots), malformed cu_seqlens, cache indices and block tables with the host
+# checks off (the kernels' clamps); forward, and backward where it is built. Small sizes
 # keep the sanitizers' slowdown bearable; each case is also checked against the fp64 reference, so the subset is an
 # ordinary part of the CUDA suite as well (marker: sanitize).
 import functools
