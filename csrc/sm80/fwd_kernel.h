@@ -151,14 +151,16 @@ struct FwdTiles {
 
 // Per-call constants of the score transform, the softmax and dropout (the lean kernel uses x_scale only).
 struct FwdScoreParams {
-  float x_scale;
-  // The general transform's constants, log2(e) folded in: z = softcap_log2 tanh(s tanh_scale) or s scale_log2,
-  // less alibi_slope_log2 |distance|, plus bias log2e.
+  float x_scale;  // what the softmax multiplies a (transformed) score by in the exponent
+  // The general transform: z = tanh(s tanh_scale) with softcap (x_scale = softcap log2(e) then, so the softcap's
+  // multiply rides the exponent's FFMA: one FMUL a score less), else z = s scale_log2 (x_scale 1; softmax_scale may
+  // be any value here, so it stays out of the exponent); less alibi_slope |distance|, plus bias_scale times the bias,
+  // both in z's units (log2(e) / x_scale folded in).
   float scale_log2;
-  float tanh_scale;    // softmax_scale / softcap (0 without softcap)
-  float softcap_log2;  // softcap log2(e)
-  float log2e;
-  float alibi_slope_log2;
+  float tanh_scale;  // softmax_scale / softcap (0 without softcap)
+  bool softcap;
+  float bias_scale;
+  float alibi_slope;
   bool score_mods;  // the lean kernel's softcap / ALiBi call (fwd_lean_runs_score_mods): transform_scores runs
   bool dropout;
   uint64_t seed;
@@ -606,22 +608,22 @@ __device__ __forceinline__ FwdScoreParams read_score_params(const FwdParams& p, 
   FwdScoreParams sp;
   const float scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
   sp.score_mods = kLeanMods && (p.softcap > 0.0 || p.mask.alibi_slopes != nullptr || !(p.softmax_scale > 0.0));
-  sp.x_scale = kGeneral || sp.score_mods ? 1.f : scale_log2;
+  sp.softcap = p.softcap > 0.0;
+  const float transformed_scale = sp.softcap ? static_cast<float>(p.softcap * kLog2e) : 1.f;
+  sp.x_scale = kGeneral || sp.score_mods ? transformed_scale : scale_log2;
   sp.scale_log2 = scale_log2;
-  sp.tanh_scale = p.softcap > 0.0 ? static_cast<float>(p.softmax_scale / p.softcap) : 0.f;
-  sp.softcap_log2 = static_cast<float>(p.softcap * kLog2e);
-  sp.log2e = static_cast<float>(kLog2e);
-  sp.alibi_slope_log2 = 0.f;
+  sp.tanh_scale = sp.softcap ? static_cast<float>(p.softmax_scale / p.softcap) : 0.f;
+  sp.bias_scale = static_cast<float>(kLog2e) / transformed_scale;
+  sp.alibi_slope = 0.f;
   sp.dropout = false;
   sp.seed = 0;
   sp.rng_offset = 0;
   sp.keep_threshold = 0;
   sp.inv_keep = 1.f;
   if constexpr (kGeneral || kLeanMods) {
-    sp.alibi_slope_log2 =
-        p.mask.alibi_slopes != nullptr
-            ? p.mask.alibi_slopes[cta.b * p.mask.alibi_batch_stride + cta.h] * static_cast<float>(kLog2e)
-            : 0.f;
+    sp.alibi_slope = p.mask.alibi_slopes != nullptr
+                         ? p.mask.alibi_slopes[cta.b * p.mask.alibi_batch_stride + cta.h] * sp.bias_scale
+                         : 0.f;
   }
   if constexpr (kGeneral) {
     sp.dropout = p.dropout.p > 0.0;
@@ -787,13 +789,13 @@ template <bool kBias = true, int kStrips, int kNTiles>
 __device__ __forceinline__ void transform_scores(ptx::MmaC (&sc)[kStrips][kNTiles], const int (&rows)[kStrips][2],
                                                  int n0, const FwdParams& p, const FwdCta& cta,
                                                  const FwdScoreParams& sp) {
-  if (sp.softcap_log2 > 0.f) {  // softcap > 0 (softmax_scale may be any value here)
+  if (sp.softcap) {
 #pragma unroll
     for (int s = 0; s < kStrips; ++s) {
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sc[s][nt].reg[e] = sp.softcap_log2 * fast_tanh(sc[s][nt].reg[e] * sp.tanh_scale);
+        for (int e = 0; e < 4; ++e) sc[s][nt].reg[e] = fast_tanh(sc[s][nt].reg[e] * sp.tanh_scale);
       }
     }
   } else {
@@ -817,7 +819,7 @@ __device__ __forceinline__ void transform_scores(ptx::MmaC (&sc)[kStrips][kNTile
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const float distance = distance0 - static_cast<float>(nt * kMmaN + e);
-            sc[s][nt].reg[2 * r + e] -= sp.alibi_slope_log2 * fabsf(distance);
+            sc[s][nt].reg[2 * r + e] -= sp.alibi_slope * fabsf(distance);
           }
         }
       }
@@ -835,7 +837,7 @@ __device__ __forceinline__ void transform_scores(ptx::MmaC (&sc)[kStrips][kNTile
           const int col = n0 + nt * kMmaN + 2 * cta.t + (e % 2);
           if (row < cta.seqlen_q && col < cta.seqlen_k) {
             sc[s][nt].reg[e] +=
-                sp.log2e * read_bias(p.mask.bias, p.mask.bias_dtype,
+                sp.bias_scale * read_bias(p.mask.bias, p.mask.bias_dtype,
                                      cta.b * bs.batch + cta.h * bs.head + static_cast<int64_t>(row) * bs.row +
                                          col * bs.col);
           }
