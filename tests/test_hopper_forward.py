@@ -592,11 +592,16 @@ TALL_CASES = {
 TALL_KERNEL = re.compile(r"fwd_kernel<[^>]*\b192, 112, 2\b")
 
 
-def _launched_tall(call):
+def _launched_tile(call, kernel):
+    """Whether `call` ran a Hopper forward kernel whose template arguments match `kernel` (a tile's pattern)."""
     call()
     names = [name for name in cuda_kernel_names(call) if "sm90::fwd_kernel" in name]
     assert names, "no Hopper forward kernel ran"
-    return any(TALL_KERNEL.search(name) for name in names)
+    return any(kernel.search(name) for name in names)
+
+
+def _launched_tall(call):
+    return _launched_tile(call, TALL_KERNEL)
 
 
 @pytest.mark.parametrize("case", list(TALL_CASES))
@@ -657,10 +662,7 @@ def test_short_keys_tile(forced, monkeypatch, case):
     softcap = spec.get("softcap", 0.0)
     alibi = torch.rand(h, device="cuda", dtype=torch.float32) * 0.5 if spec.get("alibi") else None
     call = lambda: flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap, alibi_slopes=alibi)
-    call()
-    names = [name for name in cuda_kernel_names(call) if "sm90::fwd_kernel" in name]
-    assert names, "no Hopper forward kernel ran"
-    assert any(SHORT_KERNEL.search(name) for name in names) == spec["short"], names
+    assert _launched_tile(call, SHORT_KERNEL) == spec["short"]
     _check_forward(q, k, v, causal=causal, window_size=window, softcap=softcap, alibi_slopes=alibi)
 
 
