@@ -152,6 +152,23 @@ def test_cu_seqlens_decreasing():
         flash_attn_varlen_func(q, k, v, cu_q, cu_k, 6, 4)
 
 
+@pytest.mark.parametrize("which", ["max_seqlen_q", "max_seqlen_k"])
+def test_max_seqlen_beyond_32_bits(which):
+    # The kernels' grids take a sequence's length as 32 bits; a larger bound would wrap the grid.
+    q, k, v, cu_q, cu_k = _varlen()
+    bounds = {"max_seqlen_q": 5, "max_seqlen_k": 6, which: 2**31}
+    with pytest.raises(ERRORS, match=which):
+        flash_attn_varlen_func(q, k, v, cu_q, cu_k, bounds["max_seqlen_q"], bounds["max_seqlen_k"])
+
+
+def test_max_seqlen_loose_bound_is_correct():
+    # A bound far above the longest sequence (a model's context length, say) is valid: the answer is the tight one's.
+    q, k, v, cu_q, cu_k = _varlen()
+    tight = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 6, causal=True)
+    loose = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 2**31 - 1, 2**31 - 1, causal=True)
+    torch.testing.assert_close(loose, tight, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("which", ["q", "k"])
 def test_cu_seqlens_beyond_tensor(which):
     q, k, v, cu_q, cu_k = _varlen()

@@ -201,6 +201,11 @@ CheckedCall check_call(const char* op, const CallArgs& a) {
                 shape_str(cu_q), " and ", shape_str(cu_k));
     FLASH_CHECK(a.max_seqlen_q >= 0 && a.max_seqlen_k >= 0, op, ": max_seqlen_q and max_seqlen_k must be >= 0; got ",
                 a.max_seqlen_q, " and ", a.max_seqlen_k);
+    // The kernels' grids and row indices take a sequence's length as 32 bits: a larger bound would wrap the grid.
+    constexpr int64_t kMaxSeqlen = std::numeric_limits<int32_t>::max();
+    FLASH_CHECK(a.max_seqlen_q <= kMaxSeqlen && a.max_seqlen_k <= kMaxSeqlen, op,
+                ": max_seqlen_q and max_seqlen_k must be at most 2^31 - 1 (a bound on one sequence's length); got ",
+                a.max_seqlen_q, " and ", a.max_seqlen_k, ". Pass the longest sequence's length.");
     check_cu_seqlens_layout(op, "cu_seqlens_q", cu_q, q);
     check_cu_seqlens_layout(op, "cu_seqlens_k", cu_k, q);
     p.shape.batch = cu_q.size(0) - 1;
