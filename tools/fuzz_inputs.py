@@ -20,6 +20,10 @@ from flash_attn import reference
 # Exceptions a bad argument may raise: anything else (or a crash) is a finding.
 EXPECTED = (RuntimeError, ValueError, NotImplementedError, TypeError, IndexError)
 HUGE = 1 << 40  # an index or length far past any tensor
+# Output tolerances against the fp32 reference: outputs are averages of N(0, 1) values (|out| < ~3), so 16-bit
+# rounding of P and O stays well below these, and a wrong mask, row or sequence moves an output by O(1).
+LOW_PRECISION_ATOL = 6e-2
+FP32_ATOL = 1e-4
 
 
 class Finding(Exception):
@@ -322,7 +326,7 @@ def run_fwd(rng: random.Random, device: str, log) -> None:
         torch.cuda.synchronize()
     if expect == "ok" and args["dropout_p"] == 0.0:
         ref = _fwd_reference(args, meta)
-        atol = 2e-2 if dtype != torch.float32 else 1e-4
+        atol = LOW_PRECISION_ATOL if dtype != torch.float32 else FP32_ATOL
         if not _close(out, ref, atol):
             raise Finding(f"fwd {names}: wrong answer (max err {(out.double() - ref.double()).abs().max().item()})")
     # Whatever was accepted must be a finite answer (rows without keys give 0).
@@ -600,7 +604,7 @@ def run_public(rng: random.Random, device: str, log) -> None:
             finite = torch.isfinite(ref)
             if not torch.equal(finite, torch.isfinite(out)) and not (~finite).any():
                 raise Finding(f"sdpa mask {shape}: non-finite output")
-            atol = 2e-2 if dtype != torch.float32 else 1e-4
+            atol = LOW_PRECISION_ATOL if dtype != torch.float32 else FP32_ATOL
             if finite.all() and (out.float() - ref).abs().max().item() > atol:
                 raise Finding(f"sdpa mask {shape}: wrong answer")
         elif name == "grad_bias":
