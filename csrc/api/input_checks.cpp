@@ -252,7 +252,7 @@ CheckedCall check_call(const char* op, const CallArgs& a) {
   FLASH_CHECK(a.dropout_p >= 0.0 && a.dropout_p < 1.0, op, ": dropout_p must be in [0, 1); got ", a.dropout_p);
   FLASH_CHECK(std::isfinite(a.softmax_scale), op, ": softmax_scale must be finite; got ", a.softmax_scale);
   FLASH_CHECK(std::isfinite(a.softcap) && a.softcap >= 0.0, op,
-              ": softcap must be >= 0 (0 disables it); got ", a.softcap);
+              ": softcap must be finite and >= 0 (0 disables it); got ", a.softcap);
   FLASH_CHECK(a.window_left >= kUnboundedWindow && a.window_right >= kUnboundedWindow, op,
               ": window_size entries must be >= -1 (-1 means unbounded); got (", a.window_left, ", ",
               a.window_right, ")");
