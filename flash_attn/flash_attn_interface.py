@@ -4,7 +4,8 @@ functions with their signatures and results. _flash_attn_forward / _flash_attn_v
 softmax_lse, S_dmask, rng_state); _flash_attn_backward / _flash_attn_varlen_backward write dq, dk, dv into the
 tensors they are given and return softmax_d = rowsum(dout * out). The backward uses the out and softmax_lse it is
 handed (an engine's values merged over every key block), so per-block gradients add up to the exact ones. Each is a
-torch.library custom op (flash_attn::_flash_attn_forward, ...) with a fake implementation, on CPU and CUDA."""
+torch.library custom op (flash_attn::_flash_attn_forward, ...) with a fake implementation, on CPU and CUDA, also named
+_wrapped_flash_attn_forward, ... as in Dao's module (>= 2.7)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ __all__ = [
     "flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
     "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache",
     "_flash_attn_forward", "_flash_attn_backward", "_flash_attn_varlen_forward", "_flash_attn_varlen_backward",
+    "_wrapped_flash_attn_forward", "_wrapped_flash_attn_backward", "_wrapped_flash_attn_varlen_forward",
+    "_wrapped_flash_attn_varlen_backward",
 ]
 
 # Dao's softmax_d rows are padded to a multiple of this (its kernels' row block); varlen adds one block per sequence.
@@ -102,9 +105,16 @@ def _forward_fake(q, k, v, dropout_p, softmax_scale, causal, window_size_left, w
 @torch.library.custom_op("flash_attn::_flash_attn_varlen_forward", mutates_args=())
 def _varlen_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                        cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, dropout_p: float,
-                       softmax_scale: float, causal: bool, window_size_left: int, window_size_right: int,
-                       softcap: float, alibi_slopes: Optional[torch.Tensor], return_softmax: bool
+                       softmax_scale: float, causal: bool, window_size_left: int = -1, window_size_right: int = -1,
+                       softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None, return_softmax: bool = False,
+                       block_table: Optional[torch.Tensor] = None, leftpad_k: Optional[torch.Tensor] = None,
+                       seqused_k: Optional[torch.Tensor] = None
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    # Dao's op schema (flash_attn >= 2.7): block_table makes k / v paged caches; leftpad_k / seqused_k are refused.
+    _refuse_varlen_extras(leftpad_k, seqused_k)
+    if block_table is not None:
+        k, v = paged_keys_values("_flash_attn_varlen_forward", k, v, block_table, cu_seqlens_q.shape[0] - 1,
+                                 cu_seqlens_k, max_seqlen_k, q.device)
     left, right = _window(causal, window_size_left, window_size_right)
     rng_state = _rng_state(dropout_p, q.device)
     out, lse, probs = ops.fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
@@ -115,7 +125,8 @@ def _varlen_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq
 
 @_varlen_forward_op.register_fake
 def _varlen_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-                         causal, window_size_left, window_size_right, softcap, alibi_slopes, return_softmax):
+                         causal, window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None,
+                         return_softmax=False, block_table=None, leftpad_k=None, seqused_k=None):
     total_q, nheads, _ = q.shape
     probs_shape = (cu_seqlens_q.shape[0] - 1, nheads, max_seqlen_q, max_seqlen_k) if return_softmax else (0,)
     return (q.new_empty(q.shape), q.new_empty((nheads, total_q), dtype=torch.float32), q.new_empty(probs_shape),
@@ -127,7 +138,7 @@ def _backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
                  softmax_lse: torch.Tensor, dq: Optional[torch.Tensor], dk: Optional[torch.Tensor],
                  dv: Optional[torch.Tensor], dropout_p: float, softmax_scale: float, causal: bool,
                  window_size_left: int, window_size_right: int, softcap: float, alibi_slopes: Optional[torch.Tensor],
-                 deterministic: bool, rng_state: Optional[torch.Tensor]) -> torch.Tensor:
+                 deterministic: bool, rng_state: Optional[torch.Tensor] = None) -> torch.Tensor:
     left, right = _window(causal, window_size_left, window_size_right)
     grads = ops.bwd_op(dout, q, k, v, out, softmax_lse, None, None, None, 0, 0, dropout_p, softmax_scale, left, right,
                        True, softcap, alibi_slopes, None, rng_state, deterministic, False)
@@ -137,7 +148,7 @@ def _backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
 
 @_backward_op.register_fake
 def _backward_fake(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p, softmax_scale, causal, window_size_left,
-                   window_size_right, softcap, alibi_slopes, deterministic, rng_state):
+                   window_size_right, softcap, alibi_slopes, deterministic, rng_state=None):
     batch, seqlen_q, nheads, _ = q.shape
     return q.new_empty((batch, nheads, _round_up(seqlen_q, _SOFTMAX_D_ROW_BLOCK)), dtype=torch.float32)
 
@@ -149,7 +160,7 @@ def _varlen_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
                         max_seqlen_q: int, max_seqlen_k: int, dropout_p: float, softmax_scale: float, causal: bool,
                         window_size_left: int, window_size_right: int, softcap: float,
                         alibi_slopes: Optional[torch.Tensor], deterministic: bool,
-                        rng_state: Optional[torch.Tensor]) -> torch.Tensor:
+                        rng_state: Optional[torch.Tensor] = None) -> torch.Tensor:
     left, right = _window(causal, window_size_left, window_size_right)
     grads = ops.bwd_op(dout, q, k, v, out, softmax_lse, None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                        dropout_p, softmax_scale, left, right, True, softcap, alibi_slopes, None, rng_state,
@@ -161,7 +172,7 @@ def _varlen_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
 @_varlen_backward_op.register_fake
 def _varlen_backward_fake(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                           max_seqlen_k, dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap,
-                          alibi_slopes, deterministic, rng_state):
+                          alibi_slopes, deterministic, rng_state=None):
     batch = cu_seqlens_q.shape[0] - 1
     return q.new_empty((q.shape[1], q.shape[0] + _SOFTMAX_D_ROW_BLOCK * batch), dtype=torch.float32)
 
@@ -190,14 +201,10 @@ def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     """The varlen form: q (total_q, nheads, headdim), k / v (total_k, nheads_k, headdim), cu_seqlens int32.
     softmax_lse is (nheads, total_q). With block_table, k and v are paged caches (flash_attn_varlen_func); leftpad_k
     and seqused_k raise NotImplementedError."""
-    _refuse_varlen_extras(leftpad_k, seqused_k)
-    if block_table is not None:
-        k, v = paged_keys_values("_flash_attn_varlen_forward", k, v, block_table, cu_seqlens_q.shape[0] - 1, cu_seqlens_k,
-                                 int(max_seqlen_k), q.device)
     return torch.ops.flash_attn._flash_attn_varlen_forward(
         q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), float(dropout_p),
         _scale(softmax_scale, q), bool(causal), int(window_size_left), int(window_size_right), float(softcap or 0.0),
-        alibi_slopes, bool(return_softmax))
+        alibi_slopes, bool(return_softmax), block_table, leftpad_k, seqused_k)
 
 
 def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p, softmax_scale, causal,
@@ -218,3 +225,11 @@ def _flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_
         dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
         int(max_seqlen_k), float(dropout_p), _scale(softmax_scale, q), bool(causal), int(window_size_left),
         int(window_size_right), float(softcap or 0.0), alibi_slopes, bool(deterministic), rng_state)
+
+
+# Dao's module (>= 2.7) also names the ops themselves, which engines (e.g. MagiAttention) call directly with a float
+# softmax_scale; the same schemas here.
+_wrapped_flash_attn_forward = torch.ops.flash_attn._flash_attn_forward
+_wrapped_flash_attn_varlen_forward = torch.ops.flash_attn._flash_attn_varlen_forward
+_wrapped_flash_attn_backward = torch.ops.flash_attn._flash_attn_backward
+_wrapped_flash_attn_varlen_backward = torch.ops.flash_attn._flash_attn_varlen_backward

@@ -122,6 +122,33 @@ def test_buffers_may_be_omitted(device):
     assert not torch.isnan(dk).any()
 
 
+def test_wrapped_ops_take_daos_schema(device):
+    # Dao's module (>= 2.7) names the ops _wrapped_flash_attn_*; engines call them with keywords and a float scale,
+    # the varlen forward with block_table (paged k / v) and the backward without rng_state.
+    q, k, v = _qkv(device)
+    out, lse, _, _ = fai._wrapped_flash_attn_forward(q, k, v, 0.0, 0.125, True, -1, -1, 0.0, None, False)
+    assert torch.equal(out, flash_attn_func(q, k, v, softmax_scale=0.125, causal=True))
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    fai._wrapped_flash_attn_backward(torch.randn_like(out), q, k, v, out, lse, dq, dk, dv, dropout_p=0.0,
+                                     softmax_scale=0.125, causal=True, window_size_left=-1, window_size_right=-1,
+                                     softcap=0.0, alibi_slopes=None, deterministic=False)
+    assert not dq.isnan().any()
+    dtype = _dtype(device)
+    qv, kv, vv, cu_q, cu_k = varlen_tensors([5, 9], [7, 12], 4, 2, HEAD_DIM, dtype, device)
+    dense, _, _, _ = fai._wrapped_flash_attn_varlen_forward(qv, kv, vv, cu_q, cu_k, 9, 12, 0.0, 0.125, causal=True)
+    page, pages = 4, 3
+    pool_k = randn(2 * pages + 1, page, 2, HEAD_DIM, dtype=dtype, device=device)
+    pool_v = randn(*pool_k.shape, dtype=dtype, device=device)
+    table = torch.tensor([[6, 0, 2], [1, 3, 5]], dtype=torch.int32, device=device)
+    for b, (start, length) in enumerate(((0, 7), (7, 12))):
+        rows = torch.arange(length, device=device)
+        pool_k[table[b].long()[rows // page], rows % page] = kv[start:start + length]
+        pool_v[table[b].long()[rows // page], rows % page] = vv[start:start + length]
+    paged, _, _, _ = fai._wrapped_flash_attn_varlen_forward(qv, pool_k, pool_v, cu_q, cu_k, 9, 12, 0.0, 0.125,
+                                                            causal=True, block_table=table)
+    assert torch.equal(paged, dense)
+
+
 @pytest.mark.parametrize("name", ["leftpad_k", "seqused_k"])
 def test_varlen_extras_refused(name):
     q, k, v, cu_q, cu_k = varlen_tensors([5, 7], [6, 8], 2, 2, 16, torch.float32, "cpu")
