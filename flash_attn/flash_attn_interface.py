@@ -13,6 +13,7 @@ from typing import Optional
 
 import torch
 
+from . import dao_binding as flash_attn_gpu  # Dao's extension module's functions (fwd, varlen_fwd, ...) on our ops
 from . import ops
 from .interface import (  # noqa: F401  (re-exported: the public functions of Dao's module)
     flash_attn_func,
@@ -233,3 +234,5 @@ _wrapped_flash_attn_forward = torch.ops.flash_attn._flash_attn_forward
 _wrapped_flash_attn_varlen_forward = torch.ops.flash_attn._flash_attn_varlen_forward
 _wrapped_flash_attn_backward = torch.ops.flash_attn._flash_attn_backward
 _wrapped_flash_attn_varlen_backward = torch.ops.flash_attn._flash_attn_varlen_backward
+# Dao's module imported its compiled extension as flash_attn_gpu (>= 2.7.1), before that as flash_attn_cuda.
+flash_attn_cuda = flash_attn_gpu

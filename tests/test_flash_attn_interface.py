@@ -2,7 +2,8 @@
 # the four private block functions that sequence-parallel engines call, on CPU and CUDA: their results against
 # flash_attn_func / flash_attn_varlen_func (outputs, LSE, gradients, dropout through rng_state), Dao's return shapes
 # (softmax_d, rng_state), gradients written into the given buffers, the backward using the out and LSE it is handed
-# (two key blocks merged by LSE give the exact gradients), torch.library.opcheck of the custom ops, and the refusals.
+# (two key blocks merged by LSE give the exact gradients), torch.library.opcheck of the custom ops, the refusals, Dao's
+# _wrapped_* op names and its compiled extension's functions (flash_attn_gpu).
 
 import pytest
 import torch
@@ -178,3 +179,53 @@ def test_custom_ops_pass_opcheck():
     ]
     for op, args in cases:
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_dao_extension_functions(device):
+    # flash_attn_gpu / flash_attn_cuda: Dao's compiled extension's positional signatures (fwd, varlen_fwd, bwd,
+    # varlen_bwd, fwd_kvcache) on our ops, results against the public functions; Unsloth imports it as a usability
+    # check.
+    assert fai.flash_attn_cuda is fai.flash_attn_gpu
+    ext = fai.flash_attn_gpu
+    q, k, v = _qkv(device)
+    out_buf = torch.empty_like(q)
+    out, lse, p, rng_state = ext.fwd(q, k, v, out_buf, None, 0.0, 0.125, True, -1, -1, 0.0, False, None)
+    assert out is out_buf and torch.equal(out, flash_attn_func(q, k, v, softmax_scale=0.125, causal=True))
+    assert lse.shape == (q.shape[0], q.shape[2], q.shape[1]) and p.numel() == 0 and rng_state.shape == (2,)
+    dout = torch.randn_like(out)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    expected = torch.autograd.grad(flash_attn_func(*leaves, softmax_scale=0.125, causal=True), leaves, dout)
+    dq, dk, dv, softmax_d = ext.bwd(dout, q, k, v, out, lse, None, None, None, None, 0.0, 0.125, True, -1, -1, 0.0,
+                                    False, None, None)
+    for ours, theirs in zip((dq, dk, dv), expected):
+        assert torch.equal(ours, theirs)
+    assert softmax_d.shape == (q.shape[0], q.shape[2], 128)
+
+    dtype = _dtype(device)
+    qv, kv, vv, cu_q, cu_k = varlen_tensors([5, 9], [7, 12], 4, 2, HEAD_DIM, dtype, device)
+    qv = torch.cat([qv, randn(3, 4, HEAD_DIM, dtype=dtype, device=device)])  # rows past the last sequence
+    vout, vlse, _, _ = ext.varlen_fwd(qv, kv, vv, None, cu_q, cu_k, None, None, None, None, 9, 12, 0.0, 0.125, True,
+                                      True, -1, -1, 0.0, False, None)
+    assert torch.equal(vout[:14], flash_attn_varlen_func(qv[:14], kv, vv, cu_q, cu_k, 9, 12, softmax_scale=0.125,
+                                                         causal=True))
+    assert vout[14:].abs().max() == 0 and vlse.shape == (4, qv.shape[0])
+    grads = ext.varlen_bwd(torch.randn_like(vout), qv, kv, vv, vout, vlse, None, None, None, cu_q, cu_k, None, 9, 12,
+                           0.0, 0.125, True, True, -1, -1, 0.0, False, None, None)
+    assert grads[0][14:].abs().max() == 0 and not any(g.isnan().any() for g in grads[:3])
+    with pytest.raises(NotImplementedError, match="seqused_k"):
+        ext.varlen_fwd(qv, kv, vv, None, cu_q, cu_k, torch.tensor([7, 12], dtype=torch.int32, device=device), None,
+                       None, None, 9, 12, 0.0, 0.125, False, True, -1, -1, 0.0, False, None)
+
+    k_cache = randn(2, 20, 2, HEAD_DIM, dtype=dtype, device=device)
+    v_cache = randn(2, 20, 2, HEAD_DIM, dtype=dtype, device=device)
+    q1 = randn(2, 1, 4, HEAD_DIM, dtype=dtype, device=device)
+    k_new = randn(2, 1, 2, HEAD_DIM, dtype=dtype, device=device)
+    v_new = randn(2, 1, 2, HEAD_DIM, dtype=dtype, device=device)
+    lengths = torch.tensor([5, 11], dtype=torch.int32, device=device)
+    kc, vc = k_cache.clone(), v_cache.clone()
+    expected_out, expected_lse = flash_attn.flash_attn_with_kvcache(q1, kc, vc, k_new, v_new, cache_seqlens=lengths,
+                                                                    causal=True, return_softmax_lse=True)
+    kout, klse = ext.fwd_kvcache(q1, k_cache, v_cache, k_new, v_new, lengths, None, None, None, None, None, None,
+                                 None, HEAD_DIM ** -0.5, True, -1, -1, 0.0, True, 0)
+    assert torch.equal(kout, expected_out) and torch.equal(klse, expected_lse)
+    assert torch.equal(k_cache, kc) and torch.equal(v_cache, vc)  # the new rows appended in place
