@@ -374,7 +374,9 @@ def run_fwd(rng: random.Random, device: str, log) -> None:
 
 
 BWD_MUTATIONS = ["lse_shape", "lse_dtype", "lse_strided", "out_shape", "dout_strided", "dlse", "cu_mismatch",
-                 "max_small"]
+                 "max_small", "layout"]
+# Gradients of the same call with inputs in other layouts: equal up to the order of the dQ adds (atomic on CUDA).
+LAYOUT_GRAD_ATOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}
 
 
 def run_bwd(rng: random.Random, device: str, log) -> None:
@@ -405,11 +407,18 @@ def run_bwd(rng: random.Random, device: str, log) -> None:
         cu_q = _bad_index_tensor(rng, cu_q, args["q"].shape[0])
     elif name == "max_small" and cu_k is not None:
         max_q = max(0, max_q - 1)
+    tensors = {"dout": dout, "q": args["q"], "k": args["k"], "v": args["v"], "out": out}
+    if name == "layout":
+        tensors = {key: _same_values_other_layout(rng, t) if rng.random() < 0.6 else t for key, t in tensors.items()}
     log(f"bwd {name} varlen={meta['varlen']} dtype={dtype}")
+
+    def backward(t):
+        return torch.ops.flash_attn.bwd(t["dout"], t["q"], t["k"], t["v"], t["out"], lse, dlse, cu_q, cu_k, max_q,
+                                        args["max_seqlen_k"], 0.0, args["softmax_scale"], args["window_left"],
+                                        args["window_right"], True, 0.0, None, None, None, False, False)
+
     try:
-        grads = torch.ops.flash_attn.bwd(dout, args["q"], args["k"], args["v"], out, lse, dlse, cu_q, cu_k, max_q,
-                                         args["max_seqlen_k"], 0.0, args["softmax_scale"], args["window_left"],
-                                         args["window_right"], True, 0.0, None, None, None, False, False)
+        grads = backward(tensors)
     except EXPECTED as e:
         log(f"   raised {type(e).__name__}: {str(e)[:160]}")
         return
@@ -418,6 +427,11 @@ def run_bwd(rng: random.Random, device: str, log) -> None:
     for g in grads[:3]:
         if g.numel() and not torch.isfinite(g).all() and name not in ("lse_strided",):
             raise Finding(f"bwd {name}: accepted call returned a non-finite gradient")
+    if name == "layout":
+        contiguous = backward({key: t.contiguous() for key, t in tensors.items()})
+        for which, ours, theirs in zip("qkv", grads[:3], contiguous[:3]):
+            if not _close(ours, theirs, LAYOUT_GRAD_ATOL[dtype]):
+                raise Finding(f"bwd layout: d{which} differs from the contiguous inputs' gradient")
 
 
 # ---------------------------------------------------------------------------------------------------------------
