@@ -173,8 +173,8 @@ def mutate_fwd(rng: random.Random, args: dict, meta: dict, name: str) -> str:
         return "any"
     if name == "block_table":
         # dense q over k / v as pages of 4 rows (with seqused_k), and a table with a bad entry (or a bad form)
-        if meta["varlen"]:
-            return "ok"
+        if meta["varlen"] or any(args[t].shape[-1] != meta["head_dim"] for t in ("k", "v")):
+            return "ok"  # (new pools would undo an earlier head-dim mutation of k or v)
         page = 4
         pages_per_seq = math.ceil(meta["lens_k"][0] / page)
         num_pages = meta["batch"] * pages_per_seq
