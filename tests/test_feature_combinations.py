@@ -136,9 +136,8 @@ def _kvcache_case(c, device):
     leftpad = None
     if layout == "leftpad":
         leftpad = [rng.randint(0, length) for length in lengths]
-    cache_rows = rows
-    k_seq = randn(batch, cache_rows, hk, d, dtype=dtype, device=device)  # each sequence's cache, logical order
-    v_seq = randn(batch, cache_rows, hk, d, dtype=dtype, device=device)
+    k_seq = randn(batch, rows, hk, d, dtype=dtype, device=device)  # each sequence's cache, logical order
+    v_seq = randn(batch, rows, hk, d, dtype=dtype, device=device)
     kwargs = {"causal": c["mask"] == "causal", "window_size": c["window"], "softcap": c["softcap"],
               "alibi_slopes": _slopes(c, device), "num_splits": c["num_splits"],
               "cache_seqlens": torch.tensor(lengths, dtype=torch.int32, device=device)}
@@ -146,14 +145,14 @@ def _kvcache_case(c, device):
         kwargs["cache_leftpad"] = torch.tensor(leftpad, dtype=torch.int32, device=device)
     if layout == "paged":
         page = rng.choice([1, 4, 16, 32, 64, 128, 256])
-        pages = math.ceil(cache_rows / page)
+        pages = math.ceil(rows / page)
         order = torch.randperm(batch * pages + 1, device=device)[: batch * pages]
         table = order.to(torch.int32).reshape(batch, pages)
         k_pool = randn(batch * pages + 1, page, hk, d, dtype=dtype, device=device)
         v_pool = randn(batch * pages + 1, page, hk, d, dtype=dtype, device=device)
         padded = pages * page
-        k_pad = torch.cat([k_seq, k_seq.new_zeros(batch, padded - cache_rows, hk, d)], dim=1)
-        v_pad = torch.cat([v_seq, v_seq.new_zeros(batch, padded - cache_rows, hk, d)], dim=1)
+        k_pad = torch.cat([k_seq, k_seq.new_zeros(batch, padded - rows, hk, d)], dim=1)
+        v_pad = torch.cat([v_seq, v_seq.new_zeros(batch, padded - rows, hk, d)], dim=1)
         k_pool[table.long().reshape(-1)] = k_pad.reshape(batch * pages, page, hk, d)
         v_pool[table.long().reshape(-1)] = v_pad.reshape(batch * pages, page, hk, d)
         k_cache, v_cache = k_pool, v_pool
@@ -161,8 +160,8 @@ def _kvcache_case(c, device):
     elif layout == "batch_idx":
         spare = rng.randint(0, 2)
         perm = torch.randperm(batch + spare, device=device)[:batch]
-        k_cache = randn(batch + spare, cache_rows, hk, d, dtype=dtype, device=device)
-        v_cache = randn(batch + spare, cache_rows, hk, d, dtype=dtype, device=device)
+        k_cache = randn(batch + spare, rows, hk, d, dtype=dtype, device=device)
+        v_cache = randn(batch + spare, rows, hk, d, dtype=dtype, device=device)
         k_cache[perm.long()] = k_seq
         v_cache[perm.long()] = v_seq
         kwargs["cache_batch_idx"] = perm.to(torch.int32)
