@@ -271,7 +271,7 @@ void fwd_impl(const FwdParams& p) {
   const int64_t block_q = kFwdTiles.block_q;
   const int64_t block_k = kFwdTiles.block_k;
   // max_seqlen_q is the caller's bound; no sequence is longer than the rows of q, so tasks past those are never work
-  // (a bound of 2^31 - 1 over a few rows would otherwise walk 2^24 empty tiles per head).
+  // (a bound of 2^31 - 1 over a few rows would otherwise walk 2^23 empty tiles of 256 rows per head).
   const int64_t longest_q = shape.cu_seqlens_q != nullptr ? std::min(shape.seqlen_q, shape.total_q) : shape.seqlen_q;
   const int64_t q_tiles = (longest_q + block_q - 1) / block_q;
   const DropoutRule dropout(p.dropout);
