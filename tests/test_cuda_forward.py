@@ -146,6 +146,24 @@ def test_features(feature, head_dim, dtype):
     _check(out, lambda *x, **kw: attention_ref(*[t.cpu() for t in x], **ref_kwargs, **kw), (q, k, v))
 
 
+# Scales above kMaxFoldedSoftmaxScale (params.h) turn softmax into an argmax; the lean kernels' folded exponent was NaN
+# at 1e30. Small-integer q and k make every score exact, so ties are exact too and the answer is the mean of the tied
+# rows' values in any precision.
+@pytest.mark.parametrize("scale", [1000.0, 1e30])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_scales_past_the_fold(scale, head_dim, causal):
+    _require(torch.bfloat16, head_dim)
+    gen = torch.Generator().manual_seed(head_dim)
+    q, k = (torch.randint(-3, 4, (2, 77, 4, head_dim), generator=gen).to("cuda", torch.bfloat16) for _ in range(2))
+    v = randn(2, 77, 4, head_dim, dtype=torch.bfloat16, device="cuda")
+    out = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal)
+    assert torch.isfinite(out).all()
+    truth = attention_ref(*[x.double().cpu() for x in (q, k, v)], softmax_scale=scale, causal=causal,
+                          compute_dtype=torch.float64)[0]
+    torch.testing.assert_close(out.double().cpu(), truth, atol=1e-2, rtol=1e-2)
+
+
 def test_lse_and_rows_without_keys():
     _require(torch.bfloat16, 64)
     q, k, v = _qkv(1, 40, 30, 2, 2, 64, torch.bfloat16)

@@ -30,7 +30,7 @@ int head_dim_bucket(const FwdParams& p) {
 // As sm80/fwd_launch.h fwd_needs_general_kernel (which needs CUDA headers).
 bool needs_general_kernel(const FwdParams& p) {
   return p.softcap > 0.0 || p.mask.alibi_slopes != nullptr || p.mask.bias != nullptr || p.dropout.p > 0.0 ||
-         !(p.softmax_scale > 0.0);
+         !softmax_scale_folds(p.softmax_scale);
 }
 
 // How many split CTAs per SM a split-KV call plans for: the resident CTAs of its tile, but at most

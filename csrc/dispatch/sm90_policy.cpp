@@ -124,7 +124,7 @@ const char* sm90_fwd_declines(const FwdParams& p) {
   if (s.appended_keys > 0) return "keys appended by the attention kernel (decode calls)";
   if (p.dropout.p > 0.0) return "dropout";
   if (p.mask.bias != nullptr) return "an additive attention bias (attn_mask)";
-  if (!(p.softmax_scale > 0.0) || !std::isfinite(p.softmax_scale)) return "a softmax_scale that is not positive";
+  if (!softmax_scale_folds(p.softmax_scale)) return "a softmax_scale outside (0, kMaxFoldedSoftmaxScale] (params.h)";
   if (p.num_splits > sm80::kMaxKeySplits) return "more key splits than the combine kernel merges";
   if (p.splits_meet_in_cluster || p.decode_key_warps) return "decode-shaped calls (planned for the decode tiles)";
   // Decode-shaped calls (sm80/fwd_tile_config.h kDecodeMaxRows) stay on the portable decode tiles unless their

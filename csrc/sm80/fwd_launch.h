@@ -20,11 +20,11 @@ namespace flash::sm80 {
 // Calls using any of these take the general kernel; the rest take the lean one (no per-element feature work).
 inline bool fwd_needs_general_kernel(const FwdParams& p) {
   return p.softcap > 0.0 || p.mask.alibi_slopes != nullptr || p.mask.bias != nullptr || p.dropout.p > 0.0 ||
-         !(p.softmax_scale > 0.0);
+         !softmax_scale_folds(p.softmax_scale);
 }
 
-// A call of the general kernel's whose only features are softcap, ALiBi or a non-positive scale: the lean kernel's
-// standard tile runs it where fwd_lean_runs_score_mods(head dim) says so.
+// A call of the general kernel's whose only features are softcap, ALiBi or a scale that does not fold (params.h
+// softmax_scale_folds): the lean kernel's standard tile runs it where fwd_lean_runs_score_mods(head dim) says so.
 inline bool fwd_lean_takes_call(const FwdParams& p, int head_dim_bucket) {
   return fwd_lean_runs_score_mods(head_dim_bucket) && p.mask.bias == nullptr && !(p.dropout.p > 0.0);
 }

@@ -44,6 +44,16 @@ struct ScoreStrides {
 // Sentinel of window_left / window_right for "no limit on this side".
 constexpr int64_t kUnboundedWindow = -1;
 
+// The lean kernels fold softmax_scale into the exponent's FFMA, p = 2^(s c - round(m c)) with c = scale log2(e), so at
+// the row max the exponent is round(m c)'s rounding error, up to ulp(m c) / 2: for scores |m| ~ 100 and a scale of 256,
+// m c ~ 2^15 and the error 2^-9 (below bf16's rounding of P); at a scale of 1e30 it overflows 2^x (NaN; fifty-third
+// session, tools/fuzz_inputs.py --device cuda --seed 1). Other scales take the general transform, which rounds
+// z = s c first and subtracts the max of z (0 at the max), as non-positive scales always did.
+constexpr double kMaxFoldedSoftmaxScale = 256.0;
+constexpr bool softmax_scale_folds(double softmax_scale) {
+  return softmax_scale > 0.0 && softmax_scale <= kMaxFoldedSoftmaxScale;
+}
+
 struct AttentionShape {
   int64_t batch = 0;
   int64_t nheads_q = 0;
