@@ -607,7 +607,8 @@ template <bool kGeneral, bool kLeanMods = false>
 __device__ __forceinline__ FwdScoreParams read_score_params(const FwdParams& p, const FwdCta& cta) {
   FwdScoreParams sp;
   const float scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
-  sp.score_mods = kLeanMods && (p.softcap > 0.0 || p.mask.alibi_slopes != nullptr || !softmax_scale_folds(p.softmax_scale));
+  sp.score_mods =
+      kLeanMods && (p.softcap > 0.0 || p.mask.alibi_slopes != nullptr || !softmax_scale_folds(p.softmax_scale));
   sp.softcap = p.softcap > 0.0;
   const float transformed_scale = sp.softcap ? static_cast<float>(p.softcap * kLog2e) : 1.f;
   sp.x_scale = kGeneral || sp.score_mods ? transformed_scale : scale_log2;
