@@ -960,6 +960,14 @@ def run_benchmark(argv=None) -> list:
     table = Table(args.impls, directions, args.device, decode)
     table.header()
     rows = []
+    out = None if args.no_save else (Path(args.out) if args.out else default_out_path(args, env["device_name"]))
+
+    def save(complete: bool):
+        # Written after every shape, so a run cut off by a device call's time limit keeps the shapes it finished.
+        out.parent.mkdir(parents=True, exist_ok=True)
+        record = {**env, "args": json_args(args), "complete": complete, "rows": rows}
+        out.write_text(json.dumps(record, indent=1) + "\n")
+
     for p in problems:
         # "bwd" alone still needs the forward time: backward = time(fwd + bwd) - time(fwd).
         measured = ["fwd", "bwd"] if "bwd" in directions else ["fwd"]
@@ -967,13 +975,13 @@ def run_benchmark(argv=None) -> list:
         shape_rows = [r for r in shape_rows if r["direction"] in directions]
         table.add(p, shape_rows)
         rows.extend(shape_rows)
+        if out is not None:
+            save(complete=False)
         free_device_memory(p.device)
     table.footer()
 
-    if not args.no_save:
-        out = Path(args.out) if args.out else default_out_path(args, env["device_name"])
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({**env, "args": json_args(args), "rows": rows}, indent=1) + "\n")
+    if out is not None:
+        save(complete=True)
         print(f"\nwrote {out}")
     return rows
 

@@ -31,6 +31,8 @@ def load(paths) -> list:
     several_devices = len({data.get("device_name") for _, data in files}) > 1
     rows = {}
     for path, data in files:
+        if data.get("complete") is False:
+            print(f"{path}: the run was cut off; it holds the {len(data['rows'])} rows it finished", file=sys.stderr)
         decode = bool(data.get("args", {}).get("decode"))
         for row in data["rows"]:
             tagged = dict(row, device_name=data.get("device_name", "?"), decode=decode)
