@@ -210,6 +210,21 @@ def test_varlen_and_sdpa_dropout_p_out_of_range(p):
         flash_attn.scaled_dot_product_attention(qs, ks, vs, dropout_p=p)
 
 
+# The backward recomputes P from the fp32 LSE, which cannot resolve it past |softmax_scale| 256 (params.h
+# kMaxBackwardSoftmaxScale): it refuses such calls, naming the argument, where it returned NaN gradients on CUDA at 1e30.
+@pytest.mark.parametrize("scale", [1e3, 1e30, -1e30])
+def test_backward_refuses_scales_past_its_bound(scale, device):
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    q, k, v = (t.to(device).requires_grad_() for t in _qkv(d=64, dtype=dtype))
+    out = flash_attn_func(q, k, v, softmax_scale=scale)
+    assert torch.isfinite(out).all()
+    with pytest.raises(ERRORS, match=r"softmax_scale.*at most 256.*got"):
+        out.sum().backward()
+    out = flash_attn_func(q, k, v, softmax_scale=256.0)
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
 @pytest.mark.parametrize(
     "slopes",
     [

@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <vector>
 
@@ -380,6 +381,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
                       dropout_p, softmax_scale, window_left, window_right, bottom_right, softcap, alibi_slopes,
                       attn_bias, rng_state, no_seqused_k};
   CheckedCall call = check_call(kBwdOp, args);
+  FLASH_CHECK(std::abs(softmax_scale) <= kMaxBackwardSoftmaxScale, kBwdOp, ": |softmax_scale| must be at most ",
+              kMaxBackwardSoftmaxScale, " for the backward, which recomputes the probabilities from the fp32 "
+              "softmax_lse and cannot resolve them at larger scales; got ", softmax_scale, ". A softmax this sharp is "
+              "an argmax, whose gradient is 0 away from ties: train with a smaller scale (the forward alone accepts "
+              "any finite scale)");
   check_same_layout(kBwdOp, "dout", dout, q);
   check_same_layout(kBwdOp, "out", out, q);
   const std::vector<int64_t> lse_shape =

@@ -54,6 +54,12 @@ constexpr bool softmax_scale_folds(double softmax_scale) {
   return softmax_scale > 0.0 && softmax_scale <= kMaxFoldedSoftmaxScale;
 }
 
+// The backward recomputes p = 2^(z - LSE log2 e) from the forward's fp32 LSE, whose rounding at |LSE| ~ |m scale| is
+// the same ulp: past this scale a score of ~100 already puts the error of p's exponent above 2^-9, and at 1e30 it is
+// 2^80, so P is inf or 0 and the gradients NaN (fifty-fourth session, tools/fuzz_inputs.py --device cuda --seed 1,
+// case 394). The backward refuses such scales instead of returning them (api/flash_api.cpp bwd).
+constexpr double kMaxBackwardSoftmaxScale = kMaxFoldedSoftmaxScale;
+
 struct AttentionShape {
   int64_t batch = 0;
   int64_t nheads_q = 0;
