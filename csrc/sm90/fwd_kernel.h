@@ -744,63 +744,54 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
       } else {
         // Overlapped: block j's P.V is issued right after block j+1's S GEMM, and block j+1's softmax runs while it
         // is on the tensor cores; O is rescaled once that P.V has landed. The first S is peeled, and with it the
-        // carried tile's last P.V (kCarry); without kCarry the last P.V is peeled too. kFirstInLoop
-        // (fwd_tile_config.h fwd_carried_first_in_loop): a tile that finishes a carried one runs its first key block in
-        // the key loop instead, the carried tile's last P.V in the place of a previous block's.
+        // carried tile's last P.V (kCarry); without kCarry the last P.V is peeled too. Running a carried tile's first
+        // block in the key loop instead, its epilogue in a branch there (~600 fewer instructions a short tile), lost
+        // 3-7 % at hd 128 512-2k keys on the H200 (fifty-fourth session's A/B, docs/perf_log.md): the peel stays.
         constexpr bool kPingpong = kSchedule == FwdSchedule::kPingpong;
-        constexpr bool kFirstInLoop = kCarry && fwd_carried_first_in_loop(kBlockM);
         // Warpgroup 0 takes the first turn: per tile, or with kCarry once per CTA (below), since carried tiles have
         // no turn of their own for the last P.V and so one turn per key block in either warpgroup.
         if (kPingpong && !kCarry && consumer == 1) pass_turn(consumer);
+        const Slot first(ring);
+        const Slot carried_v(ring - 1);
         const bool finishes_carried = kCarry && carrying;
-        // The tile's first (highest) key block's V rows past its keys, before that block's P.V.
-        auto zero_first_values = [&](const Slot& first) {
-          if (v_rows < kBlockN) {
-            ptx::mbarrier_wait_parity(&v_full[first.stage], first.parity);
-            zero_value_rows_from<kStorageDim, kBlockN>(v_tiles + first.stage * Layout::kKvBytes, v_rows, consumer,
-                                                       thread);
-          }
+        ptx::mbarrier_wait_parity(&k_full[first.stage], first.parity);
+        if (kPingpong) take_turn(consumer);
+        issue_scores<T, kHeadDim, kBlockM, kBlockN>(s, q_tile_desc, k_desc(first));
+        auto first_softmax = [&]() {
+          pin_all(s);
+          release(&k_empty[first.stage]);
+          scores_done(n_max - 1);
+          prepare_scores(s, n_max - 1);
+          // O is 0 for this tile: no rescale.
+          softmax_step<kBlockN, kPolyEvery, kLazy>(s, rows, args.scale_log2, factor);
         };
-        int n_loop = n_max - 1;
-        if (!kFirstInLoop || !finishes_carried) {
-          const Slot first(ring);
-          const Slot carried_v(ring - 1);
-          ptx::mbarrier_wait_parity(&k_full[first.stage], first.parity);
-          if (kPingpong) take_turn(consumer);
-          issue_scores<T, kHeadDim, kBlockM, kBlockN>(s, q_tile_desc, k_desc(first));
-          auto first_softmax = [&]() {
-            pin_all(s);
-            release(&k_empty[first.stage]);
-            scores_done(n_max - 1);
-            prepare_scores(s, n_max - 1);
-            // O is 0 for this tile: no rescale.
-            softmax_step<kBlockN, kPolyEvery, kLazy>(s, rows, args.scale_log2, factor);
-          };
-          // Each branch ends with no GEMM in flight: waits that differ between paths which then merge made ptxas
-          // serialise every wgmma of the kernel (C7515: warpgroup.wait injected before each).
-          if (!kFirstInLoop && finishes_carried) {
-            ptx::mbarrier_wait_parity(&v_full[carried_v.stage], carried_v.parity);
-            issue_pv<T, kPvCols, kBlockN>(o, a, v_desc(carried_v));
-            if (kPingpong) pass_turn(consumer);
-            ptx::warpgroup_wait<1>();
-            first_softmax();
-            ptx::warpgroup_wait<0>();
-            pin_all(o);
-            release(&v_empty[carried_v.stage]);
-            write_output<T, kPvCols, kSplit>(args, carried_tile, carried_rows, o, lane, tile_row);
-            carrying = false;
-          } else {
-            if (kPingpong) pass_turn(consumer);
-            ptx::warpgroup_wait<0>();
-            first_softmax();
-          }
-          zero_all(o);
-          pack_probs<T, kBlockN>(s, a);
-          zero_first_values(first);
-          ++ring;
-          n_loop = n_max - 2;
+        // Each branch ends with no GEMM in flight: waits that differ between paths which then merge made ptxas
+        // serialise every wgmma of the kernel (C7515: warpgroup.wait injected before each).
+        if (finishes_carried) {
+          ptx::mbarrier_wait_parity(&v_full[carried_v.stage], carried_v.parity);
+          issue_pv<T, kPvCols, kBlockN>(o, a, v_desc(carried_v));
+          if (kPingpong) pass_turn(consumer);
+          ptx::warpgroup_wait<1>();
+          first_softmax();
+          ptx::warpgroup_wait<0>();
+          pin_all(o);
+          release(&v_empty[carried_v.stage]);
+          write_output<T, kPvCols, kSplit>(args, carried_tile, carried_rows, o, lane, tile_row);
+          carrying = false;
+        } else {
+          if (kPingpong) pass_turn(consumer);
+          ptx::warpgroup_wait<0>();
+          first_softmax();
         }
-        for (int n = n_loop; n >= n_min; --n, ++ring) {
+        zero_all(o);
+        pack_probs<T, kBlockN>(s, a);
+        if (v_rows < kBlockN) {
+          ptx::mbarrier_wait_parity(&v_full[first.stage], first.parity);
+          zero_value_rows_from<kStorageDim, kBlockN>(v_tiles + first.stage * Layout::kKvBytes, v_rows,
+                                                              consumer, thread);
+        }
+        ++ring;
+        for (int n = n_max - 2; n >= n_min; --n, ++ring) {
           const Slot slot(ring), previous(ring - 1);
           ptx::mbarrier_wait_parity(&k_full[slot.stage], slot.parity);
           if (kPingpong) take_turn(consumer);
@@ -817,15 +808,7 @@ __global__ void __launch_bounds__(fwd_threads(kBlockM), 1) fwd_kernel(const __gr
           ptx::warpgroup_wait<0>();
           pin_all(o);
           release(&v_empty[previous.stage]);
-          if (kFirstInLoop && n == n_max - 1) {
-            // The P.V just done was the carried tile's last: its O is complete, and this tile's starts at 0.
-            write_output<T, kPvCols, kSplit>(args, carried_tile, carried_rows, o, lane, tile_row);
-            carrying = false;
-            zero_all(o);
-            zero_first_values(slot);
-          } else {
-            rescale_o<kPvCols, kLazy>(o, factor);
-          }
+          rescale_o<kPvCols, kLazy>(o, factor);
           pack_probs<T, kBlockN>(s, a);
         }
         if constexpr (kCarry) {

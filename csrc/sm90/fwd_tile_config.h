@@ -107,21 +107,6 @@ constexpr bool fwd_persistent_pays(int head_dim, MaskKind mask, int64_t seqlen_k
 // one A/B, no more than that A/B's order bias (perf log), so not taken where it cannot pay.
 constexpr bool fwd_carries_tile_tail(int head_dim) { return head_dim <= 192; }
 
-// Whether a carrying kernel runs the first key block of a tile that finishes a carried one in its key loop, the
-// carried tile's last P.V in the place of the previous block's and its epilogue in a branch after that P.V, instead
-// of in a peeled copy of the loop body with its own softmax and mask. The code a short tile runs then shrinks: ptxas +
-// cuobjdump, bf16 carrying kernels, peeled step + key loop -> key loop with the epilogue branch, hd 128 causal lean
-// ~920 + 640 -> 1,206 instructions (kernel 6,072 -> 5,856), general 7,432 -> 6,824, hd 192 causal 7,032 -> 6,832,
-// no spill. The thirty-first session's form of it (kFwdFirstBlockInLoop: a CTA's first tile ran a real P.V through a
-// descriptor chosen at run time; no ping-pong then) cut the instruction-fetch stalls 12.8 -> 3.2 % of the samples and
-// ran 10-13 % slower below 8k keys. Predicted level to +2 % at 512-1k keys. Two consumer warpgroups only: with three
-// (hd 64, hd 96's tall rows) the carried state live across the loop spilled in it (6-11 spill instructions a key
-// block). Off until timed on the GPU (docs/perf_log.md, fifty-first session).
-constexpr bool kFwdCarriedFirstInLoop = false;
-constexpr bool fwd_carried_first_in_loop(int block_m) {
-  return kFwdCarriedFirstInLoop && block_m == kConsumerWarpgroups * kRowsPerConsumer;
-}
-
 // Whether a masked key block's per-element test compares each score's compile-time column with the row's visible keys
 // as a 32-bit range local to the block (block_ranges.h local_range) instead of its 64-bit absolute column with the
 // key range (four ISETP a score, run on every masked block: 1 of 2.5 blocks a causal tile has at 512 keys). ptxas, hd
