@@ -122,15 +122,6 @@ def test_lazy_rescale_softcap_forward(causal):
     _run_dense((1, 200, 700, 2, 2, 128), False, causal=causal, softcap=30.0)
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_short_keys_forward(causal, monkeypatch):
-    """The hd 256 Hopper forward's short-keys tile (FLASH_ATTN_FWD_SHORT_KEYS=1, sm90): 48-key stages, a CTA per SM
-    carrying each tile's tail into the next with two Q slots; 5 x 28 = 140 tiles on the H200's 132 SMs, so some CTAs
-    walk two, and a ragged last key block."""
-    monkeypatch.setenv("FLASH_ATTN_FWD_SHORT_KEYS", "1")
-    _run_dense((1, 640, 500, 28, 28, 256), False, causal=causal)
-
-
 @pytest.mark.parametrize("head_dim, causal", [(64, False), (64, True), (128, False)])
 def test_one_item_tma_forward(head_dim, causal):
     """The one-item forward kernel whose K and V arrive by TMA on sm90 (mbarrier waits, swizzled tiles): several key

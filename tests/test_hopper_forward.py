@@ -624,48 +624,6 @@ def test_tall_rows(forced, monkeypatch, case):
     _check_forward(q, k, v, causal=causal, window_size=window, softcap=softcap)
 
 
-# Short keys (csrc/sm90/fwd_tile_config.h kFwdShortKeysTile; FLASH_ATTN_FWD_SHORT_KEYS=1 takes it, 0 or unset, while
-# kFwdShortKeysByDefault is off, not): hd 224 / 256 calls of at most 2048 keys on 48-key stages, persistent CTAs (a
-# CTA per SM, masked calls too) that carry each tile's tail into the next with a second Q slot. Each case checks the
-# tile the call launched and the output and LSE against the reference: many tiles per CTA, causal rows that see no
-# key, key counts that are not whole stages, softcap and ALiBi, hd 200 (the 224 bucket), GQA, key splits over few
-# tiles, fp16; 2049 keys, windows and the switch at 0 keep the 80-key tile.
-SHORT = "FLASH_ATTN_FWD_SHORT_KEYS"
-SHORT_CASES = {
-    "none": dict(shape=(4, 512, 512), heads=(48, 48), short=True),
-    "causal_many_tiles": dict(shape=(4, 1000, 1000), heads=(40, 40), causal=True, short=True),
-    "causal_rows_without_keys": dict(shape=(2, 700, 300), heads=(40, 40), causal=True, short=True),
-    "odd_keys": dict(shape=(3, 333, 517), heads=(36, 36), short=True),
-    "softcap": dict(shape=(2, 512, 512), heads=(40, 40), softcap=30.0, causal=True, short=True),
-    "alibi": dict(shape=(2, 600, 600), heads=(40, 40), alibi=True, short=True),
-    "hd200": dict(shape=(2, 512, 2048), heads=(40, 40), head_dim=200, causal=True, short=True),
-    "gqa": dict(shape=(4, 512, 512), heads=(48, 8), causal=True, short=True),
-    "key_splits": dict(shape=(1, 128, 2048), heads=(2, 2), short=True),
-    "fp16": dict(shape=(2, 512, 512), heads=(40, 40), dtype=torch.float16, short=True),
-    "long": dict(shape=(1, 512, 2049), heads=(8, 8), short=False),
-    "window": dict(shape=(2, 1000, 1000), heads=(8, 8), window=(100, 0), short=False),
-    "switch_off": dict(shape=(2, 512, 512), heads=(8, 8), short=False, switch="0"),
-}
-SHORT_KERNEL = re.compile(r"fwd_kernel<[^>]*\b128, 48, 2\b")
-
-
-@pytest.mark.parametrize("case", list(SHORT_CASES))
-def test_short_keys_tile(forced, monkeypatch, case):
-    spec = SHORT_CASES[case]
-    dtype, head_dim = spec.get("dtype", torch.bfloat16), spec.get("head_dim", 256)
-    causal, window = spec.get("causal", False), spec.get("window", (-1, -1))
-    _require(dtype, head_dim, "local" if window != (-1, -1) else "causal" if causal else "none")
-    monkeypatch.setenv(SHORT, spec.get("switch", "1"))
-    batch, seqlen_q, seqlen_k = spec["shape"]
-    h, hk = spec["heads"]
-    q, k, v = _qkv(batch, seqlen_q, seqlen_k, h, hk, head_dim, dtype)
-    softcap = spec.get("softcap", 0.0)
-    alibi = torch.rand(h, device="cuda", dtype=torch.float32) * 0.5 if spec.get("alibi") else None
-    call = lambda: flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap, alibi_slopes=alibi)
-    assert _launched_tile(call, SHORT_KERNEL) == spec["short"]
-    _check_forward(q, k, v, causal=causal, window_size=window, softcap=softcap, alibi_slopes=alibi)
-
-
 def test_tall_rows_varlen(forced, monkeypatch):
     _require(torch.bfloat16, 96, "causal")
     monkeypatch.setenv(TALL, "1")

@@ -33,7 +33,6 @@ void plan_cuda_fwd(FwdParams& p, const at::Tensor& q, std::vector<at::Tensor>& s
   const sm80::SmemLimits smem = sm80::fwd_smem_limits(device.smem);
   if (hopper) {
     p.sm90_tall_rows = sm90_fwd_tall_rows(p);
-    p.sm90_short_keys = sm90_fwd_short_keys(p);
     p.sm90_packed_heads = sm90_fwd_packed_heads(p);
     p.num_splits = requested_splits > 0 ? requested_fwd_num_splits(p, requested_splits)
                                         : sm90_fwd_num_splits(p, device.num_sms);

@@ -62,9 +62,8 @@ bool fwd_pages_fit_call(const FwdParams& p) {
 
 // The tile a planned call's Hopper forward runs: the bucket's, or tall rows where the plan chose them.
 sm90::FwdTileConfig fwd_call_tile(const FwdParams& p) {
-  if (p.sm90_tall_rows) return sm90::kFwdTallTile;
-  if (p.sm90_short_keys) return sm90::kFwdShortKeysTile;
-  return sm90::fwd_tile_config(sm90_head_dim_bucket(p.shape.head_dim), mask_kind(p.mask));
+  return p.sm90_tall_rows ? sm90::kFwdTallTile
+                          : sm90::fwd_tile_config(sm90_head_dim_bucket(p.shape.head_dim), mask_kind(p.mask));
 }
 
 }  // namespace
@@ -81,21 +80,6 @@ bool sm90_fwd_tall_rows(const FwdParams& p) {
   throw std::invalid_argument(std::string(kFwdTallRowsEnv) + "='" + value +
                               "' is not a choice: use 0 (the hd 96 Hopper forward on 128-row tiles) or 1 (192-row "
                               "tiles from 4096 queries)");
-}
-
-bool sm90_fwd_short_keys(const FwdParams& p) {
-  const AttentionShape& s = p.shape;
-  if (!sm90::fwd_has_short_keys_tile(sm90_head_dim_bucket(s.head_dim), mask_kind(p.mask)) ||
-      p.block_table != nullptr || s.seqlen_k > sm90::kFwdShortKeysMaxKeys) {
-    return false;
-  }
-  const char* value = std::getenv(kFwdShortKeysEnv);
-  if (value == nullptr || *value == '\0') return sm90::kFwdShortKeysByDefault;
-  if (std::string(value) == "1") return true;
-  if (std::string(value) == "0") return false;
-  throw std::invalid_argument(std::string(kFwdShortKeysEnv) + "='" + value +
-                              "' is not a choice: use 0 (the hd 224 / 256 Hopper forward on 80-key stages) or 1 "
-                              "(48-key stages with carried tiles up to 2048 keys)");
 }
 
 HopperSwitch hopper_switch() {

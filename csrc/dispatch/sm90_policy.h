@@ -61,13 +61,6 @@ int sm90_fwd_packed_heads(const FwdParams& p);
 constexpr const char* kFwdTallRowsEnv = "FLASH_ATTN_FWD_TALL_ROWS";
 bool sm90_fwd_tall_rows(const FwdParams& p);
 
-// Whether a Hopper forward call runs on the short-keys tile (FwdParams::sm90_short_keys; sm90/fwd_tile_config.h
-// kFwdShortKeysTile: hd 224 / 256 in 48-key stages up to kFwdShortKeysMaxKeys keys, no window, no pages read in
-// place). FLASH_ATTN_FWD_SHORT_KEYS=1 takes it, 0 does not; unset: kFwdShortKeysByDefault. Set by the plan before the
-// packing and the key splits, which take its tile.
-constexpr const char* kFwdShortKeysEnv = "FLASH_ATTN_FWD_SHORT_KEYS";
-bool sm90_fwd_short_keys(const FwdParams& p);
-
 // Calls of 2-16 query rows (speculative decoding with few draft tokens) whose query heads pack (sm90_fwd_packed_heads
 // > 1) into at least this many tile rows take the Hopper forward instead of the portable decode kernels. H200, bf16,
 // hd 128, GQA 32/8 (4 heads packed), from CUDA graphs, us Hopper / decode kernels (fortieth session): 2 queries (8 rows)

@@ -120,12 +120,9 @@ void launch_fwd(FwdKernelArgs& args, cudaStream_t stream) {
     cudaGetDevice(&device);
     const int64_t sms = device_attributes(device).num_sms;
     constexpr int kStorageDim = fwd_storage_dim(kHeadDim);
-    // The short-keys tile is planned for short calls only (sm90_fwd_short_keys), a CTA per SM whatever the mask.
-    const bool per_sm =
-        kTile == kFwdShortKeysTile || fwd_persistent_pays(kStorageDim, kMask, args.params.shape.seqlen_k);
-    const int64_t max_ctas = per_sm ? sms : kMaxGridX;
+    const int64_t max_ctas = fwd_persistent_pays(kStorageDim, kMask, args.params.shape.seqlen_k) ? sms : kMaxGridX;
     const int64_t ctas = args.num_tiles < max_ctas ? args.num_tiles : max_ctas;
-    constexpr bool kCanCarry = fwd_tile_carries(kStorageDim, kTile) && kSchedule == FwdSchedule::kOverlap;
+    constexpr bool kCanCarry = fwd_carries_tile_tail(kStorageDim) && kSchedule == FwdSchedule::kOverlap;
     if (kCanCarry && ctas < args.num_tiles) {
       constexpr FwdSchedule kCarrying = fwd_carrying_schedule(kTile.block_m);
       launch_fwd_kernel<T, kHeadDim, kMask, kCarrying, kGeneral, kTile, true, kPolyEvery, kCanCarry, false>(args, ctas,
@@ -179,20 +176,6 @@ void run_fwd(const FwdParams& params, void* stream) {
     throw std::invalid_argument("flash_attn internal error: the plan chose tall rows (FwdParams::sm90_tall_rows) for "
                                 "head_dim=" + std::to_string(params.shape.head_dim) +
                                 ", whose Hopper forward kernel has none");
-  }
-  // Short keys (fwd_tile_config.h kFwdShortKeysTile) likewise, always persistent: its CTAs walk tiles a CTA per SM.
-  if constexpr (fwd_has_short_keys_tile(kHeadDim, kMask) && kPolicyTile) {
-    if (params.sm90_short_keys) {
-      run_fwd<kDType, kHeadDim, kMask, kSchedule, kFwdShortKeysTile, true, kPolyEvery, kPolyEveryGeneral>(params,
-                                                                                                        stream);
-      return;
-    }
-  }
-  if (params.sm90_short_keys && !(fwd_has_short_keys_tile(kHeadDim, kMask) && kPolicyTile) &&
-      kTile != kFwdShortKeysTile) {
-    throw std::invalid_argument("flash_attn internal error: the plan chose short keys (FwdParams::sm90_short_keys) "
-                                "for head_dim=" + std::to_string(params.shape.head_dim) +
-                                ", whose Hopper forward kernel has no such tile");
   }
   using T = Element<kDType>;
   const AttentionShape& shape = params.shape;

@@ -245,28 +245,6 @@ constexpr FwdTileConfig kFwdTallTile{3 * kRowsPerConsumer, 112, 2};
 constexpr int64_t kFwdTallRowsMinQueries = 4096;
 constexpr bool fwd_has_tall_rows(int head_dim, MaskKind mask) { return head_dim == 96 && mask != MaskKind::kLocal; }
 
-// Short keys at hd 224 / 256 (stored as 256 columns): a second tile of 48-key stages, taken per call
-// (FwdParams::sm90_short_keys; dispatch/sm90_policy.cpp sm90_fwd_short_keys) up to kFwdShortKeysMaxKeys keys. With 80
-// keys a stage the rings leave room for one Q slot only, so a persistent CTA loads a tile's Q after the previous
-// tile's last S GEMM, carrying spilled (twenty-seventh session), and masked calls run a CTA per tile (hd 256 causal
-// 512 keys: 0.69x cuDNN, forty-first session). With 48 a second Q slot fits (230,496 of 232,448 bytes), so this tile's
-// CTAs walk tiles a CTA per SM and carry each tile's tail into the next (fwd_tile_carries), masked calls too; ptxas:
-// no spill in any of its kernels. Its costs: the S GEMM at N = 48 asks ~149 bytes of shared memory a tensor cycle
-// (~128 available) and a key takes 1.7x the blocks' fixed costs, so long calls keep 80 keys. Predicted +5-15 % at
-// 512-1k keys. Off by default until timed (FLASH_ATTN_FWD_SHORT_KEYS=1 takes it; fifty-first session, no GPU).
-constexpr FwdTileConfig kFwdShortKeysTile{kConsumerWarpgroups * kRowsPerConsumer, 48, 2};
-constexpr int64_t kFwdShortKeysMaxKeys = 2048;
-constexpr bool kFwdShortKeysByDefault = false;
-constexpr bool fwd_has_short_keys_tile(int head_dim, MaskKind mask) {
-  return fwd_storage_dim(head_dim) == 256 && mask != MaskKind::kLocal;
-}
-
-// Whether a kernel of this tile carries each tile's tail into the next where its CTAs walk several
-// (fwd_carries_tile_tail; the short-keys tile at any head dim, whose second Q slot makes it pay there).
-constexpr bool fwd_tile_carries(int storage_dim, FwdTileConfig tile) {
-  return fwd_carries_tile_tail(storage_dim) || tile == kFwdShortKeysTile;
-}
-
 // Paged K / V caches (FwdParams::block_table) read in place: a key block's rows come by TMA from its pages, one box
 // per segment from a page of whole key blocks, else one per page (fwd_kernel.h load_paged_block), instead of a
 // contiguous copy of every sequence's pages per call (api/flash_api.cpp gather_pages). H200, bf16, hd 128, GQA 32/8,

@@ -3,9 +3,8 @@
 // the backward declining seqused_k, paged caches only where pages fit the key blocks, GQA packing, and
 // sm90_fwd_num_splits on the H200's 132 SMs (no split once the query tiles fill the SMs; otherwise the fewest splits
 // of the least waves x blocks per split; at most 128; at least four key blocks a split), and tall rows (hd 96 on
-// 192-row tiles: which calls, under which switch values, and the splits and packing they plan), short keys (hd 224 /
-// 256 on 48-key stages: which calls, which switch values, their split plan), and calls of 2^31 query tiles or more
-// declined.
+// 192-row tiles: which calls, under which switch values, and the splits and packing they plan), and calls of 2^31
+// query tiles or more declined.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -273,64 +272,6 @@ int main() {
   } catch (const std::invalid_argument&) {
   }
   unsetenv(flash::kFwdTallRowsEnv);
-
-  // Short keys (hd 224 / 256 on 48-key stages): only under FLASH_ATTN_FWD_SHORT_KEYS=1 while off by default, up to
-  // 2048 keys, not for windows or pages read in place; 0 keeps them off; other values are refused.
-  struct ShortCase {
-    const char* what;
-    flash::FwdParams p;
-    bool want;
-  };
-  flash::FwdParams short_window = call(2, 8, 1000, 1000, 256);
-  short_window.mask.window_left = 100;
-  short_window.mask.window_right = 0;
-  flash::FwdParams short_paged = call(2, 8, 512, 512, 256);
-  short_paged.block_table = kUsed;
-  short_paged.page_size = 256;
-  unsetenv(flash::kFwdShortKeysEnv);
-  ++cases;
-  if (flash::sm90_fwd_short_keys(call(4, 16, 512, 512, 256)) != flash::sm90::kFwdShortKeysByDefault) {
-    ++failures;
-    std::printf("FAIL short keys with the switch unset: want %d\n", int(flash::sm90::kFwdShortKeysByDefault));
-  }
-  setenv(flash::kFwdShortKeysEnv, "1", 1);
-  for (const ShortCase& c : {ShortCase{"hd 256, 512 keys", call(4, 16, 512, 512, 256), true},
-                             ShortCase{"hd 224, causal, 2048 keys", call(4, 16, 2048, 2048, 224, true), true},
-                             ShortCase{"hd 200 (the 224 bucket)", call(4, 16, 700, 300, 200), true},
-                             ShortCase{"hd 256, 2049 keys", call(4, 16, 512, 2049, 256), false},
-                             ShortCase{"hd 192", call(4, 16, 512, 512, 192), false},
-                             ShortCase{"hd 128", call(4, 16, 512, 512, 128), false},
-                             ShortCase{"hd 256 window", short_window, false},
-                             ShortCase{"hd 256 paged", short_paged, false}}) {
-    ++cases;
-    if (flash::sm90_fwd_short_keys(c.p) != c.want) {
-      ++failures;
-      std::printf("FAIL short keys, %s: want %d\n", c.what, c.want);
-    }
-  }
-  // Few tiles over 2048 keys split on the short tile's 48-key blocks (43 of them) as on 80-key ones (26).
-  flash::FwdParams few_short = call(1, 2, 128, 2048, 256);
-  few_short.sm90_short_keys = flash::sm90_fwd_short_keys(few_short);
-  ++cases;
-  if (!few_short.sm90_short_keys || flash::sm90_fwd_num_splits(few_short, kH200Sms) <= 1) {
-    ++failures;
-    std::printf("FAIL short keys' split plan: %d splits\n", flash::sm90_fwd_num_splits(few_short, kH200Sms));
-  }
-  setenv(flash::kFwdShortKeysEnv, "0", 1);
-  ++cases;
-  if (flash::sm90_fwd_short_keys(call(4, 16, 512, 512, 256))) {
-    ++failures;
-    std::printf("FAIL short keys under FLASH_ATTN_FWD_SHORT_KEYS=0\n");
-  }
-  setenv(flash::kFwdShortKeysEnv, "on", 1);
-  ++cases;
-  try {
-    flash::sm90_fwd_short_keys(call(4, 16, 512, 512, 256));
-    ++failures;
-    std::printf("FAIL FLASH_ATTN_FWD_SHORT_KEYS=on accepted\n");
-  } catch (const std::invalid_argument&) {
-  }
-  unsetenv(flash::kFwdShortKeysEnv);
 
   std::printf("%d cases, %d failures\n", cases, failures);
   return failures == 0 ? 0 : 1;

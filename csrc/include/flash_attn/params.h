@@ -159,9 +159,6 @@ struct FwdParams {
   // Hopper forward calls at hd 96 from 4k queries: 192-row tiles on three consumer warpgroups
   // (sm90/fwd_tile_config.h kFwdTallTile; dispatch/sm90_policy.h sm90_fwd_tall_rows).
   bool sm90_tall_rows = false;
-  // Hopper forward calls at hd 224 / 256 of at most 2k keys: 48-key stages, a CTA per SM carrying tile tails
-  // (sm90/fwd_tile_config.h kFwdShortKeysTile; dispatch/sm90_policy.h sm90_fwd_short_keys).
-  bool sm90_short_keys = false;
 
   // Paged K / V (flash_attn_with_kvcache's block_table; dense decode-tile CUDA calls whose pages hold whole key
   // blocks, with seqused_k: dispatch/fwd_plan.h fwd_reads_pages): k and v are (num_pages, page_size, nheads_k,
