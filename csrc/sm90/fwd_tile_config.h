@@ -223,7 +223,9 @@ constexpr int fwd_pv_columns(int head_dim) {
 
 // block_n (a bucket takes its storage width's, fwd_storage_dim): hd 64 and 128 take 128 keys (S = 64 accumulator
 // registers per thread); hd 192 and 256 take 112 and 80, the most that fits beside a 128-row Q tile in 2 stages
-// (FA3's sizes, HOPPER_NOTES.md section 1.2).
+// (FA3's sizes, HOPPER_NOTES.md section 1.2). 48 keys with room for a second Q slot, so that hd 224 / 256 CTAs could
+// carry tiles at up to 2k keys, lost 7-32 % at 512-2k keys (H100, non-causal 1k 471-489 against 573, causal 1k 252
+// against 371 TFLOP/s; fifty-fourth session).
 constexpr FwdTileConfig fwd_tile_config(int head_dim, MaskKind mask = MaskKind::kNone) {
   const int block_m = kRowsPerConsumer * fwd_consumer_warpgroups(head_dim, mask);
   if (head_dim <= 128) return FwdTileConfig{block_m, 128, 2};
