@@ -1,4 +1,4 @@
-# The representative CUDA subset that tools/sanitize.sh runs under compute-sanitizer (memcheck, racecheck): every
+# The representative CUDA subset that tools/sanitize.sh runs under compute-sanitizer's tools: every
 # head-dim bucket (backward also with the tiles of an A100 and the compact ones of sm86/sm89), odd sequence lengths,
 # GQA, causal and not, varlen with empty sequences and rows past cu_seqlens[-1], a padded head dim, dropout, the wide
 # forward tile (and its persistent form), the forward's TMA K/V loads, the row-pair dq accumulator and the stmatrix

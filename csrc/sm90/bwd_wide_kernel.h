@@ -63,8 +63,12 @@ struct BwdWideSmemLayout {
   static_assert(kLaunchBytes <= kMaxSmemPerBlock, "the tiles must fit the shared memory a block may opt into");
 };
 
-// Named barrier of the wide kernel's consumers: both halves of P^T and dS^T written.
-constexpr int kBwdWideScoresBarrier = 1;
+// Named barriers of the wide kernel's consumers, + consumer: that consumer's half of P^T and dS^T written (it arrives,
+// the other syncs). Not one barrier both sync on: the consumers are two template instances of one body, so they would
+// reach it from two instructions, while bar.sync (.aligned) wants one for every thread; compute-sanitizer synccheck
+// reported that as divergence and aborted the kernel (fifty-fifth session, 2,400 reports at hd 160).
+constexpr int kBwdWideScoresBarrier = 1;  // 1 and 2
+constexpr int kBwdWideScoresThreads = kBwdConsumerWarpgroups * ptx::kWarpgroupThreads;
 
 // S^T (or dP^T) of this consumer's kN query rows: A = kBlockN keys of K (or V), B = rows row0 .. row0 + kN - 1 of a
 // kBlockM-row Q (or dO) stage, both K-major over the head dim in [segment][rows][64] tiles.
@@ -318,7 +322,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
             }
           }
           ptx::fence_proxy_async_shared();
-          ptx::named_barrier_sync(kBwdWideScoresBarrier, kBwdConsumerWarpgroups * ptx::kWarpgroupThreads);
+          ptx::named_barrier_arrive(kBwdWideScoresBarrier + consumer, kBwdWideScoresThreads);
+          ptx::named_barrier_sync(kBwdWideScoresBarrier + 1 - consumer, kBwdWideScoresThreads);
 
           // dV += P^T.dO and dK += dS^T.Q over the step's kBlockM queries, this consumer's columns; dQ (kBlockM rows x
           // its columns) = dS.K over the kBlockN keys: A = dS^T read M-major, B = K MN-major.
