@@ -14,9 +14,13 @@
 set -uo pipefail
 OUT="${OUT:-/tmp/hopper_validate}"; mkdir -p "$OUT"
 LOGS="$(mktemp -d)"
-# Defaults fit one device call (10 minutes): the build and the forward check side by side (CHECK_S), then the rest. The
-# full default build took 219, 235 and 250+ s with 16 jobs (forty-first, fifty-third, fifty-fourth sessions): 300.
-BUILD_S="${1:-300}"; TESTS_S="${2:-120}"; SUITE_S="${3:-100}"; BENCH_S="${4:-80}"; CHECK_S="${CHECK_S:-220}"
+# The build and the forward check run side by side (CHECK_S), then the rest. The full default build took 219, 235
+# and 250+ s with 16 jobs on the H200 (forty-first, fifty-third, fifty-fourth sessions) and more than 300 s on an H100
+# machine (fifty-fifth): 360. Every stage also ends by TOTAL_S seconds from the start (590: inside one 10-minute
+# device call), so a long build shortens the later stages instead of the call's limit cutting off the summary.
+BUILD_S="${1:-360}"; TESTS_S="${2:-120}"; SUITE_S="${3:-100}"; BENCH_S="${4:-80}"; CHECK_S="${CHECK_S:-220}"
+TOTAL_S="${TOTAL_S:-590}"
+kMinStageS=5  # a stage with less time left than this is skipped (timeout 0 would mean no limit at all)
 export MAX_JOBS="${MAX_JOBS:-12}" PYTHONUNBUFFERED=1 FLASH_ATTN_CUDA_ARCHS="${FLASH_ATTN_CUDA_ARCHS:-90}"
 # Objects kept by content (tools/compile_cache.py): each device call gets a fresh copy of the tree, whose new file
 # times make ninja recompile every unit (forty-first session: a second call on the warm machine built again, 241 s);
@@ -25,6 +29,14 @@ export COMPILE_CACHE_DIR="${COMPILE_CACHE_DIR:-/tmp/flash_attn_compile_cache}"
 export COMPILE_CACHE_ROOT="${COMPILE_CACHE_ROOT:-$PWD}"
 
 start=$(date +%s)
+# stage_limit S: S, or what is left of TOTAL_S if that is less (0 once below kMinStageS).
+stage_limit() {
+  local left=$(( TOTAL_S - ($(date +%s) - start) ))
+  (( left > $1 )) && left=$1
+  (( left < kMinStageS )) && left=0
+  echo "$left"
+}
+BUILD_S=$(stage_limit "$BUILD_S")
 timeout "$BUILD_S" python3 -m pip install -v --no-build-isolation --no-deps -e . > "$LOGS/build.log" 2>&1 &
 build_pid=$!
 if [ "${CHECK:-1}" = 1 ]; then
@@ -39,11 +51,13 @@ build_s=$(( $(date +%s) - start ))
 
 tests_rc=skipped; suite_rc=skipped; sanitize_rc=skipped
 if [ "$build_rc" -eq 0 ]; then
+  TESTS_S=$(stage_limit "$TESTS_S")
   if [ "$TESTS_S" -gt 0 ]; then
     timeout "$TESTS_S" python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_ptx_wrappers.py \
       tests/test_hopper_forward.py tests/test_hopper_backward.py > "$OUT/tests_hopper.log" 2>&1
     tests_rc=$?
   fi
+  SUITE_S=$(stage_limit "$SUITE_S")
   if [ "$SUITE_S" -gt 0 ]; then
     FLASH_ATTN_HOPPER=1 OMP_NUM_THREADS=2 timeout "$SUITE_S" python3 -m pytest -q -n 8 -p no:cacheprovider tests \
       > "$OUT/tests_suite_hopper.log" 2>&1
@@ -51,19 +65,23 @@ if [ "$build_rc" -eq 0 ]; then
   fi
   # SANITIZE_S=n: tools/sanitize.sh's Hopper pass (memcheck, racecheck, synccheck on the sanitize subset) under that
   # limit.
-  if [ "${SANITIZE_S:-0}" -gt 0 ]; then
+  SANITIZE_S=$(stage_limit "${SANITIZE_S:-0}")
+  if [ "$SANITIZE_S" -gt 0 ]; then
     SANITIZE_PORTABLE=0 timeout "$SANITIZE_S" tools/sanitize.sh > "$OUT/sanitize.log" 2>&1
     sanitize_rc=$?
   fi
-  if [ "${SUITE_PORTABLE_S:-0}" -gt 0 ]; then
+  SUITE_PORTABLE_S=$(stage_limit "${SUITE_PORTABLE_S:-0}")
+  if [ "$SUITE_PORTABLE_S" -gt 0 ]; then
     FLASH_ATTN_HOPPER=0 OMP_NUM_THREADS=2 timeout "$SUITE_PORTABLE_S" python3 -m pytest -q -n 8 -p no:cacheprovider \
       tests > "$OUT/tests_suite_portable.log" 2>&1
   fi
+  BENCH_S=$(stage_limit "$BENCH_S")
   [ "$BENCH_S" -gt 0 ] && timeout "$BENCH_S" python3 benchmarks/bench_attention.py \
     --impls "${BENCH_IMPLS:-flash_attn,flash_attn_hopper,sdpa_cudnn,sdpa_flash}" --direction "${BENCH_DIRECTION:-both}" \
     --headdim "${BENCH_HEADDIMS:-128,64}" --seqlen "${BENCH_SEQLENS:-512,2048,16384}" --causal both \
     --rep-ms "${REP_MS:-50}" --out "$OUT/bench.json" > "$OUT/bench.log" 2>&1
-  [ "${SWEEP_S:-0}" -gt 0 ] && timeout "$SWEEP_S" python3 benchmarks/bench_attention.py --sweep \
+  SWEEP_S=$(stage_limit "${SWEEP_S:-0}")
+  [ "$SWEEP_S" -gt 0 ] && timeout "$SWEEP_S" python3 benchmarks/bench_attention.py --sweep \
     --impls "${SWEEP_IMPLS:-flash_attn,flash_attn_hopper,flash_attn_portable,sdpa_cudnn,sdpa_flash,flex}" --direction both --rep-ms "${REP_MS:-50}" \
     --out "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1
 fi
