@@ -105,7 +105,7 @@ def test_graph_dropout_draws_fresh_masks_per_replay():
     assert not torch.equal(first, static_out), "two replays drew the same dropout mask"
     torch.cuda.manual_seed(SEED)
     graph.replay()
-    # Failed twice in full `pytest -n 8` runs (eleventh and fifty-fifth sessions), never alone (1,800 eager and
+    # Failed twice in full `pytest -n 8` runs (eleventh and fifty-fifth sessions), never alone (3,000 eager and
     # graph repeats, 24 parallel runs of this file): the message keeps what differed for the next occurrence.
     differs = first != static_out
     assert not differs.any(), (f"the same seed did not reproduce the replay: {int(differs.sum())} of "
