@@ -96,13 +96,12 @@ __host__ __device__ constexpr bool bwd_swizzles_queries(int head_dim, bool featu
 // converted fragments into row-major tiles over the CTA's tiles, free once the key block is done, and the CTA stores
 // whole rows in 16-byte chunks, as FlashAttention-2 does. ncu, hd 96 plain backward at 1k (forty-fourth session): our
 // epilogue ran 1,472 instructions a warp against FA2's 818 (48 four-byte STG with per-element bounds, 167 ISETP, 80
-// BRA), ~4 % of the call at 1k, a quarter of that at 4k. Written again in the fiftieth session (the forty-fourth
-// session's branch was lost) and off until an A/B on the H200 prices it: an overlay setting kBwdStagedDkv true, hd 96
-// bf16 build, `tests/test_cuda_backward.py`, AB_HEADDIMS=96 AB_HIDDEN=3072, 1k / 4k / 16k, causal both.
-constexpr bool kBwdStagedDkv = false;
+// BRA), ~4 % of the call at 1k, a quarter of that at 4k. Measured on the H200 (fifty-sixth session, bf16, 32 heads,
+// two interleaved rounds, best TFLOP/s, staged / direct): 1k / 4k / 16k 243 / 236, 286 / 281, 298 / 292, causal
+// 173 / 169, 252 / 250, 297 / 291 (FA2 227 / 285 / 304, causal 154 / 233 / 268).
 constexpr int kBwdStagedDkvHeadDim = 96;
 __host__ __device__ constexpr bool bwd_stages_dkv(int head_dim) {
-  return kBwdStagedDkv && head_dim == kBwdStagedDkvHeadDim;
+  return head_dim == kBwdStagedDkvHeadDim;
 }
 
 // Whether the Q/dO tiles of a head dim of an odd number of 64-byte half segments (96 / 160 / 224: no whole segments,

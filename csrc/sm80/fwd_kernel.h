@@ -1303,7 +1303,8 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
   constexpr bool kFillsPastRange =
       !kTma && !kLeanMods && kPaging == KvPaging::kNone && fwd_fills_past_kv_range(kHeadDim, kKind, kStages);
   constexpr bool kHalfSegments =
-      fwd_swizzles_half_segments(kHeadDim, kGeneral, kKind, kLeanMods, kPaging != KvPaging::kNone);
+      fwd_swizzles_half_segments(kHeadDim, kGeneral, kKind, kLeanMods, kPaging != KvPaging::kNone,
+                                 kMask != MaskKind::kNone);
   using HalfSegmentTiles = HalfSegmentSwizzledRows<kHalfSegments ? kHeadDim : kFwdHalfSegmentSwizzleHeadDim>;
   using KvTiles = std::conditional_t<kHalfSegments, HalfSegmentTiles,
                                      TileLayout<fwd_swizzles_kv(kHeadDim, kGeneral, kKind, kMask != MaskKind::kNone),

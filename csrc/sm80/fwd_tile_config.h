@@ -305,15 +305,14 @@ FLASH_HOST_DEVICE constexpr bool fwd_loads_grouped_columns(int head_dim, bool ge
 // HalfSegmentSwizzledRows) instead of rows padded to 104 columns, whose cp.async copies conflict: the hd 96 backward's
 // padded Q / dO copies took 3.0x the ideal wavefronts, and swizzled it gained 1-5 % (forty-fourth session). ptxas
 // (sm_90a, bf16, fifty-first session), padded -> swizzled: non-causal key loop 920 -> 932 instructions, 0 -> 24 bytes
-// of stack and 5 spill instructions in the loop; causal 987 -> 1,001, 16 -> 24 bytes, 3 -> 4 (the forty-fourth
-// session's branch, lost with the branches, measured the same; its softcap / ALiBi lean kernel spilled 48 bytes, so
-// that kernel keeps padded rows). Predicted -2 to +3 % (hd 96 forward 0.98-0.99x FA2 non-causal at 1k-16k): the A/B
-// decides whether conflict-free copies beat the spill. Off until timed.
-constexpr bool kFwdHalfSegmentSwizzle = false;
+// of stack and 5 spill instructions in the loop; causal 987 -> 1,001, 16 -> 24 bytes, 3 -> 4; the softcap / ALiBi
+// lean kernel spilled 48 bytes, so it keeps padded rows. Measured on the H200 (fifty-sixth session, bf16, 32 heads,
+// two interleaved rounds, best TFLOP/s, swizzled / padded): non-causal 1k / 4k / 16k 339 / 325, 355 / 331, 352 / 331
+// (FA2 327 / 350 / 340); causal 246 / 260, 310 / 324, 328 / 327: masked calls keep padded rows.
 constexpr int kFwdHalfSegmentSwizzleHeadDim = 96;
 FLASH_HOST_DEVICE constexpr bool fwd_swizzles_half_segments(int head_dim, bool general, FwdTileKind kind,
-                                                            bool lean_mods, bool paged) {
-  return kFwdHalfSegmentSwizzle && head_dim == kFwdHalfSegmentSwizzleHeadDim && !general && !lean_mods && !paged &&
+                                                            bool lean_mods, bool paged, bool masked) {
+  return head_dim == kFwdHalfSegmentSwizzleHeadDim && !general && !lean_mods && !paged && !masked &&
          kind == FwdTileKind::kStandard;
 }
 
