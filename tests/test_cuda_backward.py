@@ -209,6 +209,27 @@ def _check_varlen_grads(head_dim, causal, dtype):
     check_output_and_grads(out, grads, truth, naive)
 
 
+# The portable hd 96 bucket's own paths (the Hopper kernels take these calls on an H200 unless turned off): the
+# backward's dK / dV staged through shared memory and stored in 16-byte rows (sm80/bwd_common.h bwd_stages_dkv; a
+# key block's rows past the sequence are not stored, head dim 72 leaves columns of the bucket unused) and the
+# forward's half-segment swizzled K / V for unmasked calls (sm80/fwd_tile_config.h fwd_swizzles_half_segments).
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("head_dim", [72, 96])
+@pytest.mark.parametrize("shape", [(2, 113, 255, 4, 2), (1, 300, 129, 2, 1), (3, 64, 127, 2, 2), (1, 200, 1000, 4, 4)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_portable_hd96_bucket(head_dim, shape, causal, dtype, portable_kernels):
+    _require(dtype, head_dim)
+    q, k, v = _qkv(*shape, head_dim, dtype)
+    _run_and_check(q, k, v, dict(causal=causal), causal=causal)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("causal", [False, True])
+def test_portable_hd96_varlen(causal, dtype, portable_kernels):
+    _require(dtype, 96)
+    _check_varlen_grads(96, causal, dtype)
+
+
 @pytest.mark.parametrize("dtype", LOW)
 @pytest.mark.parametrize("causal", [False, True])
 def test_dlse(causal, dtype):
