@@ -11,7 +11,7 @@ set -uo pipefail
 # path (the thirtieth session's first ncu step found no flash_attn there).
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 HD="$1"; SEQLEN="$2"; DIR="$3"; shift 3
-if [ "$DIR" = bwd ]; then ours="regex:bwd_kernel"; fa2="regex:flash_bwd_dq_dk_dv"; else ours="regex:fwd_(persistent_|tma_)?kernel"; fa2="regex:flash_fwd_kernel"; fi
+if [ "$DIR" = bwd ]; then ours="regex:bwd_(wide_)?kernel"; fa2="regex:flash_bwd_dq_dk_dv"; else ours="regex:fwd_(persistent_|tma_)?kernel"; fa2="regex:flash_fwd_kernel"; fi
 # cuDNN's SDPA kernels on sm90 carry "sdpa" and "fprop" / "bprop" in their generated names.
 if [ "$DIR" = bwd ]; then cudnn="regex:sdpa.*bprop|bprop.*sdpa"; else cudnn="regex:sdpa.*fprop|fprop.*sdpa"; fi
 METRICS="gpu__time_duration.sum,sm__cycles_elapsed.avg,sm__cycles_active.avg,launch__registers_per_thread,launch__grid_size,lts__t_bytes.sum,dram__bytes_read.sum,smsp__sass_inst_executed_op_local_ld.sum,smsp__sass_inst_executed_op_shared_ld.sum,smsp__inst_executed.sum,sm__inst_executed.avg.per_cycle_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
