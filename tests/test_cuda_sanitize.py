@@ -152,10 +152,11 @@ def test_stmatrix_backward_stores(head_dim):
     _run_dense((1, 200, 260, 2, 2, head_dim), True)
 
 
-@pytest.mark.parametrize("head_dim, causal", [(64, False), (128, True), (256, False)])
+@pytest.mark.parametrize("head_dim, causal", [(64, False), (128, True), (192, True), (256, False)])
 def test_deterministic_backward(head_dim, causal):
-    """deterministic=True: on the Hopper path up to hd 128 the ordered dQ (writer warps, counters in the workspace,
-    rotated walks when unmasked), above it the per-CTA accumulators; GQA, ragged blocks, several key blocks."""
+    """deterministic=True: on the Hopper path the ordered dQ (writer warps, counters in the workspace, rotated walks
+    when unmasked; above hd 128 the wide kernel's ordered instantiation, whose consumers hand their staged dQ boxes to
+    the writers); GQA, ragged blocks, several key blocks."""
     _run_dense((2, 131, 300, 4, 2, head_dim), True, causal=causal, deterministic=True)
 
 

@@ -249,8 +249,9 @@ def test_softcap_and_alibi(forced, feature, causal, head_dim):
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic(forced, head_dim, causal):
     """deterministic=True: the key blocks add into one dq accumulator in a fixed order per query block
-    (csrc/sm90/bwd_ordered_dq.h; above hd 128 only with kBwdDeterministicDqOrderedWide, else each CTA owns its dq
-    accumulator and walks its key blocks in order); dq, dk, dv are bitwise equal over repeated runs, and correct."""
+    (csrc/sm90/bwd_ordered_dq.h; above hd 128 the wide kernel's ordered instantiation, kBwdDeterministicDqOrderedWide;
+    with it off each CTA owns its dq accumulator and walks its key blocks in order); dq, dk, dv are bitwise equal over
+    repeated runs, and correct."""
     _require(torch.bfloat16, head_dim, "causal" if causal else "none")
     q, k, v = _leaves((2, 700, 4, head_dim), (2, 900, 2, head_dim), (2, 900, 2, head_dim))
     dout = randn(2, 700, 4, head_dim, dtype=torch.bfloat16, device="cuda")
@@ -276,7 +277,7 @@ def _repeatable_and_correct(run, inputs, dout, ref_fn):
 # above, descending beyond): arrival order with rotated walks (unmasked) and under a window, more key blocks than
 # query blocks (ties at a step), more query blocks than key blocks (causal), the descending order under a window, and
 # more key blocks per head than the GPU has SMs. test_deterministic_varlen: causal varlen with empty and ragged
-# sequences. The wide buckets (192, 256) take these orders only with kBwdDeterministicDqOrderedWide.
+# sequences. The wide buckets (192, 256) take these orders through kBwdDeterministicDqOrderedWide (on).
 ORDER_CASES = {
     "window": dict(shape=(2, 700, 900), window=(100, 50)),
     "keys_past_queries": dict(shape=(2, 130, 2000)),

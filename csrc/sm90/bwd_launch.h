@@ -71,8 +71,16 @@ template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, BwdTileConfig
 void launch_bwd(const dim3& grid, const BwdKernelArgs& args, bool direct_dq, cudaStream_t stream) {
   if constexpr (kHeadDim > kBwdMaxNarrowHeadDim) {
     using Layout = BwdWideSmemLayout<kBwdWideHeadDim, kTile.block_m, kTile.block_n, kTile.stages>;
+    if constexpr (bwd_orders_dq(kHeadDim)) {
+      if (args.dq_ordered) {
+        launch_bwd_kernel<bwd_wide_kernel<T, kBwdWideHeadDim, kMask, kGeneral, kTile.block_m, kTile.block_n,
+                                          kTile.stages, kScoreDim, true>,
+                          Layout::kLaunchBytes>(grid, args, stream);
+        return;
+      }
+    }
     launch_bwd_kernel<bwd_wide_kernel<T, kBwdWideHeadDim, kMask, kGeneral, kTile.block_m, kTile.block_n, kTile.stages,
-                                      kScoreDim>,
+                                      kScoreDim, false>,
                       Layout::kLaunchBytes>(grid, args, stream);
   } else {
     using Layout = BwdSmemLayout<kHeadDim, kTile.block_m, kTile.block_n, kTile.stages>;

@@ -147,10 +147,14 @@ constexpr bool bwd_deterministic_dq_in_bulk(int head_dim) {
 // causal 144 -> 168 (246), 170 -> 219 (359): hd 64's step is short enough that the writers (bwd_ordered_dq.h) bound
 // it.
 constexpr bool kBwdDeterministicDqOrdered = true;
-// The same for the wide kernel (hd 129 ... 256; bwd_ordered_dq.h write_ordered_dq_wide), whose deterministic calls ran at
-// 0.47-0.54x of the default with per-CTA accumulators (eighteenth session). Written and compiled (twenty-third
-// session), not run: off until its tests and an A/B.
-constexpr bool kBwdDeterministicDqOrderedWide = false;
+// The same for the wide kernel (hd 129 ... 256; bwd_ordered_dq.h write_ordered_dq_wide; written in the twenty-third
+// session, first run in the fifty-seventh), in an instantiation of its own (bwd_wide_kernel's kOrderedDq). Measured on
+// an H100 (bf16, hidden 3072, best of 2 rounds, TFLOP/s, deterministic / default in the same process), per-CTA
+// accumulators -> ordered: hd 192 1k / 4k / 16k 114 / 127 / 136 -> 218 / 254 / 322 (0.43 / 0.38 / 0.36 -> 0.84 /
+// 0.80 / 0.90x of the default), causal 100 / 119 / 125 -> 174 / 260 / 324 (0.50 / 0.41 / 0.35 -> 0.87 / 0.88 / 0.93x);
+// hd 256 116 / 129 / 134 -> 234 / 278 / 343 (0.44 / 0.37 / 0.36 -> 0.90 / 0.84 / 0.92x), causal 97 / 113 / 120 ->
+// 184 / 283 / 335 (0.47 / 0.37 / 0.33 -> 0.88 / 0.94 / 0.92x).
+constexpr bool kBwdDeterministicDqOrderedWide = true;
 // Whether the order is the key blocks' arrival order (bwd_cta.h BwdKernelArgs::dq_arrival_order), with unmasked
 // calls' walks rotated, for sequences of at most kBwdOrderedDqArrivalMaxKeyBlocks key blocks (and never more than the
 // GPU's SMs, where waiting for a CTA launched later could deadlock). In descending order every unmasked key block

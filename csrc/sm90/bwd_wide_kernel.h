@@ -118,9 +118,12 @@ struct BwdWideConsumer {
 
 // kGeneral: softcap and / or ALiBi, as bwd_kernel.h's general kernels recompute them. kScoreDim: the columns S^T and
 // dP^T run over (the call's bucket: 160 / 192 / 224 of the 256 stored, whose rest is TMA's zero fill); dK, dV and dQ
-// keep kHeadDim's.
+// keep kHeadDim's. kOrderedDq: the deterministic calls' instantiation, whose producer warpgroup's writers add dQ in
+// the query blocks' order (bwd_tile_config.h kBwdDeterministicDqOrderedWide); an instantiation of its own so that the
+// other calls' kernel keeps its code (the writers spill 512 bytes and the step loop's branch on the order adds ~20
+// instructions, fifty-seventh session).
 template <typename T, int kHeadDim, MaskKind kMask, bool kGeneral, int kBlockM, int kBlockN, int kStages,
-          int kScoreDim = kHeadDim>
+          int kScoreDim = kHeadDim, bool kOrderedDq = false>
 __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_constant__ BwdKernelArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Layout = BwdWideSmemLayout<kHeadDim, kBlockM, kBlockN, kStages>;
@@ -150,8 +153,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
   const FwdParams& p = bp.fwd;
 
   const bool bulk_dq = args.dq_map.enabled;  // dQ by bulk reductions, staged in the Q and dO slots (below)
-  // Deterministic calls with ordered dQ (bwd_tile_config.h; compiled out while kBwdDeterministicDqOrderedWide is off).
-  const bool dq_ordered = kBwdDeterministicDqOrderedWide && args.dq_ordered;
+  // Deterministic calls with ordered dQ (bwd_tile_config.h bwd_orders_dq; launch_bwd picks this instantiation for them).
+  constexpr bool dq_ordered = kOrderedDq;
   if (threadIdx.x == 0) {
     prefetch_bwd_tensor_maps(args);
     // q_empty: every consumer thread arrives, since each read the stage's statistics with plain loads: an arrival
