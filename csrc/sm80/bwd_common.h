@@ -98,10 +98,10 @@ __host__ __device__ constexpr bool bwd_swizzles_queries(int head_dim, bool featu
 // epilogue ran 1,472 instructions a warp against FA2's 818 (48 four-byte STG with per-element bounds, 167 ISETP, 80
 // BRA), ~4 % of the call at 1k, a quarter of that at 4k. Measured on the H200 (fifty-sixth session, bf16, 32 heads,
 // two interleaved rounds, best TFLOP/s, staged / direct): 1k / 4k / 16k 243 / 236, 286 / 281, 298 / 292, causal
-// 173 / 169, 252 / 250, 297 / 291 (FA2 227 / 285 / 304, causal 154 / 233 / 268). Those calls' lengths fill every key
-// block; a block cut by the sequence end (its rows past the end not stored) has not yet run on a GPU, so it stays off
-// until test_cuda_backward.py::test_portable_hd96_bucket passes on one with it on (docs/perf_log.md, fifty-sixth).
-constexpr bool kBwdStagedDkv = false;
+// 173 / 169, 252 / 250, 297 / 291 (FA2 227 / 285 / 304, causal 154 / 233 / 268). Key blocks cut by the sequence end
+// (rows past it not stored), hd 72, GQA / MQA and varlen: test_cuda_backward.py -k portable_hd96, 36 passed on an H100
+// with it on (fp16 and bf16, fifty-seventh session).
+constexpr bool kBwdStagedDkv = true;
 constexpr int kBwdStagedDkvHeadDim = 96;
 __host__ __device__ constexpr bool bwd_stages_dkv(int head_dim) {
   return kBwdStagedDkv && head_dim == kBwdStagedDkvHeadDim;
