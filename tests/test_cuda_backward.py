@@ -210,7 +210,7 @@ def _check_varlen_grads(head_dim, causal, dtype):
 
 
 # The portable hd 96 bucket's own paths (the Hopper kernels take these calls on an H200 unless turned off): the
-# forward's half-segment swizzled K / V for unmasked calls (sm80/fwd_tile_config.h fwd_swizzles_half_segments) and,
+# forward's half-segment swizzled K / V for unmasked calls (sm80/fwd_tile_config.h fwd_swizzles_half_segments) and
 # the backward's dK / dV staged through shared memory and stored in 16-byte rows (kBwdStagedDkv)
 # (sm80/bwd_common.h bwd_stages_dkv: a key block's rows past the sequence are not stored, head dim 72 leaves
 # columns of the bucket unused).
