@@ -710,7 +710,7 @@ __device__ __forceinline__ void await_v(const FwdParams& p, const FwdCta& cta, c
 
 // S = Q K^T of this warp's strips against the key tile s_k: each K fragment feeds every strip. `a` holds one k16
 // step of Q's A fragments (the caller's array; see the kernel).
-template <typename KLayout, int kHeadDim, int kStripStride, int kStrips, int kNTiles, typename T>
+template <typename KLayout, int kHeadDim, int kStripStride, bool kCausal, int kStrips, int kNTiles, typename T>
 __device__ __forceinline__ void compute_scores(ptx::MmaC (&sc)[kStrips][kNTiles], ptx::MmaA (&a)[kStrips],
                                                const T* s_q, const T* s_k, int warp, int lane) {
   constexpr int kStride = kHeadDim + kSmemRowPad;
@@ -726,7 +726,7 @@ __device__ __forceinline__ void compute_scores(ptx::MmaC (&sc)[kStrips][kNTiles]
       ptx::ldmatrix_x4(kb, s_k + (np * 16 + lane % 8 + 8 * (lane / 16)) * kStride + kk * kMmaK + 8 * ((lane / 8) % 2));
     }
   };
-  if constexpr (fwd_prefetches_score_fragments(kHeadDim, kStrips)) {
+  if constexpr (fwd_prefetches_score_fragments(kHeadDim, kStrips, kCausal)) {
     // Fragments of step kk + kAhead load while the MMAs of step kk issue (kAhead + 1 register sets, named by
     // kk % kSets).
     constexpr int kAhead = fwd_score_fragments_ahead(kHeadDim, kStrips);
@@ -1409,7 +1409,8 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
     // hd128 causal general: main loop 7719 -> 7720 instructions).
     ptx::MmaC sc[kStrips][kNTiles];
     ptx::MmaA a[kStrips];
-    compute_scores<KvLayout, kHeadDim, kStripStride>(sc, a, tiles.s_q, s_k, cta.warp, cta.lane);
+    compute_scores<KvLayout, kHeadDim, kStripStride, kMask == MaskKind::kCausal>(sc, a, tiles.s_q, s_k, cta.warp,
+                                                                              cta.lane);
     if constexpr (kEarlyV) await_v_tile(n);
     if constexpr (kGeneral) {
       transform_scores(sc, rows, n0, p, cta, sp);

@@ -87,7 +87,8 @@ __global__ void __launch_bounds__(fwd_tile_config(kHeadDim).warps* kWarpSize)
       const T* s_v = tiles.s_v_ring + ring_slot<kStages>(n) * kBlockN * kStride;
       ptx::MmaC sc[kStrips][kNTiles];
       ptx::MmaA a[kStrips];
-      compute_scores<KvLayout, kHeadDim, kStripStride>(sc, a, tiles.s_q, s_k, cta.warp, cta.lane);
+      compute_scores<KvLayout, kHeadDim, kStripStride, kMask == MaskKind::kCausal>(sc, a, tiles.s_q, s_k, cta.warp,
+                                                                                cta.lane);
       // Awaits V(n); on the item's last key tile, with a next item, the K slot and the other Q tile (the previous
       // item's, whose epilogue every warp finished before this item's first barrier) then take that item's Q and first
       // K instead of the (empty) K load that follows. With TMA the barrier after V's wait frees K's slot for K(n - 1).

@@ -117,14 +117,23 @@ FLASH_HOST_DEVICE constexpr bool fwd_waits_v_before_softmax(int head_dim, bool m
 // ldmatrix issued a few instructions earlier: ncu put 35 % of the wide tile's warp samples on short-scoreboard
 // stalls at 512 tokens, mostly on those MMAs (FA2: 26 %). The explicit order keeps eight MMAs between a fragment's
 // load and its use at the same register count (251 against 255, no spill). At head dim 192 it spilled more (wide
-// tile 20 -> 44 bytes), so it is limited to 256. `strips`: 16-row strips per warp.
+// tile 20 -> 44 bytes), so it was limited to 256. Under nvcc 13.0 the same order lowers the causal hd 192 wide tile's
+// spill instead (ptxas sm_90a, bf16: 44 -> 4 bytes, 11 -> 1 local loads in the key loop, P V MMAs after the last
+// exponential 72 -> 34 of 192) while the unmasked one spills more (4 -> 24 bytes). ncu of the causal 4k call without
+// it (H100, fifty-eighth session): 977 against FA2's 926 us at the same instruction count, short scoreboard 1.75
+// warps per issue against 0.93. With it (H200, 10 heads, best / median of 2 rounds, TFLOP/s, FA2 in brackets): causal
+// 1k / 4k / 16k 217 / 273 / 320 against 214 / 268 / 316 (230 / 281 / 298), medians +2 %; a window (local kernels)
+// -1 % (4k 275 / 244 against 278 / 246, causal), so causal calls only (kPrefetchCausalWideHeadDim).
+// `strips`: 16-row strips per warp.
 // The same pattern at head dim 96 (two strips per warp; ncu of the plain 4k call, thirty-seventh session): the S
 // GEMM's MMAs read the B fragment register just reloaded (`HMMA R4, R176, R172, R4` three times in a row), short
 // scoreboard 0.59-0.72 warps per issue against FA2's 0.22, IPC 1.47-1.61 against 1.95 at fewer instructions (576-612 M
 // against 696 M). Taken at 96 together with the grouped loads (kGroupedColumnsHeadDim: the pair's measurement).
 constexpr int kPrefetchTwoStripsHeadDim = 96;
-FLASH_HOST_DEVICE constexpr bool fwd_prefetches_score_fragments(int head_dim, int strips) {
-  return (head_dim == 256 && strips == 1) || (head_dim == kPrefetchTwoStripsHeadDim && strips == 2);
+constexpr int kPrefetchCausalWideHeadDim = 192;
+FLASH_HOST_DEVICE constexpr bool fwd_prefetches_score_fragments(int head_dim, int strips, bool causal) {
+  return (head_dim == 256 && strips == 1) || (causal && head_dim == kPrefetchCausalWideHeadDim && strips == 1) ||
+         (head_dim == kPrefetchTwoStripsHeadDim && strips == 2);
 }
 
 // How many k16 steps ahead fwd_prefetches_score_fragments loads (a register set per step in flight). One everywhere;
