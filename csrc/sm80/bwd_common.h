@@ -114,10 +114,16 @@ __host__ __device__ constexpr bool bwd_stages_dkv(int head_dim) {
 // conflicting Q / dO copies (3.0x ideal), and MIO stalls 10.0 % of our warp samples against 4.4 %. Measured (32
 // heads, two interleaved rounds, best TFLOP/s, swizzled / padded; FA2): 1k / 4k / 16k 235 / 279 / 292 against 233 /
 // 274 / 290 (226 / 285 / 300), causal 172 / 245 / 289 against 169 / 235 / 274 (154 / 231 / 266); documents of 512
-// level (benchmarks/results/2026-12-04-h200-hd96-bwd-swizzle-ab-s44.json).
+// level (benchmarks/results/2026-12-04-h200-hd96-bwd-swizzle-ab-s44.json). kBwdHalfSegmentSwizzleSmallHeadDim (0: off;
+// candidate 32, one half segment a row, padded to 80 bytes now): ncu of the plain hd 32 4k call (H100, fifty-eighth
+// session) counted 48 shared-memory wavefronts a warp and step for the Q / dO / lse / delta copies against 17.5 ideal,
+// 30 of the step's 528 (FA2 450), and mio_throttle held 27.6 % of our warp samples (FA2 5.2 %; 6.68 against 6.29 ms).
+// With 32 the kernel compiles without spill, its step loop 1,527 -> 1,500 instructions (sm_90a); not yet run on a GPU.
 constexpr int kBwdHalfSegmentSwizzleHeadDim = 96;
+constexpr int kBwdHalfSegmentSwizzleSmallHeadDim = 0;
 __host__ __device__ constexpr bool bwd_swizzles_half_segments(int head_dim, bool features, BwdTiles tiles) {
-  return head_dim == kBwdHalfSegmentSwizzleHeadDim && bwd_swizzles_queries(head_dim, features, tiles);
+  return (head_dim == kBwdHalfSegmentSwizzleHeadDim || head_dim == kBwdHalfSegmentSwizzleSmallHeadDim) &&
+         bwd_swizzles_queries(head_dim, features, tiles);
 }
 
 // Whether a swizzling kernel hides its Q/dO lane offsets from ptxas (kernel_common.h OpaqueLaneOffset) and addresses

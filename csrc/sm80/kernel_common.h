@@ -148,11 +148,11 @@ struct SwizzledRows : PlainLoads {
   }
 };
 
-// Unpadded rows of an odd number of 64-byte half segments (hd 96 / 160 / 224), the chunk index's low two bits XORed
-// with (row / 2) % 4. Such rows start on bank group 0 or 4 (192 bytes = 48 words), so unswizzled the 8 rows of an
-// ldmatrix matrix hit 2 bank groups; the XOR spreads them over all 8. cp.async stays conflict-free too: one 8-chunk
-// phase covers either 8 chunks of one row or 4 + 4 of two rows with the same XOR, one on groups 0-3, the other on
-// 4-7. Padded rows (13 chunks at hd 96) conflict on those copies instead: ncu counted 3.0x the ideal wavefronts for
+// Unpadded rows of an odd number of 64-byte half segments (hd 32 / 96 / 160 / 224), the chunk index's low two bits
+// XORed with (row / 2) % 4. Such rows start on bank group 0 or 4 (hd 96: 192 bytes = 48 words), so unswizzled the 8
+// rows of an ldmatrix matrix hit 2 bank groups; the XOR spreads them over all 8. cp.async stays conflict-free too: one
+// 8-chunk phase covers either 8 chunks of one row or 4 + 4 of two rows with the same XOR, one on groups 0-3, the other
+// on 4-7. Padded rows (13 chunks at hd 96) conflict on those copies instead: ncu counted 3.0x the ideal wavefronts for
 // the hd 96 backward's Q / dO copies (28.5 M against 9.5 M, 1k; FA2, 64-byte swizzle, 2.0x). The XOR touches only
 // column bits 3-4, so the split form XORs col_base's bit 4 into the lane offset, as SwizzledRows does.
 template <int kCols>
@@ -282,12 +282,14 @@ constexpr bool ldmatrix_conflict_free() {
 static_assert(split_form_matches<SwizzledRows<64>, 64>() && split_form_matches<SwizzledRows<256>, 256>() &&
                   split_form_matches<PaddedRows<96, true>, 96>() &&
                   split_form_matches<SegmentSwizzledRows<kLayoutCheckRows, 256>, 256>() &&
+                  split_form_matches<HalfSegmentSwizzledRows<32>, 32>() &&
                   split_form_matches<HalfSegmentSwizzledRows<96>, 96>() &&
                   split_form_matches<HalfSegmentSwizzledRows<224>, 224>(),
               "split ldmatrix addressing");
 static_assert(ldmatrix_conflict_free<SwizzledRows<128>, 128>() && ldmatrix_conflict_free<SwizzledRows<192>, 192>() &&
                   ldmatrix_conflict_free<PaddedRows<96>, 96>() &&
                   ldmatrix_conflict_free<SegmentSwizzledRows<kLayoutCheckRows, 256>, 256>() &&
+                  ldmatrix_conflict_free<HalfSegmentSwizzledRows<32>, 32>() &&
                   ldmatrix_conflict_free<HalfSegmentSwizzledRows<96>, 96>() &&
                   ldmatrix_conflict_free<HalfSegmentSwizzledRows<160>, 160>(),
               "ldmatrix phases without bank conflicts");
@@ -310,7 +312,8 @@ constexpr bool copy_phases_conflict_free() {
   }
   return true;
 }
-static_assert(copy_phases_conflict_free<HalfSegmentSwizzledRows<96>, 96>() &&
+static_assert(copy_phases_conflict_free<HalfSegmentSwizzledRows<32>, 32>() &&
+                  copy_phases_conflict_free<HalfSegmentSwizzledRows<96>, 96>() &&
                   copy_phases_conflict_free<HalfSegmentSwizzledRows<160>, 160>() &&
                   copy_phases_conflict_free<HalfSegmentSwizzledRows<224>, 224>() &&
                   !copy_phases_conflict_free<PaddedRows<96>, 96>(),
