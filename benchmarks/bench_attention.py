@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-# The one benchmark CLI of flash_attn, following the project's shared BENCHMARKS.md: times flash_attn against
-# torch SDPA (each backend forced) and FlexAttention side by side in one run, for training shapes
-# (TFLOP/s, forward and backward) and for decode (TB/s of K+V read), checks each implementation
-# against a float32 SDPA reference once per shape, prints a table and writes every row with the
-# machine's metadata to benchmarks/results/<date>-<device>-<what>.json. Standalone: needs only torch.
+# The one benchmark CLI of flash_attn, following the project's shared BENCHMARKS.md: times flash_attn against torch
+# SDPA (each backend forced), FlexAttention and torch's FA2 varlen kernels (fa2_varlen) side by side in one run, for
+# training shapes (TFLOP/s, forward and backward) and decode (TB/s of K+V read), checks each implementation against a
+# float32 SDPA reference once per shape, prints a table and writes every row with the machine's metadata to
+# benchmarks/results/<date>-<device>-<what>.json. Standalone: needs only torch.
 
 import argparse
 import contextlib
 import datetime
+import inspect
 import json
 import os
 import platform
@@ -97,7 +98,11 @@ OURS_PORTABLE = "flash_attn_portable"
 OURS_SWITCHED = {OURS_HOPPER: "force", OURS_PORTABLE: "0"}
 HOPPER_SWITCH = "FLASH_ATTN_HOPPER"
 COPY_CEILING = "copy_ceiling"
-ALL_IMPLS = (OURS, OURS_HOPPER, OURS_PORTABLE, "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math", "flex")
+# FlashAttention-2's varlen kernels as torch ships them (torch.nn.attention.varlen.varlen_attn, torch >= 2.10): the FA2
+# peer of the window and document rows, which SDPA cannot express; equal-length batches run as equal documents.
+FA2_VARLEN = "fa2_varlen"
+ALL_IMPLS = (OURS, OURS_HOPPER, OURS_PORTABLE, "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math", "flex",
+             FA2_VARLEN)
 DEFAULT_IMPLS = {
     "cuda": (OURS, "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex"),
     "cpu": (OURS, "sdpa"),
@@ -276,6 +281,46 @@ def make_sdpa(name: str, backend_name: Optional[str]) -> Impl:
     return Impl(name, "bhsd", build, context)
 
 
+def make_fa2_varlen() -> Impl:
+    def build(p: Problem):
+        if p.device != "cuda":
+            raise RuntimeError("torch's varlen_attn runs on CUDA only")
+        if p.feature in ("softcap", "alibi"):
+            raise RuntimeError(f"torch's varlen_attn has no {p.feature} argument")
+        try:
+            from torch.nn.attention.varlen import varlen_attn
+        except ImportError as exc:
+            raise RuntimeError(f"torch {torch.__version__} has no torch.nn.attention.varlen (torch >= 2.10)") from exc
+        accepts = inspect.signature(varlen_attn).parameters
+        extra = {}
+        if "window_size" in accepts:  # torch >= 2.11: (left, right), -1 unbounded; (-1, 0) is causal
+            left = p.window_left if p.feature == "window" else -1
+            right = 0 if p.causal else (p.window_left if p.feature == "window" else -1)
+            extra["window_size"] = (left, right)
+        elif p.feature == "window":
+            raise RuntimeError(f"torch {torch.__version__}'s varlen_attn has no window_size (torch >= 2.11)")
+        else:
+            extra["is_causal"] = p.causal
+        if p.gqa:
+            if "enable_gqa" not in accepts:
+                raise RuntimeError(f"torch {torch.__version__}'s varlen_attn has no enable_gqa")
+            extra["enable_gqa"] = True
+        length_q = p.doc_len if p.feature == "varlen" else p.seqlen_q
+        length_k = p.doc_len if p.feature == "varlen" else p.seqlen_k
+        docs = p.batch * p.seqlen_q // length_q
+        cu_q = torch.arange(0, docs + 1, dtype=torch.int32, device=p.device) * length_q
+        cu_k = torch.arange(0, docs + 1, dtype=torch.int32, device=p.device) * length_k
+
+        def call(q, k, v):
+            out = varlen_attn(q.reshape(-1, p.nheads, p.headdim), k.reshape(-1, p.nheads_k, p.headdim),
+                              v.reshape(-1, p.nheads_k, p.headdim), cu_q, cu_k, length_q, length_k, **extra)
+            return out.view(q.shape)
+
+        return call
+
+    return Impl(FA2_VARLEN, "bshd", build, contextlib.nullcontext)
+
+
 def make_flex() -> Impl:
     def build(p: Problem):
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention, noop_mask
@@ -323,6 +368,7 @@ def make_impls(names, fa_module, fa_error, backward: bool, deterministic: bool =
         "sdpa_efficient": lambda: make_sdpa("sdpa_efficient", "EFFICIENT_ATTENTION"),
         "sdpa_math": lambda: make_sdpa("sdpa_math", "MATH"),
         "flex": make_flex,
+        FA2_VARLEN: make_fa2_varlen,
     }
     return [factories[name]() for name in names]
 
