@@ -295,8 +295,7 @@ def make_fa2_varlen() -> Impl:
         extra = {}
         if "window_size" in accepts:  # torch >= 2.11: (left, right), -1 unbounded; (-1, 0) is causal
             left = p.window_left if p.feature == "window" else -1
-            right = 0 if p.causal else (p.window_left if p.feature == "window" else -1)
-            extra["window_size"] = (left, right)
+            extra["window_size"] = (left, 0 if p.causal else left)
         elif p.feature == "window":
             raise RuntimeError(f"torch {torch.__version__}'s varlen_attn has no window_size (torch >= 2.11)")
         else:

@@ -123,7 +123,8 @@ FLASH_HOST_DEVICE constexpr bool fwd_waits_v_before_softmax(int head_dim, bool m
 // it (H100, fifty-eighth session): 977 against FA2's 926 us at the same instruction count, short scoreboard 1.75
 // warps per issue against 0.93. With it (H200, 10 heads, best / median of 2 rounds, TFLOP/s, FA2 in brackets): causal
 // 1k / 4k / 16k 217 / 273 / 320 against 214 / 268 / 316 (230 / 281 / 298), medians +2 %; a window (local kernels)
-// -1 % (4k 275 / 244 against 278 / 246, causal), so causal calls only (kPrefetchCausalWideHeadDim).
+// -1 % (4k 275 / 244 against 278 / 246, causal), so causal calls only (kPrefetchCausalWideHeadDim). The one-strip
+// decode tiles of causal hd 192 kvcache calls take it too (ptxas: spill 28 / 68 -> 4 / 24 bytes), not timed.
 // `strips`: 16-row strips per warp.
 // The same pattern at head dim 96 (two strips per warp; ncu of the plain 4k call, thirty-seventh session): the S
 // GEMM's MMAs read the B fragment register just reloaded (`HMMA R4, R176, R172, R4` three times in a row), short
