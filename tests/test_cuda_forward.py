@@ -131,9 +131,10 @@ FEATURES = {
 
 
 # Head dims 80 and 200 (buckets 96 and 224): rows of 12 / 28 chunks, which the tile loads split over fewer threads
-# than the CTA has (fwd_loads_fixed_columns), and a head dim below its bucket (the columns past it zero-filled).
+# than the CTA has (fwd_loads_fixed_columns), and a head dim below its bucket (the columns past it zero-filled). Head
+# dim 64: the lean kernel's softcap calls with and without ALiBi (fwd_tile_config.h fwd_score_mods_poly_exp_every).
 @pytest.mark.parametrize("dtype", LOW)
-@pytest.mark.parametrize("head_dim", [80, 128, 200])
+@pytest.mark.parametrize("head_dim", [64, 80, 128, 200])
 @pytest.mark.parametrize("feature", list(FEATURES))
 def test_features(feature, head_dim, dtype):
     _require(dtype, head_dim)

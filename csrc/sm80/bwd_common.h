@@ -267,10 +267,26 @@ __host__ __device__ constexpr bool bwd_score_mods_take_feature_tile(int head_dim
 // softcap 184 / 210 / 217 against 169 / 199 / 208, causal 134 / 183 / 204 against 113 / 161 / 184; ALiBi causal 138 /
 // 189 / 213 against 120 / 173 / 197, but non-causal ALiBi 199 / 230 / 238 against 194 / 236 / 249, so it keeps the
 // full set. The full set's 64 x 128 feature tile (bwd_score_mods_take_feature_tile) lost to the compact one on every
-// row. hd 128's compact tile (64 x 64) lost 17-35 %; hd 32 was not measured.
+// row. hd 128's compact tile (64 x 64) lost 17-35 %; hd 32 was not measured. kBwdSoftcapUnmaskedTakesCompact: with
+// bwd_softcap_tanh_first (below) the full set's softcap kernel spills 52 / 80 bytes instead of 226 / 280, as little as
+// ALiBi's (24 / 44), which wins there; set false to time an unmasked softcap call on the full set (not yet timed).
 constexpr int kBwdScoreModsCompactHeadDim = 64;
+constexpr bool kBwdSoftcapUnmaskedTakesCompact = true;
 __host__ __device__ constexpr bool bwd_score_mods_take_compact_tiles(int head_dim, bool masked, bool softcap) {
-  return head_dim == kBwdScoreModsCompactHeadDim && (masked || softcap);
+  return head_dim == kBwdScoreModsCompactHeadDim && (masked || (softcap && kBwdSoftcapUnmaskedTakesCompact));
+}
+
+// Whether the score-mods kernel's softcap pass first replaces every score by th = tanh(s / cap) in place and folds
+// tanh's derivative into dP - D, then exponentiates (three passes over the tile), rather than taking th, the
+// exponential and the derivative element by element. In the latter th lives until its derivative, after the batch of
+// exponentials ptxas issues together: 64 more live registers in a 128 x 128 tile. ptxas (sm_90a, bf16, score-mods
+// kernel, spill stores / loads in bytes, element by element -> tanh first): hd 64 full tiles 226 / 280 -> 52 / 80
+// (step-loop spill instructions 82 -> 8), causal 338 / 312 -> 170 / 212, compact causal 12 / 12 -> 0; hd 128 50 / 72
+// -> 32 / 48, causal 74 / 136 -> 66 / 104; hd 32 36 / 56 -> 10 / 8; hd 96 / 256 unchanged. Not yet run on a GPU: off.
+constexpr bool kBwdSoftcapTanhFirst = false;
+__host__ __device__ constexpr bool bwd_softcap_tanh_first(int head_dim) {
+  (void)head_dim;
+  return kBwdSoftcapTanhFirst;
 }
 
 // The tile of one instantiation: the plain kernel (features false), its softcap / ALiBi instantiation (score_mods) or

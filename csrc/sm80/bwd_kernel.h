@@ -504,6 +504,31 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles, kS
         const float distance0 = static_cast<float>(m0 + s_query0 + 2 * t + offset - n0 - s_key0 - g);
         auto mods_pass = [&](auto softcap_on) {
           constexpr bool kSoftcap = decltype(softcap_on)::value;
+          // bwd_softcap_tanh_first: th = tanh(s / cap) in place of s, dP - D times tanh's derivative in place of dP;
+          // the element loop below then reads th as its score and scales the folded dP by P alone.
+          constexpr bool kTanhFirst = kSoftcap && bwd_softcap_tanh_first(kHeadDim);
+          if constexpr (kTanhFirst) {
+#pragma unroll
+            for (int mt = 0; mt < kSMT; ++mt) {
+#pragma unroll
+              for (int nt = 0; nt < kSNT; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc_s[mt][nt].reg[e] = fast_tanh(acc_s[mt][nt].reg[e] * scale_over_cap);
+              }
+            }
+#pragma unroll
+            for (int mt = 0; mt < kSMT; ++mt) {
+#pragma unroll
+              for (int nt = 0; nt < kSNT; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                  const float th = acc_s[mt][nt].reg[e];
+                  const float delta = cur_delta[s_query0 + nt * kMmaN + 2 * t + (e % 2)];
+                  acc_dp[mt][nt].reg[e] = (acc_dp[mt][nt].reg[e] - delta) * (1.f - th * th);
+                }
+              }
+            }
+          }
 #pragma unroll
           for (int mt = 0; mt < kSMT; ++mt) {
 #pragma unroll
@@ -515,7 +540,9 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles, kS
                 const float s = acc_s[mt][nt].reg[e];
                 float th = 0.f;
                 float z_log2;
-                if constexpr (kSoftcap) {
+                if constexpr (kTanhFirst) {
+                  z_log2 = cap_log2 * s;
+                } else if constexpr (kSoftcap) {
                   th = fast_tanh(s * scale_over_cap);
                   z_log2 = cap_log2 * th;
                 } else {
@@ -534,9 +561,13 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles, kS
                   }
                   prob = visible ? prob : 0.f;
                 }
-                const float dz = prob * (acc_dp[mt][nt].reg[e] - cur_delta[query_local]);
                 acc_s[mt][nt].reg[e] = prob;
-                acc_dp[mt][nt].reg[e] = kSoftcap ? dz * (1.f - th * th) : dz;
+                if constexpr (kTanhFirst) {
+                  acc_dp[mt][nt].reg[e] *= prob;
+                } else {
+                  const float dz = prob * (acc_dp[mt][nt].reg[e] - cur_delta[query_local]);
+                  acc_dp[mt][nt].reg[e] = kSoftcap ? dz * (1.f - th * th) : dz;
+                }
               }
             }
           }

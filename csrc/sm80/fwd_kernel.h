@@ -162,6 +162,7 @@ struct FwdScoreParams {
   float bias_scale;
   float alibi_slope;
   bool score_mods;  // the lean kernel's softcap / ALiBi call (fwd_lean_runs_score_mods): transform_scores runs
+  bool poly_exp;    // the lean kernel's softcap call without ALiBi: its share of exponentials on the FMA pipe
   bool dropout;
   uint64_t seed;
   uint64_t rng_offset;
@@ -610,6 +611,7 @@ __device__ __forceinline__ FwdScoreParams read_score_params(const FwdParams& p, 
   sp.score_mods =
       kLeanMods && (p.softcap > 0.0 || p.mask.alibi_slopes != nullptr || !softmax_scale_folds(p.softmax_scale));
   sp.softcap = p.softcap > 0.0;
+  sp.poly_exp = kLeanMods && sp.softcap && p.mask.alibi_slopes == nullptr;
   const float transformed_scale = sp.softcap ? static_cast<float>(p.softcap * kLog2e) : 1.f;
   sp.x_scale = kGeneral || sp.score_mods ? transformed_scale : scale_log2;
   sp.scale_log2 = scale_log2;
@@ -854,6 +856,7 @@ template <int kPolyEvery = 0, int kStrips, int kNTiles, int kDTiles>
 __device__ __forceinline__ void online_softmax(ptx::MmaC (&sc)[kStrips][kNTiles], ptx::MmaC (&acc)[kStrips][kDTiles],
                                                float (&row_max)[kStrips][2], float (&row_sum)[kStrips][2],
                                                float x_scale) {
+  constexpr int kPolyPeriod = kPolyEvery > 0 ? kPolyEvery : 1;  // no modulo by zero where none moves
   auto thread_max = [&](int s, int r) {
     float tile_max = -INFINITY;
 #pragma unroll
@@ -882,8 +885,8 @@ __device__ __forceinline__ void online_softmax(ptx::MmaC (&sc)[kStrips][kNTiles]
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const float exponent = fmaf(sc[s][nt].reg[2 * r + c], x_scale, -shift);
-        const float prob = kPolyEvery > 0 && nt % kPolyEvery == kPolyEvery - 1 ? exp2_polynomial(exponent)
-                                                                                : exp2f(exponent);
+        const float prob = kPolyEvery > 0 && nt % kPolyPeriod == kPolyPeriod - 1 ? exp2_polynomial(exponent)
+                                                                                  : exp2f(exponent);
         sum += prob;
         sc[s][nt].reg[2 * r + c] = prob;
       }
@@ -1449,7 +1452,13 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
       }
     }
 
-    online_softmax<kLeanMods ? fwd_score_mods_poly_exp_every(kHeadDim) : 0>(sc, acc, row_max, row_sum, sp.x_scale);
+    // fwd_score_mods_poly_exp_every: only softcap calls without ALiBi, whose MUFU time exceeds their issue slots.
+    constexpr int kPolyEvery = kLeanMods ? fwd_score_mods_poly_exp_every(kHeadDim) : 0;
+    if (kPolyEvery > 0 && sp.poly_exp) {
+      online_softmax<kPolyEvery>(sc, acc, row_max, row_sum, sp.x_scale);
+    } else {
+      online_softmax(sc, acc, row_max, row_sum, sp.x_scale);
+    }
     if (kGeneral && sp.dropout) apply_dropout(sc, rows, n0, cta.t, sp);
     if constexpr (!kEarlyV) await_v_tile(n);
     ptx::MmaA pa[kStrips];

@@ -259,7 +259,13 @@ FLASH_HOST_DEVICE constexpr bool fwd_swizzles_kv(int head_dim, bool general, Fwd
 // MUFU op per score, and at hd 64 a score's MUFU time is already about its tensor time (HOPPER_NOTES.md section 7):
 // the portable hd 64 softcap forward costs 23-30 % over the plain call (thirty-fifth session), against the 15 % bar.
 // The Hopper forward's share lost 4-9 % on its plain hd 64 kernel (issue-bound warps) and was level on softcap at hd
-// 128 / 256 (forty-third session); the portable kernel's share is not yet timed, so 0.
+// 128 / 256 (forty-third session). The portable hd 64 lean kernel's key loop (SASS, sm_90a, bf16, fifty-ninth
+// session; a warp's MUFU instruction holds its quarter of the SM's 16 MUFU lanes 8 cycles): a softcap call without
+// ALiBi issues 1,800 instructions a step, 260 of them MUFU (2,080 cycles), so MUFU time bounds it; with every 16th /
+// 8th / 4th column group's exponentials on the FMA pipe 1,861 / 1,923 / 2,057 instructions, MUFU 2,016 / 1,952 /
+// 1,824 cycles: predicted -3 / -6 / -1 % a step at 8 (the balance). With ALiBi (2,066 instructions at 0, issue-bound)
+// every share loses, so the kernel takes it only for softcap calls without ALiBi (FwdScoreParams::poly_exp). Not yet
+// timed: 0.
 constexpr int kFwdScoreModsPolyExpEvery = 0;
 constexpr int kFwdScoreModsPolyMaxHeadDim = 64;
 FLASH_HOST_DEVICE constexpr int fwd_score_mods_poly_exp_every(int head_dim) {
