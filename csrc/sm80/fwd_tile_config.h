@@ -259,13 +259,14 @@ FLASH_HOST_DEVICE constexpr bool fwd_swizzles_kv(int head_dim, bool general, Fwd
 // MUFU op per score, and at hd 64 a score's MUFU time is already about its tensor time (HOPPER_NOTES.md section 7):
 // the portable hd 64 softcap forward costs 23-30 % over the plain call (thirty-fifth session), against the 15 % bar.
 // The Hopper forward's share lost 4-9 % on its plain hd 64 kernel (issue-bound warps) and was level on softcap at hd
-// 128 / 256 (forty-third session). The portable hd 64 lean kernel's key loop (SASS, sm_90a, bf16, fifty-ninth
-// session; a warp's MUFU instruction holds its quarter of the SM's 16 MUFU lanes 8 cycles): a softcap call without
-// ALiBi issues 1,800 instructions a step, 260 of them MUFU (2,080 cycles), so MUFU time bounds it; with every 16th /
-// 8th / 4th column group's exponentials on the FMA pipe 1,861 / 1,923 / 2,057 instructions, MUFU 2,016 / 1,952 /
-// 1,824 cycles: predicted -3 / -6 / -1 % a step at 8 (the balance). With ALiBi (2,066 instructions at 0, issue-bound)
-// every share loses, so the kernel takes it only for softcap calls without ALiBi (FwdScoreParams::poly_exp). Not yet
-// timed: 0.
+// 128 / 256 (forty-third session). The portable hd 64 lean kernel's key loop as a softcap call without ALiBi runs it
+// (SASS, sm_90a, bf16, fifty-ninth session, the untaken branches compiled out; a warp's MUFU instruction holds its
+// quarter of the SM's 16 MUFU lanes 8 cycles): 1,673 instructions a step, 260 of them MUFU (2,080 cycles), against
+// the plain call's 1,410 and 132: MUFU time bounds it. Every 8th / 5th / 4th column group's exponentials on the FMA
+// pipe (~7.8 instructions each): 1,811 / 1,864 / 1,922 instructions, MUFU 1,952 / 1,888 / 1,824 cycles, so a step's
+// bound -6 / -9 / -8 %; predicted best at 5. ALiBi adds 266 instructions a step: an ALiBi call is issue-bound (132
+// MUFU), a softcap + ALiBi one nearly (~1,940 against 2,080 cycles), so only softcap calls without ALiBi take the share
+// (FwdScoreParams::poly_exp). Not yet timed: 0.
 constexpr int kFwdScoreModsPolyExpEvery = 0;
 constexpr int kFwdScoreModsPolyMaxHeadDim = 64;
 FLASH_HOST_DEVICE constexpr int fwd_score_mods_poly_exp_every(int head_dim) {
