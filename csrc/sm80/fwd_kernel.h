@@ -163,6 +163,7 @@ struct FwdScoreParams {
   float alibi_slope;
   bool score_mods;  // the lean kernel's softcap / ALiBi call (fwd_lean_runs_score_mods): transform_scores runs
   bool poly_exp;    // the lean kernel's softcap call without ALiBi: its share of exponentials on the FMA pipe
+  bool raw_alibi;   // the lean kernel's ALiBi call without softcap keeps raw scores (fwd_alibi_keeps_raw_scores)
   bool dropout;
   uint64_t seed;
   uint64_t rng_offset;
@@ -603,8 +604,8 @@ __device__ __forceinline__ void load_rotated_q(const FwdParams& p, const FwdCta&
 // Softmax in the log2 domain: p = 2^(x * x_scale - m). The fast path keeps raw scores (x_scale folds the
 // softmax scale and log2(e) into one FFMA); the general path turns scores into log2-domain logits first.
 // kLeanMods: a lean kernel that runs softcap / ALiBi calls too (score_mods: their scores go through the general
-// transform, so x_scale is 1 for them).
-template <bool kGeneral, bool kLeanMods = false>
+// transform, so x_scale is 1 for them, except kRawAlibi's ALiBi calls without softcap: raw scores, slope / scale).
+template <bool kGeneral, bool kLeanMods = false, bool kRawAlibi = false>
 __device__ __forceinline__ FwdScoreParams read_score_params(const FwdParams& p, const FwdCta& cta) {
   FwdScoreParams sp;
   const float scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
@@ -618,6 +619,7 @@ __device__ __forceinline__ FwdScoreParams read_score_params(const FwdParams& p, 
   sp.tanh_scale = sp.softcap ? static_cast<float>(p.softmax_scale / p.softcap) : 0.f;
   sp.bias_scale = static_cast<float>(kLog2e) / transformed_scale;
   sp.alibi_slope = 0.f;
+  sp.raw_alibi = false;
   sp.dropout = false;
   sp.seed = 0;
   sp.rng_offset = 0;
@@ -627,6 +629,15 @@ __device__ __forceinline__ FwdScoreParams read_score_params(const FwdParams& p, 
     sp.alibi_slope = p.mask.alibi_slopes != nullptr
                          ? p.mask.alibi_slopes[cta.b * p.mask.alibi_batch_stride + cta.h] * sp.bias_scale
                          : 0.f;
+  }
+  if constexpr (kLeanMods && kRawAlibi) {
+    // Raw scores: z = s - slope / scale |distance|, and the softmax's x_scale = scale log2(e), as a plain call's.
+    const float raw_slope = sp.alibi_slope / scale_log2;
+    sp.raw_alibi = sp.score_mods && !sp.softcap && softmax_scale_folds(p.softmax_scale) && isfinite(raw_slope);
+    if (sp.raw_alibi) {
+      sp.alibi_slope = raw_slope;
+      sp.x_scale = scale_log2;
+    }
   }
   if constexpr (kGeneral) {
     sp.dropout = p.dropout.p > 0.0;
@@ -801,7 +812,7 @@ __device__ __forceinline__ void transform_scores(ptx::MmaC (&sc)[kStrips][kNTile
         for (int e = 0; e < 4; ++e) sc[s][nt].reg[e] = fast_tanh(sc[s][nt].reg[e] * sp.tanh_scale);
       }
     }
-  } else {
+  } else if (!sp.raw_alibi) {
 #pragma unroll
     for (int s = 0; s < kStrips; ++s) {
 #pragma unroll
@@ -1373,7 +1384,7 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
   static_assert(!kLeanMods || (!kGeneral && kPaging == KvPaging::kNone &&
                                 (kKind == FwdTileKind::kStandard || kKind == FwdTileKind::kCompact)),
                 "score mods in the lean kernel: its standard (cp.async or TMA) and compact tiles only");
-  const FwdScoreParams sp = read_score_params<kGeneral, kLeanMods>(p, cta);
+  const FwdScoreParams sp = read_score_params<kGeneral, kLeanMods, fwd_alibi_keeps_raw_scores(kHeadDim)>(p, cta);
 
   int rows[kStrips][2];
   find_rows<kStripStride>(rows, cta);

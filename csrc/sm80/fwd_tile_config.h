@@ -273,6 +273,18 @@ FLASH_HOST_DEVICE constexpr int fwd_score_mods_poly_exp_every(int head_dim) {
   return head_dim <= kFwdScoreModsPolyMaxHeadDim ? kFwdScoreModsPolyExpEvery : 0;
 }
 
+// Whether the lean kernel's ALiBi calls without softcap keep raw scores as plain calls do: the softmax scale rides the
+// exponent's FFMA (x_scale) and the slope is divided by it, instead of one FMUL a score that turns the scores into
+// log2-domain logits first (FwdScoreParams::raw_alibi; a CTA whose slope / scale is not a finite float keeps the
+// logits). ALiBi costs 11-20 % over the plain call at hd 64, 1-9 % at hd 128 (README). SASS (sm_90a, bf16, hd 64 lean
+// kernel, ALiBi path only): a step issues 1,808 instructions, 1,680 without the FMULs, against the plain call's
+// 1,410 (the ALiBi step is issue-bound: 132 MUFU); predicted +5-7 % at hd 64. Off: SASS identical. Not yet timed.
+constexpr bool kFwdAlibiKeepsRawScores = false;
+FLASH_HOST_DEVICE constexpr bool fwd_alibi_keeps_raw_scores(int head_dim) {
+  (void)head_dim;
+  return kFwdAlibiKeepsRawScores;
+}
+
 // Whether the Q, K and V loads branch on whole tiles (kernel_common.h WholeTileLoads): 3 instructions per 16-byte
 // copy instead of 6 in the SASS, and ptxas allocates the rest of the loop differently. Measured on the H200 (bf16,
 // interleaved rounds, best TFLOP/s, with / without, FA2 in brackets; docs/perf_log.md "ninth session"): head dim 128
