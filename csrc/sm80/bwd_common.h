@@ -313,6 +313,19 @@ __host__ __device__ constexpr bool bwd_takes_one_stage_tiles(int head_dim) {
   return kBwdOneStageTiles;
 }
 
+// Whether the score-mods kernel's exponent takes -lse log2(e) in its first FFMA (z = s scale log2(e) - lse log2(e),
+// then ALiBi's FFMA, then exp2) instead of an FADD after ALiBi: one instruction a score less, as the plain pass has
+// (one FFMA before exp2). An ALiBi score now costs an FMUL, an FADD for its distance, an FFMA and the FADD this removes
+// (plain: one FFMA); ALiBi costs 17-18 % over the plain call at hd 64 non-causal, 10-26 % causal (README). SASS
+// (sm_90a, bf16, hd 64 score-mods kernel's step loop, both passes): compact tiles 1,574 -> 1,526 instructions, causal
+// 2,068 -> 2,020; full tiles with bwd_softcap_tanh_first too 3,119 -> 2,918 (spill instructions 82 -> 5). Off: SASS
+// identical. Not yet run on a GPU: off.
+constexpr bool kBwdScoreModsFoldLse = false;
+__host__ __device__ constexpr bool bwd_score_mods_fold_lse(int head_dim) {
+  (void)head_dim;
+  return kBwdScoreModsFoldLse;
+}
+
 // Whether softcap / ALiBi calls (no bias, dropout or dbias) run in an instantiation of the plain kernel (its tiles,
 // swizzled Q / dO, staged dQ; the scores' transform one uniform branch per block) instead of the feature kernel, whose
 // tiles leave room for the bias, dropout and dbias state (hd 128: 32 x 64 against the plain 64 x 128). The element

@@ -507,6 +507,8 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles, kS
           // bwd_softcap_tanh_first: th = tanh(s / cap) in place of s, dP - D times tanh's derivative in place of dP;
           // the element loop below then reads th as its score and scales the folded dP by P alone.
           constexpr bool kTanhFirst = kSoftcap && bwd_softcap_tanh_first(kHeadDim);
+          // bwd_score_mods_fold_lse: -lse log2(e) rides the first FFMA of the exponent instead of an FADD before exp2.
+          constexpr bool kFoldLse = bwd_score_mods_fold_lse(kHeadDim);
           if constexpr (kTanhFirst) {
 #pragma unroll
             for (int mt = 0; mt < kSMT; ++mt) {
@@ -539,18 +541,19 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles, kS
                 const int query_local = s_query0 + nt * kMmaN + 2 * t + (e % 2);
                 const float s = acc_s[mt][nt].reg[e];
                 float th = 0.f;
+                auto lse_log2 = [&] { return cur_lse[query_local] * static_cast<float>(kLog2e); };
                 float z_log2;
                 if constexpr (kTanhFirst) {
-                  z_log2 = cap_log2 * s;
+                  z_log2 = kFoldLse ? fmaf(cap_log2, s, -lse_log2()) : cap_log2 * s;
                 } else if constexpr (kSoftcap) {
                   th = fast_tanh(s * scale_over_cap);
-                  z_log2 = cap_log2 * th;
+                  z_log2 = kFoldLse ? fmaf(cap_log2, th, -lse_log2()) : cap_log2 * th;
                 } else {
-                  z_log2 = s * scale_log2;
+                  z_log2 = kFoldLse ? fmaf(s, scale_log2, -lse_log2()) : s * scale_log2;
                 }
                 const float step = static_cast<float>(nt * kMmaN + e % 2 - mt * kMmaM - 8 * (e / 2));
                 z_log2 = fmaf(-slope_log2, fabsf(distance0 + step), z_log2);
-                float prob = exp2f(z_log2 - cur_lse[query_local] * static_cast<float>(kLog2e));
+                float prob = exp2f(kFoldLse ? z_log2 : z_log2 - lse_log2());
                 if (!full) {
                   const int key = n0 + key_local;
                   const int query = m0 + query_local;
