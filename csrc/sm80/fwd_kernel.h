@@ -793,13 +793,35 @@ __device__ __forceinline__ void compute_scores(ptx::MmaC (&sc)[kStrips][kNTiles]
   }
 }
 
+// ALiBi: -slope |row + offset - col| added to each score, its distance converted once per row and tile (exact while
+// |distance| < 2^24), as in the Hopper kernels.
+template <int kStrips, int kNTiles>
+__device__ __forceinline__ void alibi_scores(ptx::MmaC (&sc)[kStrips][kNTiles], const int (&rows)[kStrips][2], int n0,
+                                             const FwdCta& cta, const FwdScoreParams& sp) {
+#pragma unroll
+  for (int s = 0; s < kStrips; ++s) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float distance0 = static_cast<float>(rows[s][r] + cta.win.offset - (n0 + 2 * cta.t));
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float distance = distance0 - static_cast<float>(nt * kMmaN + e);
+          sc[s][nt].reg[2 * r + e] -= sp.alibi_slope * fabsf(distance);
+        }
+      }
+    }
+  }
+}
+
 // General path: scores -> log2-domain logits (scale, softcap, ALiBi, bias), one uniform branch per feature around
 // whole loops. With the tests inside the per-score loop, the bias test compiled to a branch per score (BSSY / BSYNC
 // around each of the 64 scores of a tile) and the softcap / ALiBi work to predicated code interleaved with it: the
 // general kernel ran softcap and ALiBi at 132 against 383 TFLOP/s without them (H200, hd 128, 4k, sixteenth session).
-// ALiBi's distance is converted once per row and tile (exact while |distance| < 2^24), as in the Hopper kernels.
-// kBias false: the lean kernel's form (its calls have no bias), without the bias loop's code.
-template <bool kBias = true, int kStrips, int kNTiles>
+// kBias false: the lean kernel's form (its calls have no bias), without the bias loop's code. kAlibi false: without
+// ALiBi, which the caller adds (alibi_scores or linear_alibi_scores).
+template <bool kBias = true, bool kAlibi = true, int kStrips, int kNTiles>
 __device__ __forceinline__ void transform_scores(ptx::MmaC (&sc)[kStrips][kNTiles], const int (&rows)[kStrips][2],
                                                  int n0, const FwdParams& p, const FwdCta& cta,
                                                  const FwdScoreParams& sp) {
@@ -822,23 +844,7 @@ __device__ __forceinline__ void transform_scores(ptx::MmaC (&sc)[kStrips][kNTile
       }
     }
   }
-  if (p.mask.alibi_slopes != nullptr) {
-#pragma unroll
-    for (int s = 0; s < kStrips; ++s) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float distance0 = static_cast<float>(rows[s][r] + cta.win.offset - (n0 + 2 * cta.t));
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float distance = distance0 - static_cast<float>(nt * kMmaN + e);
-            sc[s][nt].reg[2 * r + e] -= sp.alibi_slope * fabsf(distance);
-          }
-        }
-      }
-    }
-  }
+  if (kAlibi && p.mask.alibi_slopes != nullptr) alibi_scores(sc, rows, n0, cta, sp);
   if (kBias && p.mask.bias != nullptr) {
     const ScoreStrides& bs = p.mask.bias_strides;
 #pragma unroll
@@ -861,12 +867,42 @@ __device__ __forceinline__ void transform_scores(ptx::MmaC (&sc)[kStrips][kNTile
   }
 }
 
+// ALiBi on a key tile whose visible keys all lie on one side of every row's diagonal (side +1: key <= row + offset,
+// as in every causal tile; -1: key >= row + offset): -slope |distance| = side slope (c - distance0), with c = nt * 8
+// + e the score's compile-time column offset and distance0 = row + offset - (n0 + 2 t) the thread's per-row base.
+// The score takes side slope c (one FFMA with an immediate, against an FADD and an FFMA for |distance|); the row's
+// -side slope distance0 goes to online_softmax as its row bias. |slope| <= kMaxLinearAlibiSlope keeps both parts
+// finite for any distance below 2^31 (2^64 x 2^31 x x_scale < 2^128).
+constexpr float kMaxLinearAlibiSlope = 18446744073709551616.f;  // 2^64
+template <int kStrips, int kNTiles>
+__device__ __forceinline__ void linear_alibi_scores(ptx::MmaC (&sc)[kStrips][kNTiles], const int (&rows)[kStrips][2],
+                                                    int n0, const FwdCta& cta, const FwdScoreParams& sp, int side,
+                                                    float (&row_bias)[kStrips][2]) {
+  const float slope = side > 0 ? sp.alibi_slope : -sp.alibi_slope;
+#pragma unroll
+  for (int s = 0; s < kStrips; ++s) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_bias[s][r] = -slope * static_cast<float>(rows[s][r] + cta.win.offset - (n0 + 2 * cta.t));
+    }
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        sc[s][nt].reg[e] = fmaf(slope, static_cast<float>(nt * kMmaN + e % 2), sc[s][nt].reg[e]);
+      }
+    }
+  }
+}
+
 // Online softmax: new running max, rescale of the running sum and O, then P = 2^(x * x_scale - max). kPolyEvery > 0:
 // every kPolyEvery-th column group's exponentials on the FMA pipe (fwd_tile_config.h fwd_score_mods_poly_exp_every).
-template <int kPolyEvery = 0, int kStrips, int kNTiles, int kDTiles>
+// kRowBias: a score's value is x + row_bias[s][r] (linear_alibi_scores), the bias added to each thread's maximum
+// before the quad's and to the exponent's offset.
+template <int kPolyEvery = 0, bool kRowBias = false, int kStrips, int kNTiles, int kDTiles>
 __device__ __forceinline__ void online_softmax(ptx::MmaC (&sc)[kStrips][kNTiles], ptx::MmaC (&acc)[kStrips][kDTiles],
                                                float (&row_max)[kStrips][2], float (&row_sum)[kStrips][2],
-                                               float x_scale) {
+                                               float x_scale, const float (*row_bias)[2] = nullptr) {
   constexpr int kPolyPeriod = kPolyEvery > 0 ? kPolyEvery : 1;  // no modulo by zero where none moves
   auto thread_max = [&](int s, int r) {
     float tile_max = -INFINITY;
@@ -882,6 +918,7 @@ __device__ __forceinline__ void online_softmax(ptx::MmaC (&sc)[kStrips][kNTiles]
   auto finish_row = [&](int s, int r, float tile_max) {
     const float new_max = fmaxf(row_max[s][r], tile_max * x_scale);
     const float shift = new_max == -INFINITY ? 0.f : new_max;
+    const float offset = kRowBias ? fmaf(row_bias[s][r], x_scale, -shift) : -shift;
     const float rescale = exp2f(row_max[s][r] - shift);
     row_max[s][r] = new_max;
     row_sum[s][r] *= rescale;
@@ -895,7 +932,7 @@ __device__ __forceinline__ void online_softmax(ptx::MmaC (&sc)[kStrips][kNTiles]
     for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const float exponent = fmaf(sc[s][nt].reg[2 * r + c], x_scale, -shift);
+        const float exponent = fmaf(sc[s][nt].reg[2 * r + c], x_scale, offset);
         const float prob = kPolyEvery > 0 && nt % kPolyPeriod == kPolyPeriod - 1 ? exp2_polynomial(exponent)
                                                                                   : exp2f(exponent);
         sum += prob;
@@ -907,7 +944,10 @@ __device__ __forceinline__ void online_softmax(ptx::MmaC (&sc)[kStrips][kNTiles]
 #pragma unroll
   for (int s = 0; s < kStrips; ++s) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) finish_row(s, r, quad_max(quad_max(thread_max(s, r), 1), 2));
+    for (int r = 0; r < 2; ++r) {
+      const float thread_value_max = kRowBias ? thread_max(s, r) + row_bias[s][r] : thread_max(s, r);
+      finish_row(s, r, quad_max(quad_max(thread_value_max, 1), 2));
+    }
   }
 }
 
@@ -1388,6 +1428,10 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
 
   int rows[kStrips][2];
   find_rows<kStripStride>(rows, cta);
+  // ALiBi calls of the lean kernel in the linear form where a tile allows it (fwd_alibi_linear_tiles).
+  constexpr bool kLinearAlibi = kLeanMods && fwd_alibi_linear_tiles(kHeadDim);
+  const bool linear_alibi = kLinearAlibi && sp.score_mods && p.mask.alibi_slopes != nullptr &&
+                            fabsf(sp.alibi_slope) <= kMaxLinearAlibiSlope;
   float row_max[kStrips][2], row_sum[kStrips][2];
   ptx::MmaC acc[kStrips][kDTiles];
   init_softmax(row_max, row_sum);
@@ -1426,8 +1470,30 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
     compute_scores<KvLayout, kHeadDim, kStripStride, kMask == MaskKind::kCausal>(sc, a, tiles.s_q, s_k, cta.warp,
                                                                               cta.lane);
     if constexpr (kEarlyV) await_v_tile(n);
+    // fwd_alibi_linear_tiles: the side of the diagonal every visible key of this tile lies on (0: both or unknown).
+    int alibi_side = 0;
+    float row_bias[kStrips][2];
+    if constexpr (kLinearAlibi) {
+      if (linear_alibi) {
+        const CtaWindow& w = cta.win;
+        const bool left_of_diagonal =
+            cta.m0 + w.offset - (n0 + kBlockN - 1) >= 0 || (w.has_right && w.right <= 0);
+        alibi_side = left_of_diagonal ? 1 : (cta.m0 + kBlockM - 1 + w.offset - n0 <= 0 ? -1 : 0);
+      }
+    }
     if constexpr (kGeneral) {
       transform_scores(sc, rows, n0, p, cta, sp);
+    } else if constexpr (kLinearAlibi) {
+      // One transform and one softmax for every call (two instances of either raised the spill and the loop's size:
+      // hd 64 TMA kernel 12 / 20 -> 96 / 96 bytes): a tile in the abs form keeps row bias 0.
+      if (sp.score_mods) transform_scores<false, false>(sc, rows, n0, p, cta, sp);
+      if (alibi_side != 0) {
+        linear_alibi_scores(sc, rows, n0, cta, sp, alibi_side, row_bias);
+      } else {
+        if (sp.score_mods && p.mask.alibi_slopes != nullptr) alibi_scores(sc, rows, n0, cta, sp);
+#pragma unroll
+        for (int st = 0; st < kStrips; ++st) row_bias[st][0] = row_bias[st][1] = 0.f;
+      }
     } else if constexpr (kLeanMods) {
       if (sp.score_mods) transform_scores<false>(sc, rows, n0, p, cta, sp);
     }
@@ -1467,6 +1533,8 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
     constexpr int kPolyEvery = kLeanMods ? fwd_score_mods_poly_exp_every(kHeadDim) : 0;
     if (kPolyEvery > 0 && sp.poly_exp) {
       online_softmax<kPolyEvery>(sc, acc, row_max, row_sum, sp.x_scale);
+    } else if constexpr (kLinearAlibi) {
+      online_softmax<0, true>(sc, acc, row_max, row_sum, sp.x_scale, row_bias);
     } else {
       online_softmax(sc, acc, row_max, row_sum, sp.x_scale);
     }

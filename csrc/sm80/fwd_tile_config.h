@@ -285,6 +285,19 @@ FLASH_HOST_DEVICE constexpr bool fwd_alibi_keeps_raw_scores(int head_dim) {
   return kFwdAlibiKeepsRawScores;
 }
 
+// Whether the lean kernel's ALiBi calls take the linear form on key tiles whose visible keys lie on one side of every
+// row's diagonal (fwd_kernel.h linear_alibi_scores: every tile of a causal call, all but the diagonal's of a long
+// non-causal one): an FFMA a score instead of an FADD and an FFMA, the row's part in the softmax's offset. SASS
+// (sm_90a, bf16, hd 64 lean kernel, executed path of a step): ALiBi with fwd_alibi_keeps_raw_scores ~1,680 -> ~1,590
+// instructions (1,808 with neither; plain 1,410), softcap + ALiBi ~1,940 -> ~1,850, softcap alone 1,673 -> ~1,725
+// (row bias 0 in one softmax for all: two instances raised the TMA kernel's spill 12 / 20 -> 96 / 96 bytes; now 20 /
+// 28). Off: SASS identical. Not yet run: off.
+constexpr bool kFwdAlibiLinearTiles = false;
+FLASH_HOST_DEVICE constexpr bool fwd_alibi_linear_tiles(int head_dim) {
+  (void)head_dim;
+  return kFwdAlibiLinearTiles;
+}
+
 // Whether the Q, K and V loads branch on whole tiles (kernel_common.h WholeTileLoads): 3 instructions per 16-byte
 // copy instead of 6 in the SASS, and ptxas allocates the rest of the loop differently. Measured on the H200 (bf16,
 // interleaved rounds, best TFLOP/s, with / without, FA2 in brackets; docs/perf_log.md "ninth session"): head dim 128
