@@ -1530,7 +1530,7 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& p, const FwdKvMaps& ma
     }
 
     // fwd_score_mods_poly_exp_every: only softcap calls without ALiBi, whose MUFU time exceeds their issue slots.
-    constexpr int kPolyEvery = kLeanMods ? fwd_score_mods_poly_exp_every(kHeadDim) : 0;
+    constexpr int kPolyEvery = kLeanMods ? fwd_score_mods_poly_exp_every(kHeadDim, kMask != MaskKind::kNone) : 0;
     if (kPolyEvery > 0 && sp.poly_exp) {
       online_softmax<kPolyEvery>(sc, acc, row_max, row_sum, sp.x_scale);
     } else if constexpr (kLinearAlibi) {

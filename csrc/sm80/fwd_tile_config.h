@@ -266,11 +266,13 @@ FLASH_HOST_DEVICE constexpr bool fwd_swizzles_kv(int head_dim, bool general, Fwd
 // pipe (~7.8 instructions each): 1,811 / 1,864 / 1,922 instructions, MUFU 1,952 / 1,888 / 1,824 cycles, so a step's
 // bound -6 / -9 / -8 %; predicted best at 5. ALiBi adds 266 instructions a step: an ALiBi call is issue-bound (132
 // MUFU), a softcap + ALiBi one nearly (~1,940 against 2,080 cycles), so only softcap calls without ALiBi take the share
-// (FwdScoreParams::poly_exp). Not yet timed: 0.
+// (FwdScoreParams::poly_exp). Unmasked kernels only: the share's second online_softmax instance raised the masked
+// kernels' spill (ptxas, hd 64 at 5, spill stores / loads in bytes: causal cp.async 8 / 16 -> 44 / 108, TMA 16 / 24
+// -> 260 / 260; unmasked cp.async 104 / 132 -> 68 / 132, TMA 12 / 20 -> 24 / 56). Not yet timed: 0.
 constexpr int kFwdScoreModsPolyExpEvery = 0;
 constexpr int kFwdScoreModsPolyMaxHeadDim = 64;
-FLASH_HOST_DEVICE constexpr int fwd_score_mods_poly_exp_every(int head_dim) {
-  return head_dim <= kFwdScoreModsPolyMaxHeadDim ? kFwdScoreModsPolyExpEvery : 0;
+FLASH_HOST_DEVICE constexpr int fwd_score_mods_poly_exp_every(int head_dim, bool masked) {
+  return head_dim <= kFwdScoreModsPolyMaxHeadDim && !masked ? kFwdScoreModsPolyExpEvery : 0;
 }
 
 // Whether the lean kernel's ALiBi calls without softcap keep raw scores as plain calls do: the softmax scale rides the
@@ -290,8 +292,9 @@ FLASH_HOST_DEVICE constexpr bool fwd_alibi_keeps_raw_scores(int head_dim) {
 // non-causal one): an FFMA a score instead of an FADD and an FFMA, the row's part in the softmax's offset. SASS
 // (sm_90a, bf16, hd 64 lean kernel, executed path of a step): ALiBi with fwd_alibi_keeps_raw_scores ~1,680 -> ~1,590
 // instructions (1,808 with neither; plain 1,410), softcap + ALiBi ~1,940 -> ~1,850, softcap alone 1,673 -> ~1,725
-// (row bias 0 in one softmax for all: two instances raised the TMA kernel's spill 12 / 20 -> 96 / 96 bytes; now 20 /
-// 28). Off: SASS identical. Not yet run: off.
+// (row bias 0 in one softmax for all: two instances raised the TMA kernel's spill 12 / 20 -> 96 / 96 bytes). ptxas
+// with it alone, spill stores / loads in bytes: unmasked TMA kernel 12 / 20 -> 40 / 40, cp.async 104 / 132 -> 110 /
+// 128; causal cp.async 8 / 16 -> 32 / 56, TMA 16 / 24 unchanged. Off: SASS identical. Not yet run: off.
 constexpr bool kFwdAlibiLinearTiles = false;
 FLASH_HOST_DEVICE constexpr bool fwd_alibi_linear_tiles(int head_dim) {
   (void)head_dim;
