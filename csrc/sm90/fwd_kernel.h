@@ -114,15 +114,15 @@ __device__ __forceinline__ void mask_scores(float (&s)[kBlockN / 2], const Consu
         if (!seen) s[4 * j + e] = -INFINITY;
       }
     }
-    return;
-  }
+  } else {
 #pragma unroll
-  for (int j = 0; j < kBlockN / 8; ++j) {
+    for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = e / 2;
-      const int64_t col = col0 + 8 * j + (e % 2);
-      if (col < rows.keys[r].begin || col >= rows.keys[r].end) s[4 * j + e] = -INFINITY;
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2;
+        const int64_t col = col0 + 8 * j + (e % 2);
+        if (col < rows.keys[r].begin || col >= rows.keys[r].end) s[4 * j + e] = -INFINITY;
+      }
     }
   }
 }
