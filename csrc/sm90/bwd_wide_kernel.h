@@ -288,17 +288,17 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_wide_kernel(const __grid_c
           auto apply_mask = [&](auto&... arrays) {
             if constexpr (kBwdMasksByLocalRange) {
               zero_unseen_scores<kQueries>(p.mask, keys, offset, seqlen_q, seqlen_k, q0 + query0 + quad_col, arrays...);
-              return;
-            }
+            } else {
 #pragma unroll
-            for (int j = 0; j < kQueries / 8; ++j) {
+              for (int j = 0; j < kQueries / 8; ++j) {
 #pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                const int64_t q = q0 + query0 + 8 * j + quad_col + (e % 2);
-                const int64_t key = keys[e / 2];
-                const KeyRange seen = visible_keys(p.mask, q, offset, seqlen_k);
-                const bool visible = q < seqlen_q && key < seqlen_k && key >= seen.begin && key < seen.end;
-                ((arrays[4 * j + e] = visible ? arrays[4 * j + e] : 0.f), ...);
+                for (int e = 0; e < 4; ++e) {
+                  const int64_t q = q0 + query0 + 8 * j + quad_col + (e % 2);
+                  const int64_t key = keys[e / 2];
+                  const KeyRange seen = visible_keys(p.mask, q, offset, seqlen_k);
+                  const bool visible = q < seqlen_q && key < seqlen_k && key >= seen.begin && key < seen.end;
+                  ((arrays[4 * j + e] = visible ? arrays[4 * j + e] : 0.f), ...);
+                }
               }
             }
           };
