@@ -326,6 +326,19 @@ __host__ __device__ constexpr bool bwd_score_mods_fold_lse(int head_dim) {
   return kBwdScoreModsFoldLse;
 }
 
+// Whether a block that is not fully visible masks its scores by relative offsets: per block and thread the limits of
+// key - query (the window) and of the rows and columns left in either sequence, per score a compare of its
+// compile-time offsets with them, instead of its key and query and the window's bounds. SASS (sm_90a, bf16, plain hd
+// 128 kernel's step loop, masked and unmasked paths together): window / causal kernel 1,807 -> 1,581 instructions
+// (the unmasked kernel's 1,511 -> 1,501: masking's share 296 -> 80), spill 40 / 64 -> 14 / 24 bytes. A window of
+// seqlen / 4 masks ~60 % of a 1k backward's steps and ~18 % at 4k (docs/perf_log.md, fifty-ninth session). Not yet
+// run on a GPU: off (the masked kernels' SASS moved with the shared form: 1,864 -> 1,807, same expressions).
+constexpr bool kBwdMasksByRelativeOffsets = false;
+__host__ __device__ constexpr bool bwd_masks_by_relative_offsets(int head_dim) {
+  (void)head_dim;
+  return kBwdMasksByRelativeOffsets;
+}
+
 // Whether softcap / ALiBi calls (no bias, dropout or dbias) run in an instantiation of the plain kernel (its tiles,
 // swizzled Q / dO, staged dQ; the scores' transform one uniform branch per block) instead of the feature kernel, whose
 // tiles leave room for the bias, dropout and dbias state (hd 128: 32 x 64 against the plain 64 x 128). The element

@@ -24,6 +24,9 @@ namespace flash::sm80::bwd {
 
 // Windows are clamped to this so int32 index math cannot overflow (any larger window sees everything).
 constexpr int64_t kWindowClamp = int64_t{1} << 30;
+// An unbounded window side in the relative masking (bwd_masks_by_relative_offsets): past any key - query offset
+// within a block.
+constexpr int kUnboundedRelativeOffset = 1 << 30;
 
 // Whether every (batch, row, head) of a tensor starts 16-byte aligned (so its rows can go through cp.async).
 template <typename T>
@@ -469,6 +472,31 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles, kS
         if (left_bounded) full = full && m0 + kBlockM - 1 + offset - window_left <= n0;
         if (right_bounded) full = full && m0 + offset + window_right + 1 >= n0 + kBlockN;
       }
+      // Whether score (mt, nt, e) at key, query of a block that is not `full` is visible. With
+      // bwd_masks_by_relative_offsets against this thread's first score's key - query and the sequences' ends, so
+      // that a score compares its compile-time offsets with per-block limits; otherwise from its key and query.
+      const int rel_q0 = m0 + s_query0 + 2 * t;
+      const int rel_k0 = n0 + s_key0 + g;
+      const int rel_lo = left_bounded ? rel_q0 + offset - window_left - rel_k0 : -kUnboundedRelativeOffset;
+      const int rel_hi = right_bounded ? rel_q0 + offset + window_right - rel_k0 : kUnboundedRelativeOffset;
+      const int rel_q_limit = seqlen_q - rel_q0;
+      const int rel_k_limit = seqlen_k - rel_k0;
+      auto visible_at = [&](int mt, int nt, int e, int key, int query) {
+        if constexpr (bwd_masks_by_relative_offsets(kHeadDim)) {
+          const int dk = mt * kMmaM + 8 * (e / 2);
+          const int dq = nt * kMmaN + (e % 2);
+          bool visible = dq < rel_q_limit && dk < rel_k_limit;
+          if constexpr (kMask != MaskKind::kNone) visible = visible && dk - dq >= rel_lo && dk - dq <= rel_hi;
+          return visible;
+        } else {
+          bool visible = query < seqlen_q && key < seqlen_k;
+          if (kMask != MaskKind::kNone) {
+            if (left_bounded) visible = visible && key >= query + offset - window_left;
+            if (right_bounded) visible = visible && key <= query + offset + window_right;
+          }
+          return visible;
+        }
+      };
       if (full && plain_scores && !dropout && !write_dbias) {
         // Interior block without score modifiers, lse and D by pairs: P = exp2(S * scale * log2e - lse * log2e),
         // dS = P (dP - D).
@@ -554,16 +582,7 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles, kS
                 const float step = static_cast<float>(nt * kMmaN + e % 2 - mt * kMmaM - 8 * (e / 2));
                 z_log2 = fmaf(-slope_log2, fabsf(distance0 + step), z_log2);
                 float prob = exp2f(kFoldLse ? z_log2 : z_log2 - lse_log2());
-                if (!full) {
-                  const int key = n0 + key_local;
-                  const int query = m0 + query_local;
-                  bool visible = query < seqlen_q && key < seqlen_k;
-                  if (kMask != MaskKind::kNone) {
-                    if (left_bounded) visible = visible && key >= query + offset - window_left;
-                    if (right_bounded) visible = visible && key <= query + offset + window_right;
-                  }
-                  prob = visible ? prob : 0.f;
-                }
+                if (!full) prob = visible_at(mt, nt, e, n0 + key_local, m0 + query_local) ? prob : 0.f;
                 acc_s[mt][nt].reg[e] = prob;
                 if constexpr (kTanhFirst) {
                   acc_dp[mt][nt].reg[e] *= prob;
@@ -614,14 +633,7 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles, kS
                 }
                 prob = exp2f(fmaf(z, static_cast<float>(kLog2e), -cur_lse[query_local] * static_cast<float>(kLog2e)));
               }
-              if (!full) {
-                bool visible = query < seqlen_q && key < seqlen_k;
-                if (kMask != MaskKind::kNone) {
-                  if (left_bounded) visible = visible && key >= query + offset - window_left;
-                  if (right_bounded) visible = visible && key <= query + offset + window_right;
-                }
-                prob = visible ? prob : 0.f;
-              }
+              if (!full) prob = visible_at(mt, nt, e, key, query) ? prob : 0.f;
               float dp = acc_dp[mt][nt].reg[e];
               float prob_used = prob;
               if (dropout) {
