@@ -267,13 +267,17 @@ __host__ __device__ constexpr bool bwd_score_mods_take_feature_tile(int head_dim
 // softcap 184 / 210 / 217 against 169 / 199 / 208, causal 134 / 183 / 204 against 113 / 161 / 184; ALiBi causal 138 /
 // 189 / 213 against 120 / 173 / 197, but non-causal ALiBi 199 / 230 / 238 against 194 / 236 / 249, so it keeps the
 // full set. The full set's 64 x 128 feature tile (bwd_score_mods_take_feature_tile) lost to the compact one on every
-// row. hd 128's compact tile (64 x 64) lost 17-35 %; hd 32 was not measured. kBwdSoftcapUnmaskedTakesCompact: with
-// bwd_softcap_tanh_first (below) the full set's softcap kernel spills 52 / 80 bytes instead of 226 / 280, as little as
-// ALiBi's (24 / 44), which wins there; set false to time an unmasked softcap call on the full set (not yet timed).
+// row. hd 128's compact tile (64 x 64) lost 17-35 %; hd 32 was not measured. kBwdSoftcapTakesCompact (softcap calls)
+// and kBwdScoreModsMaskedTakesCompact (causal / window calls): with bwd_softcap_tanh_first (below) the full set's
+// softcap kernel spills 52 / 80 bytes instead of 226 / 280, as little as ALiBi's (24 / 44), which wins there; with
+// bwd_score_mods_fold_lse and bwd_masks_by_relative_offsets too the causal one spills 36 / 56 (338 / 312 without
+// them). Both false: every hd 64 softcap / ALiBi call on the full set where it fits (not yet timed).
 constexpr int kBwdScoreModsCompactHeadDim = 64;
-constexpr bool kBwdSoftcapUnmaskedTakesCompact = true;
+constexpr bool kBwdSoftcapTakesCompact = true;
+constexpr bool kBwdScoreModsMaskedTakesCompact = true;
 __host__ __device__ constexpr bool bwd_score_mods_take_compact_tiles(int head_dim, bool masked, bool softcap) {
-  return head_dim == kBwdScoreModsCompactHeadDim && (masked || (softcap && kBwdSoftcapUnmaskedTakesCompact));
+  return head_dim == kBwdScoreModsCompactHeadDim &&
+         ((masked && kBwdScoreModsMaskedTakesCompact) || (softcap && kBwdSoftcapTakesCompact));
 }
 
 // Whether the score-mods kernel's softcap pass first replaces every score by th = tanh(s / cap) in place and folds
