@@ -281,7 +281,7 @@ __host__ __device__ constexpr bool bwd_score_mods_take_compact_tiles(int head_di
 }
 
 // Whether the score-mods kernel's softcap pass first replaces every score by th = tanh(s / cap) in place and folds
-// tanh's derivative into dP - D, then exponentiates (three passes over the tile), rather than taking th, the
+// tanh's derivative into dP - D, then exponentiates (two passes over the tile), rather than taking th, the
 // exponential and the derivative element by element. In the latter th lives until its derivative, after the batch of
 // exponentials ptxas issues together: 64 more live registers in a 128 x 128 tile. ptxas (sm_90a, bf16, score-mods
 // kernel, spill stores / loads in bytes, element by element -> tanh first): hd 64 full tiles 226 / 280 -> 52 / 80

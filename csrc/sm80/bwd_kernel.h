@@ -543,17 +543,10 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles, kS
 #pragma unroll
               for (int nt = 0; nt < kSNT; ++nt) {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) acc_s[mt][nt].reg[e] = fast_tanh(acc_s[mt][nt].reg[e] * scale_over_cap);
-              }
-            }
-#pragma unroll
-            for (int mt = 0; mt < kSMT; ++mt) {
-#pragma unroll
-              for (int nt = 0; nt < kSNT; ++nt) {
-#pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                  const float th = acc_s[mt][nt].reg[e];
+                  const float th = fast_tanh(acc_s[mt][nt].reg[e] * scale_over_cap);
                   const float delta = cur_delta[s_query0 + nt * kMmaN + 2 * t + (e % 2)];
+                  acc_s[mt][nt].reg[e] = th;
                   acc_dp[mt][nt].reg[e] = (acc_dp[mt][nt].reg[e] - delta) * (1.f - th * th);
                 }
               }
