@@ -493,8 +493,8 @@ def test_tiles_selected(case, monkeypatch):
     assert all(any(mark in name for mark in TILE_KERNEL_MARKS[tiles]) for name in names), names
 
 
-# hd 64 softcap / ALiBi calls on a Hopper-class device (bwd_common.h bwd_score_mods_take_compact_tiles): causal and
-# softcap calls take the compact set, non-causal ALiBi the full one.
+# hd 64 softcap / ALiBi calls on a Hopper-class device (bwd_common.h bwd_score_mods_take_compact_tiles): every one
+# takes the full set since the sixtieth session (the compact set before for causal and softcap calls).
 SCORE_MODS_TILES = {
     "softcap": (dict(softcap=6.0), "full"),
     "alibi_causal": (dict(alibi=True, causal=True), "full"),
