@@ -101,10 +101,19 @@ __host__ __device__ constexpr bool bwd_swizzles_queries(int head_dim, bool featu
 // 173 / 169, 252 / 250, 297 / 291 (FA2 227 / 285 / 304, causal 154 / 233 / 268). Key blocks cut by the sequence end
 // (rows past it not stored), hd 72, GQA / MQA and varlen: test_cuda_backward.py -k portable_hd96, 36 passed on an H100
 // with it on (fp16 and bf16, fifty-seventh session).
+// kBwdStagedDkvUpToHeadDim: the buckets up to it (32 / 64 / 128) stage theirs too (0: none). Their direct epilogue
+// stores 4-byte pairs, 8 rows x 16 bytes a warp instruction (half of each 32-byte sector), and its share of a CTA grows
+// as the CTA's steps shrink: 2 steps a key block for causal documents of 128 tokens, 10 for a 1k window of 256, 16 at
+// plain 1k, where the backward trails FA2's varlen kernels most (0.90-0.93x, sixtieth session). At 128 the staged tiles
+// fit every tile set (static_assert) and a thread's global stores fall from 64 four-byte to 16 sixteen-byte (hd 128
+// full tiles). ptxas, sm_90a, bf16: step loops the same (hd 128 plain 1,501 -> 1,492 instructions, causal 1,581 ->
+// 1,562, no spill in them); spill outside them rises (hd 128 plain full tiles 10 / 8 -> 44 / 76 bytes, one stage 0 ->
+// 32 / 52, causal 14 / 24 -> 44 / 64; hd 64 causal 4 / 4 -> 10 / 8; hd 32 level). Not yet timed: 0.
 constexpr bool kBwdStagedDkv = true;
 constexpr int kBwdStagedDkvHeadDim = 96;
+constexpr int kBwdStagedDkvUpToHeadDim = 0;
 __host__ __device__ constexpr bool bwd_stages_dkv(int head_dim) {
-  return kBwdStagedDkv && head_dim == kBwdStagedDkvHeadDim;
+  return kBwdStagedDkv && (head_dim == kBwdStagedDkvHeadDim || head_dim <= kBwdStagedDkvUpToHeadDim);
 }
 
 // Whether the Q/dO tiles of a head dim of an odd number of 64-byte half segments (96 / 160 / 224: no whole segments,
