@@ -101,19 +101,21 @@ __host__ __device__ constexpr bool bwd_swizzles_queries(int head_dim, bool featu
 // 173 / 169, 252 / 250, 297 / 291 (FA2 227 / 285 / 304, causal 154 / 233 / 268). Key blocks cut by the sequence end
 // (rows past it not stored), hd 72, GQA / MQA and varlen: test_cuda_backward.py -k portable_hd96, 36 passed on an H100
 // with it on (fp16 and bf16, fifty-seventh session).
-// kBwdStagedDkvUpToHeadDim: the buckets up to it (32 / 64 / 128) stage theirs too (0: none). Their direct epilogue
-// stores 4-byte pairs, 8 rows x 16 bytes a warp instruction (half of each 32-byte sector), and its share of a CTA grows
-// as the CTA's steps shrink: 2 steps a key block for causal documents of 128 tokens, 10 for a 1k window of 256, 16 at
-// plain 1k, where the backward trails FA2's varlen kernels most (0.90-0.93x, sixtieth session). At 128 the staged tiles
-// fit every tile set (static_assert) and a thread's global stores fall from 64 four-byte to 16 sixteen-byte (hd 128
-// full tiles). ptxas, sm_90a, bf16: step loops the same (hd 128 plain 1,501 -> 1,492 instructions, causal 1,581 ->
-// 1,562, no spill in them); spill outside them rises (hd 128 plain full tiles 10 / 8 -> 44 / 76 bytes, one stage 0 ->
-// 32 / 52, causal 14 / 24 -> 44 / 64; hd 64 causal 4 / 4 -> 10 / 8; hd 32 level). Not yet timed: 0.
+// kBwdStagedDkvMaskedHeadDim: that bucket's causal and window kernels stage theirs too. Its direct epilogue stores
+// 4-byte pairs, 8 rows x 16 bytes a warp instruction (half of each 32-byte sector), and its share of a CTA grows as the
+// CTA's steps shrink (2 steps a key block for causal documents of 128 tokens, 10 for a 1k window of 256). ptxas,
+// sm_90a, bf16: step loops the same; spill outside them rises (hd 128 plain full tiles 10 / 8 -> 44 / 76 bytes, causal
+// 14 / 24 -> 44 / 64). H100, sixty-first session, staged at hd 32 / 64 / 128 for every mask against direct, 16 heads
+// at hd 128, best of two rounds, TFLOP/s: hd 128 causal documents of 128 / 512 43 / 128 -> 44 / 135, window 1k / 4k /
+// 16k 171 / 262 / 309 -> 178 / 266 / 313, causal 112 / 219 / 291 -> 115 / 224 / 292, causal plain 186 / 268 / 326 ->
+// 192 / 268 / 322; but the non-causal plain kernel lost (1k / 4k / 16k 248 / 319 / 337 -> 230 / 309 / 333; its
+// documents of 128 / 512 gained 89 / 203 -> 94 / 209), so masked kernels only. hd 64 level (+-1 %, under the A100 limit
+// +1-3 %), hd 32 lost 2-5 % on causal and window calls: direct.
 constexpr bool kBwdStagedDkv = true;
 constexpr int kBwdStagedDkvHeadDim = 96;
-constexpr int kBwdStagedDkvUpToHeadDim = 0;
-__host__ __device__ constexpr bool bwd_stages_dkv(int head_dim) {
-  return kBwdStagedDkv && (head_dim == kBwdStagedDkvHeadDim || head_dim <= kBwdStagedDkvUpToHeadDim);
+constexpr int kBwdStagedDkvMaskedHeadDim = 128;
+__host__ __device__ constexpr bool bwd_stages_dkv(int head_dim, bool masked) {
+  return kBwdStagedDkv && (head_dim == kBwdStagedDkvHeadDim || (masked && head_dim == kBwdStagedDkvMaskedHeadDim));
 }
 
 // Whether the Q/dO tiles of a head dim of an odd number of 64-byte half segments (96 / 160 / 224: no whole segments,
@@ -279,9 +281,9 @@ __host__ __device__ constexpr bool bwd_score_mods_take_feature_tile(int head_dim
 // 189 / 213 against 120 / 173 / 197, but non-causal ALiBi 199 / 230 / 238 against 194 / 236 / 249, so it keeps the
 // full set. The full set's 64 x 128 feature tile (bwd_score_mods_take_feature_tile) lost to the compact one on every
 // row. hd 128's compact tile (64 x 64) lost 17-35 %; hd 32 was not measured. kBwdSoftcapTakesCompact (softcap calls)
-// and kBwdScoreModsMaskedTakesCompact (causal / window calls): with bwd_softcap_tanh_first (below) the full set's
+// and kBwdScoreModsMaskedTakesCompact (causal / window calls): with kBwdSoftcapTanhFirst (below) the full set's
 // softcap kernel spills 52 / 80 bytes instead of 226 / 280, as little as ALiBi's (24 / 44), which wins there; with
-// bwd_score_mods_fold_lse and bwd_masks_by_relative_offsets too the causal one spills 36 / 56 (338 / 312 without
+// kBwdScoreModsFoldLse and kBwdMasksByRelativeOffsets too the causal one spills 36 / 56 (338 / 312 without
 // them). Both false: every hd 64 softcap / ALiBi call on the full set where it fits. H100, sixtieth session, with
 // those switches on, against the compact tiles without them (1k / 4k / 16k, TFLOP/s): softcap 183 / 214 / 221 -> 203
 // / 246 / 261, causal 133 / 182 / 209 -> 147 / 210 / 250; ALiBi 190 / 237 / 253 -> 213 / 268 / 286, causal 138 / 186
@@ -294,13 +296,12 @@ __host__ __device__ constexpr bool bwd_score_mods_take_compact_tiles(int head_di
          ((masked && kBwdScoreModsMaskedTakesCompact) || (softcap && kBwdSoftcapTakesCompact));
 }
 
-// The head-dim buckets whose GPU tests ran with the three score-pass switches below on (sixtieth session, H100,
-// tests/test_cuda_backward.py, test_backward.py and their forward files: 702 passed at hd 32 / 64 / 128). The device
-// gave no time to build the others (they compile with them: hd 96 local and hd 192 causal checked), so there the
-// switches stay off until those tests pass on a GPU with the bucket added here.
-__host__ __device__ constexpr bool bwd_score_pass_switches_tested(int head_dim) {
-  return head_dim == 32 || head_dim == 64 || head_dim == 128;
-}
+// The three score-pass switches below apply at every head-dim bucket. hd 96 / 160 / 192 / 224 / 256 kept the previous
+// forms until the sixty-first session, whose GPU tests ran them both ways (H100, tests/test_cuda_backward.py,
+// test_backward.py, test_feature_combinations.py, test_varlen.py and the forward files: 831 passed each). A/B there (best of two rounds, 1k / 4k / 16k,
+// TFLOP/s main -> all three on): causal softcap hd 256 157 / 216 / 247 -> 173 / 234 / 262, hd 192 +2-3 %, causal ALiBi
+// hd 256 +7-11 %, hd 192 +3-4 %; non-causal softcap / ALiBi hd 96-256 +0-2 %; plain and window rows level (hd 96
+// windows -2-3 %, within the two rounds' noise); hd 224 tested, not timed.
 
 // Whether the score-mods kernel's softcap pass first replaces every score by th = tanh(s / cap) in place and folds
 // tanh's derivative into dP - D, then exponentiates (two passes over the tile), rather than taking th, the
@@ -312,9 +313,6 @@ __host__ __device__ constexpr bool bwd_score_pass_switches_tested(int head_dim) 
 // other switches of this file (H100, sixtieth session, 1k / 4k / 16k): softcap hd 128 +3-4 %, causal +5-11 %; hd 32
 // -1-2 %, causal +9-11 %; hd 64 on the full tiles +11-20 % (bwd_score_mods_take_compact_tiles).
 constexpr bool kBwdSoftcapTanhFirst = true;
-__host__ __device__ constexpr bool bwd_softcap_tanh_first(int head_dim) {
-  return kBwdSoftcapTanhFirst && bwd_score_pass_switches_tested(head_dim);
-}
 
 // The tile of one instantiation: the plain kernel (features false), its softcap / ALiBi instantiation (score_mods) or
 // the feature kernel (features), in the set `tiles`.
@@ -345,13 +343,10 @@ __host__ __device__ constexpr bool bwd_takes_one_stage_tiles(int head_dim) {
 // (one FFMA before exp2). An ALiBi score now costs an FMUL, an FADD for its distance, an FFMA and the FADD this removes
 // (plain: one FFMA); ALiBi costs 17-18 % over the plain call at hd 64 non-causal, 10-26 % causal (README). SASS
 // (sm_90a, bf16, hd 64 score-mods kernel's step loop, both passes): compact tiles 1,574 -> 1,526 instructions, causal
-// 2,068 -> 2,020; full tiles with bwd_softcap_tanh_first too 3,119 -> 2,918 (spill instructions 82 -> 5). Off: SASS
+// 2,068 -> 2,020; full tiles with kBwdSoftcapTanhFirst too 3,119 -> 2,918 (spill instructions 82 -> 5). Off: SASS
 // identical. Timed only with the other switches of this file (H100, sixtieth session, 1k / 4k / 16k): ALiBi hd 128
 // +2-3 %, causal +8-11 %; hd 32 +3 %, causal +13-15 %.
 constexpr bool kBwdScoreModsFoldLse = true;
-__host__ __device__ constexpr bool bwd_score_mods_fold_lse(int head_dim) {
-  return kBwdScoreModsFoldLse && bwd_score_pass_switches_tested(head_dim);
-}
 
 // Whether a block that is not fully visible masks its scores by relative offsets: per block and thread the limits of
 // key - query (the window) and of the rows and columns left in either sequence, per score a compare of its
@@ -363,9 +358,6 @@ __host__ __device__ constexpr bool bwd_score_mods_fold_lse(int head_dim) {
 // hd 64 143 / 223 / 276 -> 172 / 258 / 312 (FA2 151 / 233 / 277), hd 32 +2-6 %, hd 128 +1 %; window of seqlen / 4
 // hd 64 +12-23 %, causal +11-28 %, hd 32 +4-12 %, hd 128 -2 to +5 % (level).
 constexpr bool kBwdMasksByRelativeOffsets = true;
-__host__ __device__ constexpr bool bwd_masks_by_relative_offsets(int head_dim) {
-  return kBwdMasksByRelativeOffsets && bwd_score_pass_switches_tested(head_dim);
-}
 
 // Whether softcap / ALiBi calls (no bias, dropout or dbias) run in an instantiation of the plain kernel (its tiles,
 // swizzled Q / dO, staged dQ; the scores' transform one uniform branch per block) instead of the feature kernel, whose

@@ -24,7 +24,7 @@ namespace flash::sm80::bwd {
 
 // Windows are clamped to this so int32 index math cannot overflow (any larger window sees everything).
 constexpr int64_t kWindowClamp = int64_t{1} << 30;
-// An unbounded window side in the relative masking (bwd_masks_by_relative_offsets): past any key - query offset
+// An unbounded window side in the relative masking (kBwdMasksByRelativeOffsets): past any key - query offset
 // within a block.
 constexpr int kUnboundedRelativeOffset = 1 << 30;
 
@@ -473,7 +473,7 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles, kS
         if (right_bounded) full = full && m0 + offset + window_right + 1 >= n0 + kBlockN;
       }
       // Whether score (mt, nt, e) at key, query of a block that is not `full` is visible. With
-      // bwd_masks_by_relative_offsets against this thread's first score's key - query and the sequences' ends, so
+      // kBwdMasksByRelativeOffsets against this thread's first score's key - query and the sequences' ends, so
       // that a score compares its compile-time offsets with per-block limits; otherwise from its key and query.
       const int rel_q0 = m0 + s_query0 + 2 * t;
       const int rel_k0 = n0 + s_key0 + g;
@@ -482,7 +482,7 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles, kS
       const int rel_q_limit = seqlen_q - rel_q0;
       const int rel_k_limit = seqlen_k - rel_k0;
       auto visible_at = [&](int mt, int nt, int e, int key, int query) {
-        if constexpr (bwd_masks_by_relative_offsets(kHeadDim)) {
+        if constexpr (kBwdMasksByRelativeOffsets) {
           const int dk = mt * kMmaM + 8 * (e / 2);
           const int dq = nt * kMmaN + (e % 2);
           bool visible = dq < rel_q_limit && dk < rel_k_limit;
@@ -532,11 +532,11 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles, kS
         const float distance0 = static_cast<float>(m0 + s_query0 + 2 * t + offset - n0 - s_key0 - g);
         auto mods_pass = [&](auto softcap_on) {
           constexpr bool kSoftcap = decltype(softcap_on)::value;
-          // bwd_softcap_tanh_first: th = tanh(s / cap) in place of s, dP - D times tanh's derivative in place of dP;
+          // kBwdSoftcapTanhFirst: th = tanh(s / cap) in place of s, dP - D times tanh's derivative in place of dP;
           // the element loop below then reads th as its score and scales the folded dP by P alone.
-          constexpr bool kTanhFirst = kSoftcap && bwd_softcap_tanh_first(kHeadDim);
-          // bwd_score_mods_fold_lse: -lse log2(e) rides the first FFMA of the exponent instead of an FADD before exp2.
-          constexpr bool kFoldLse = bwd_score_mods_fold_lse(kHeadDim);
+          constexpr bool kTanhFirst = kSoftcap && kBwdSoftcapTanhFirst;
+          // kBwdScoreModsFoldLse: -lse log2(e) rides the first FFMA of the exponent instead of an FADD before exp2.
+          constexpr bool kFoldLse = kBwdScoreModsFoldLse;
           if constexpr (kTanhFirst) {
 #pragma unroll
             for (int mt = 0; mt < kSMT; ++mt) {
@@ -868,7 +868,7 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles, kS
             hk * bp.dk_strides.head;
     T* dv = static_cast<T*>(bp.dv) + b * bp.dv_strides.batch + (si.k_row0 + n0) * bp.dv_strides.row +
             hk * bp.dv_strides.head;
-    if constexpr (bwd_stages_dkv(kHeadDim)) {
+    if constexpr (bwd_stages_dkv(kHeadDim, kMask != MaskKind::kNone)) {
       // Staged (bwd_stages_dkv): dK then dV as row-major tiles of Smem::kStrideD elements from the start of shared
       // memory, then whole rows out in 16-byte chunks. The next key block's first barrier keeps its loads off these
       // tiles until every thread has stored its chunks.

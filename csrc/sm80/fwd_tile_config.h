@@ -277,12 +277,15 @@ FLASH_HOST_DEVICE constexpr int fwd_score_mods_poly_exp_every(int head_dim, bool
   return head_dim <= kFwdScoreModsPolyMaxHeadDim && !masked ? kFwdScoreModsPolyExpEvery : 0;
 }
 
-// The head-dim buckets whose GPU tests ran with the two ALiBi switches below on (sixtieth session, H100,
-// tests/test_cuda_forward.py, test_forward.py and the backward files: 702 passed at hd 32 / 64 / 128). The others
-// compile with them (hd 96 unmasked and hd 256 causal checked) but were not built on a GPU, so there the switches stay
-// off until those tests pass with the bucket added here.
-FLASH_HOST_DEVICE constexpr bool fwd_alibi_switches_tested(int head_dim) {
-  return head_dim == 32 || head_dim == 64 || head_dim == 128;
+// The head-dim buckets that take the two ALiBi switches below: up to hd 128. Every bucket's GPU tests passed with them
+// on (hd 32 / 64 / 128 sixtieth session; 96-256 sixty-first, H100, tests/test_cuda_forward.py, test_forward.py,
+// test_feature_combinations.py, test_varlen.py and the backward files: 831 passed). Timed there (best of two rounds,
+// 1k / 4k / 16k, ALiBi TFLOP/s off -> on): hd 96 286 / 306 / 312 -> 286 / 309 / 315, causal 232 / 284 / 302 -> 236 /
+// 291 / 305; hd 160 259 / 284 / 290 -> 252 / 277 / 285, causal -1-2 %; hd 192 non-causal -2 %, causal 223 / 278 / 301
+// -> 222 / 269 / 305; hd 256 -1 to +3 %. Beyond hd 128 they stay off (hd 224 between 192 and 256, not timed).
+constexpr int kFwdAlibiSwitchesMaxHeadDim = 128;
+FLASH_HOST_DEVICE constexpr bool fwd_alibi_switches_take(int head_dim) {
+  return head_dim <= kFwdAlibiSwitchesMaxHeadDim;
 }
 
 // Whether the lean kernel's ALiBi calls without softcap keep raw scores as plain calls do: the softmax scale rides the
@@ -294,7 +297,7 @@ FLASH_HOST_DEVICE constexpr bool fwd_alibi_switches_tested(int head_dim) {
 // fwd_alibi_linear_tiles (below).
 constexpr bool kFwdAlibiKeepsRawScores = true;
 FLASH_HOST_DEVICE constexpr bool fwd_alibi_keeps_raw_scores(int head_dim) {
-  return kFwdAlibiKeepsRawScores && fwd_alibi_switches_tested(head_dim);
+  return kFwdAlibiKeepsRawScores && fwd_alibi_switches_take(head_dim);
 }
 
 // Whether the lean kernel's ALiBi calls take the linear form on key tiles whose visible keys lie on one side of every
@@ -309,7 +312,7 @@ FLASH_HOST_DEVICE constexpr bool fwd_alibi_keeps_raw_scores(int head_dim) {
 // 280 / 300 -> 236 / 303 / 323; hd 128 +2 %, causal 245 / 307 / 325 -> 259 / 318 / 345.
 constexpr bool kFwdAlibiLinearTiles = true;
 FLASH_HOST_DEVICE constexpr bool fwd_alibi_linear_tiles(int head_dim) {
-  return kFwdAlibiLinearTiles && fwd_alibi_switches_tested(head_dim);
+  return kFwdAlibiLinearTiles && fwd_alibi_switches_take(head_dim);
 }
 
 // Whether the Q, K and V loads branch on whole tiles (kernel_common.h WholeTileLoads): 3 instructions per 16-byte
