@@ -80,16 +80,17 @@ def time_shape(head_dim: int, seqlen: int, causal: bool, calls: int, impls: list
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             return torch.nn.functional.scaled_dot_product_attention(*head_major, is_causal=causal)
 
-    runs = {"ours": ours, "portable": ours, "cudnn": cudnn, "fa2": fa2, "fa2_varlen": fa2_varlen}
+    token_major = ((q, k, v), dout)
+    runs = {"ours": (ours, token_major), "portable": (ours, token_major), "cudnn": (cudnn, token_major),
+            "fa2": (fa2, token_major), "fa2_bhsd": (fa2_bhsd, (head_major, dout_head_major)),
+            "fa2_varlen": (fa2_varlen, token_major)}
     for name in impls:
+        attention, (inputs, grad) = runs[name]
         # The dispatcher reads FLASH_ATTN_HOPPER at every call, the backward's too: set for the whole measurement.
         if name == "portable":
             os.environ["FLASH_ATTN_HOPPER"] = "0"
         try:
-            if name == "fa2_bhsd":
-                totals = kernel_times(fa2_bhsd, head_major, dout_head_major, calls)
-            else:
-                totals = kernel_times(runs[name], (q, k, v), dout, calls)
+            totals = kernel_times(attention, inputs, grad, calls)
         finally:
             if name == "portable":
                 os.environ.pop("FLASH_ATTN_HOPPER")

@@ -298,10 +298,10 @@ __host__ __device__ constexpr bool bwd_score_mods_take_compact_tiles(int head_di
 
 // The three score-pass switches below apply at every head-dim bucket. hd 96 / 160 / 192 / 224 / 256 kept the previous
 // forms until the sixty-first session, whose GPU tests ran them both ways (H100, tests/test_cuda_backward.py,
-// test_backward.py, test_feature_combinations.py, test_varlen.py and the forward files: 831 passed each). A/B there (best of two rounds, 1k / 4k / 16k,
-// TFLOP/s main -> all three on): causal softcap hd 256 157 / 216 / 247 -> 173 / 234 / 262, hd 192 +2-3 %, causal ALiBi
-// hd 256 +7-11 %, hd 192 +3-4 %; non-causal softcap / ALiBi hd 96-256 +0-2 %; plain and window rows level (hd 96
-// windows -2-3 %, within the two rounds' noise); hd 224 tested, not timed.
+// test_backward.py, test_feature_combinations.py, test_varlen.py and the forward files: 831 passed each). A/B there
+// (best of two rounds, 1k / 4k / 16k, TFLOP/s main -> all three on): causal softcap hd 256 157 / 216 / 247 -> 173 / 234
+// / 262, hd 192 +2-3 %, causal ALiBi hd 256 +7-11 %, hd 192 +3-4 %; non-causal softcap / ALiBi hd 96-256 +0-2 %; plain
+// and window rows level (hd 96 windows -2-3 %, within the two rounds' noise); hd 224 tested, not timed.
 
 // Whether the score-mods kernel's softcap pass first replaces every score by th = tanh(s / cap) in place and folds
 // tanh's derivative into dP - D, then exponentiates (two passes over the tile), rather than taking th, the
