@@ -300,10 +300,16 @@ def make_fa2_varlen() -> Impl:
             raise RuntimeError(f"torch {torch.__version__}'s varlen_attn has no window_size (torch >= 2.11)")
         else:
             extra["is_causal"] = p.causal
+        # Without enable_gqa (torch 2.11) FA2's MHA kernels run on K / V repeated to the query heads inside the call.
+        # The backward row (forward + backward less forward) then holds autograd's sum of dK / dV over each group,
+        # the reduction FA2's own GQA backward runs on its expanded dK / dV; the forward row also holds the copy
+        # (tools/sweep_table.py compares GQA forwards with sdpa_flash only).
+        repeat = 1
         if p.gqa:
-            if "enable_gqa" not in accepts:
-                raise RuntimeError(f"torch {torch.__version__}'s varlen_attn has no enable_gqa")
-            extra["enable_gqa"] = True
+            if "enable_gqa" in accepts:
+                extra["enable_gqa"] = True
+            else:
+                repeat = p.nheads // p.nheads_k
         length_q = p.doc_len if p.feature == "varlen" else p.seqlen_q
         length_k = p.doc_len if p.feature == "varlen" else p.seqlen_k
         docs = p.batch * p.seqlen_q // length_q
@@ -311,8 +317,11 @@ def make_fa2_varlen() -> Impl:
         cu_k = torch.arange(0, docs + 1, dtype=torch.int32, device=p.device) * length_k
 
         def call(q, k, v):
-            out = varlen_attn(q.reshape(-1, p.nheads, p.headdim), k.reshape(-1, p.nheads_k, p.headdim),
-                              v.reshape(-1, p.nheads_k, p.headdim), cu_q, cu_k, length_q, length_k, **extra)
+            k_flat, v_flat = (t.reshape(-1, p.nheads_k, p.headdim) for t in (k, v))
+            if repeat > 1:
+                k_flat, v_flat = (t.repeat_interleave(repeat, dim=1) for t in (k_flat, v_flat))
+            out = varlen_attn(q.reshape(-1, p.nheads, p.headdim), k_flat, v_flat, cu_q, cu_k, length_q, length_k,
+                              **extra)
             return out.view(q.shape)
 
         return call

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Side-by-side ncu metrics of our main attention kernel and FA2's (torch SDPA's FLASH_ATTENTION backend) for one
-# BENCHMARKS.md shape: cycles, executed instructions, IPC, shared-memory and tensor-pipe use, and the top warp
-# stall reasons, so a gap to FA2 reads as "more instructions" or "more stalls of kind X". Needs ncu (GPU machine).
+# Side-by-side ncu metrics of our main attention kernel and FA2's (torch SDPA's FLASH_ATTENTION backend; fa2_varlen:
+# its varlen kernels through torch's varlen_attn) for one BENCHMARKS.md shape: cycles, executed instructions, IPC,
+# shared-memory and tensor-pipe use, and the top warp stall reasons, so a gap to FA2 reads as "more instructions" or
+# "more stalls of kind X". Needs ncu (GPU machine).
 # Usage: tools/ncu_compare.sh HEAD_DIM SEQLEN fwd|bwd [--causal]   (IMPLS="flash_attn_hopper sdpa_cudnn" compares the
 # Hopper kernels with cuDNN's; any of tools/profile_attention.py --impl; its options after the first three, e.g.
 # IMPLS="flash_attn flex" tools/ncu_compare.sh 128 16384 bwd --doc-len 128)
@@ -18,7 +19,7 @@ METRICS="gpu__time_duration.sum,sm__cycles_elapsed.avg,sm__cycles_active.avg,lau
 for r in barrier short_scoreboard long_scoreboard mio_throttle math_pipe_throttle wait not_selected dispatch_stall lg_throttle no_instruction selected drain membar branch_resolving; do METRICS+=",smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio"; done
 for impl in ${IMPLS:-flash_attn sdpa_flash}; do
   # flex: Inductor's attention templates (forward and backward) are named triton_tem_*.
-  case "$impl" in sdpa_flash) kernel="$fa2" ;; sdpa_cudnn) kernel="$cudnn" ;; flex) kernel="regex:triton_tem" ;;
+  case "$impl" in sdpa_flash|fa2_varlen) kernel="$fa2" ;; sdpa_cudnn) kernel="$cudnn" ;; flex) kernel="regex:triton_tem" ;;
     *) kernel="$ours" ;; esac
   echo "== $impl"
   ncu --clock-control none -k "$kernel" --launch-skip 2 --launch-count 1 --metrics "$METRICS" \

@@ -1,6 +1,7 @@
-# Runs a few attention calls of one shape for profilers (ncu/nsys), ours or a torch SDPA backend, forward or
-# forward+backward. Batch x heads follow BENCHMARKS.md (16k tokens, hidden 2048; --decode-batch: its decode shapes;
-# --doc-len: the 16k tokens as one varlen batch of documents, ours through flash_attn_varlen_func, flex by a mask).
+# Runs a few attention calls of one shape for profilers (ncu/nsys), ours, a torch SDPA backend or FA2's varlen kernels
+# (fa2_varlen), forward or forward+backward. Batch x heads follow BENCHMARKS.md (16k tokens, hidden 2048;
+# --decode-batch: its decode shapes; --doc-len: the 16k tokens as one varlen batch of documents, ours through
+# flash_attn_varlen_func, fa2_varlen by its cu_seqlens, flex by a mask).
 # Example:
 #   ncu -k regex:bwd_kernel --launch-skip 2 --launch-count 1 python3 tools/profile_attention.py 128 8192 --direction bwd
 import argparse
@@ -17,8 +18,9 @@ parser.add_argument("seqlen", type=int)
 parser.add_argument("--causal", action="store_true")
 parser.add_argument("--direction", choices=("fwd", "bwd"), default="fwd")
 parser.add_argument("--impl", choices=("flash_attn", "flash_attn_hopper", "flash_attn_portable", "sdpa_flash",
-                                       "sdpa_cudnn", "flex"), default="flash_attn",
-                    help="flash_attn_hopper / _portable: ours with FLASH_ATTN_HOPPER=force / 0")
+                                       "sdpa_cudnn", "fa2_varlen", "flex"), default="flash_attn",
+                    help="flash_attn_hopper / _portable: ours with FLASH_ATTN_HOPPER=force / 0; fa2_varlen: FA2's "
+                    "varlen kernels through torch's varlen_attn on the same token-major tensors")
 parser.add_argument("--calls", type=int, default=4)
 parser.add_argument("--decode-batch", type=int, default=0,
                     help="decode shape instead (BENCHMARKS.md): this batch, 1 query, 32 / 8 heads, seqlen = KV length")
@@ -38,10 +40,12 @@ if args.window >= 0:
     features["window_size"] = (args.window, 0 if args.causal else args.window)
 if args.softcap > 0:
     features["softcap"] = args.softcap
-if features and not args.impl.startswith("flash_attn") and args.impl != "flex":
+if args.impl == "fa2_varlen" and (args.decode_batch or args.softcap > 0):
+    parser.error("--impl fa2_varlen runs the training shapes, --window and --doc-len only")
+if features and not args.impl.startswith("flash_attn") and args.impl not in ("flex", "fa2_varlen"):
     parser.error(f"--window / --softcap run with our kernels only (torch SDPA has neither); got --impl {args.impl}")
-if args.doc_len and not (args.impl.startswith("flash_attn") or args.impl == "flex"):
-    parser.error(f"--doc-len runs with our kernels or flex only; got --impl {args.impl}")
+if args.doc_len and not (args.impl.startswith("flash_attn") or args.impl in ("flex", "fa2_varlen")):
+    parser.error(f"--doc-len runs with our kernels, fa2_varlen or flex only; got --impl {args.impl}")
 if args.doc_len and (args.decode_batch or TOKENS % args.doc_len):
     parser.error(f"--doc-len must divide {TOKENS} tokens and excludes --decode-batch; got {args.doc_len}")
 if args.impl == "flex" and (features or args.decode_batch):
@@ -75,6 +79,22 @@ if args.impl.startswith("flash_attn"):
             return flash_attn.flash_attn_varlen_func(q.squeeze(0), k.squeeze(0), v.squeeze(0), cu_seqlens, cu_seqlens,
                                                      args.doc_len, args.doc_len, causal=args.causal, **features)[None]
         return flash_attn.flash_attn_func(q, k, v, causal=args.causal, **features)
+elif args.impl == "fa2_varlen":
+    import inspect
+
+    from torch.nn.attention.varlen import varlen_attn
+
+    length = args.doc_len or args.seqlen  # equal-length batches run as equal documents
+    cu_seqlens = torch.arange(0, batch * seqlen_q + 1, length, device="cuda", dtype=torch.int32)
+    # torch >= 2.11 takes the mask as window_size ((-1, 0) causal), 2.10 as is_causal (bench_attention.py too).
+    if "window_size" in inspect.signature(varlen_attn).parameters:
+        mask = {"window_size": features.get("window_size", (-1, 0 if args.causal else -1))}
+    else:
+        mask = {"is_causal": args.causal}
+
+    def attention():
+        flat = [t.reshape(-1, t.shape[2], args.head_dim) for t in (q, k, v)]
+        return varlen_attn(*flat, cu_seqlens, cu_seqlens, length, length, **mask).view(q.shape)
 elif args.impl == "flex":
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 

@@ -31,9 +31,12 @@ def cell(rates: dict, key: tuple, direction: str) -> str:
     if ours is None:
         return "—"
     feature = key[4]
-    if feature == "none":  # FA2's faster entry point; its varlen one marked v (torch's varlen_attn has no GQA)
-        peers = [(rate, mark) for rate, mark in ((rates.get((FA2, key, direction)), ""),
-                                                 (rates.get((FA2_VARLEN, key, direction)), "v")) if rate]
+    if feature == "none":  # FA2's faster entry point, its varlen one marked v
+        # GQA runs the varlen entry on repeated K / V (torch 2.11's varlen_attn has no GQA), whose copy sits in the
+        # forward row: GQA forwards compare with sdpa_flash (FA2's own GQA) only.
+        gqa_forward = key[2] != key[3] and direction == "fwd"
+        varlen_peer = None if gqa_forward else rates.get((FA2_VARLEN, key, direction))
+        peers = [(rate, mark) for rate, mark in ((rates.get((FA2, key, direction)), ""), (varlen_peer, "v")) if rate]
         if not peers:
             return f"{ours:.0f}"
         peer, mark = max(peers)
