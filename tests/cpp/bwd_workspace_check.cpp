@@ -249,9 +249,10 @@ int main() {
     const int64_t expected_own = flash::sm90::bwd_orders_dq(64) ? 1 : 8;
     if (own_keys != expected_own) fail("hd 64 16k dq accumulators", p, own_keys, expected_own);
   }
-  // The portable head splits at the shapes they were measured on (docs/perf_log.md, twenty-second session): hd 128,
-  // 4 x 4k, 32 query heads, 132 SMs. MQA causal: 128 key-block CTAs split 8 ways (until 4 CTAs per SM); MQA
-  // non-causal: 128 CTAs already fill the one wave (two ways ran 328 -> 314 TFLOP/s); GQA 32/8 causal: 1,024 CTAs.
+  // The portable head splits at the shapes they were measured on (docs/perf_log.md, twenty-second and sixty-second
+  // sessions): hd 128, 32 query heads, 132 SMs. At 4 x 4k masked calls split to 8 CTAs per SM: MQA causal's 128
+  // key-block CTAs 16 ways, GQA 32/8 causal's 1,024 two ways; MQA non-causal: 128 CTAs already fill the one wave (two
+  // ways ran 328 -> 314 TFLOP/s). At 16 x 1k the target is 4 CTAs per SM: GQA 32/8 causal's 1,024 CTAs stay whole.
   if (flash::kBwdSplitsHeads) {
     flash::BwdParams p;
     flash::AttentionShape& s = p.fwd.shape;
@@ -263,14 +264,18 @@ int main() {
     s.total_q = s.total_k = 4 * 4096;
     p.fwd.mask.window_right = 0;
     const int64_t mqa_causal = flash::bwd_head_splits(p, 132);
-    if (mqa_causal != 8) fail("MQA causal head splits", p, mqa_causal, 8);
+    if (mqa_causal != 16) fail("MQA causal head splits", p, mqa_causal, 16);
     p.fwd.mask.window_right = flash::kUnboundedWindow;
     const int64_t mqa = flash::bwd_head_splits(p, 132);
     if (mqa != 1) fail("MQA non-causal head splits", p, mqa, 1);
     s.nheads_k = 8;
     p.fwd.mask.window_right = 0;
     const int64_t gqa = flash::bwd_head_splits(p, 132);
-    if (gqa != 1) fail("GQA 32/8 causal head splits", p, gqa, 1);
+    if (gqa != 2) fail("GQA 32/8 causal head splits", p, gqa, 2);
+    s.batch = 16;
+    s.seqlen_q = s.seqlen_k = 1024;
+    const int64_t gqa_short = flash::bwd_head_splits(p, 132);
+    if (gqa_short != 1) fail("GQA 32/8 causal 1k head splits", p, gqa_short, 1);
   }
   std::printf("%d cases, %d failures\n", cases, failures);
   return failures == 0 ? 0 : 1;

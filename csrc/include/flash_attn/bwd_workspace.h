@@ -83,19 +83,31 @@ inline int64_t bwd_dq_splits(const BwdParams& params, int num_sms) {
   return splits < 1 ? 1 : splits;
 }
 
+constexpr bool kBwdSplitsHeads = true;
+constexpr int64_t kBwdHeadSplitKeysPerCta = 128;  // the portable plain tiles' key block up to hd 128 (bwd_common.h)
+
+// The masked calls' target in CTAs per SM (bwd_head_splits). From kBwdHeadSplitLongKeys keys a CTA walks enough
+// query blocks that twice the CTAs pay: H100, bf16, hd 128, 16k tokens, 32 query heads, causal, TFLOP/s at 4 -> 8
+// per SM (FA2's varlen kernels on K / V repeated to the query heads; sixty-second session A/B, 2-3 rounds): 32/8 at
+// 2k / 4k / 16k 235 / 251-259 / 322-327 -> 246 / 281-286 / 332-343 (FA2 231 / 274 / 316), 32/4 245 / 275 / 331 ->
+// 252 / 292 / 336, 32/1 level. At 1k the same split lost 2-4 % on 32/8 (202 -> 193-197), so shorter keys keep 4.
+constexpr int64_t kBwdHeadSplitCtasPerSm = 4;
+constexpr int64_t kBwdHeadSplitCtasPerSmLongKeys = 8;
+constexpr int64_t kBwdHeadSplitLongKeys = 2048;
+constexpr int64_t bwd_head_split_ctas_per_sm(int64_t seqlen_k) {
+  return seqlen_k >= kBwdHeadSplitLongKeys ? kBwdHeadSplitCtasPerSmLongKeys : kBwdHeadSplitCtasPerSm;
+}
+
 // How many CTAs per key block share a KV head's query heads in the portable backward (BwdParams::head_splits; the
 // Hopper backward has its own rule, dispatch/sm90_policy.h). A CTA sums dK and dV of its key block over every query
 // head of its group, so MQA / GQA grids are small, and causal masks give the first key blocks the most work. Masked
-// calls split until the grid has kBwdHeadSplitCtasPerSm CTAs per SM (the longest blocks first, the rest fill in behind
-// them); unmasked ones only while the split grid still fits in one wave, since a second wave costs more than the idle
-// SMs of a nearly full one. The splits add into fp32 accumulators (2 x total_k x nheads_k x the padded head dim,
-// bounded by the small grid) and a conversion follows. Deterministic calls keep one CTA per group (the additions'
-// order would vary). H200, bf16, hd 128, 4 x 4k, 32 query heads, TFLOP/s without / with the split, FA2 in brackets
-// (twenty-second session A/B): causal 32/1 158 / 296 (261), 32/4 243 / 268 (258), 32/8 271 / 268 (256, no split);
-// 32/1 non-causal split in two 328 / 314 (292), hence the one-wave rule (128 CTAs on 132 SMs: no split).
-constexpr bool kBwdSplitsHeads = true;
-constexpr int64_t kBwdHeadSplitCtasPerSm = 4;
-constexpr int64_t kBwdHeadSplitKeysPerCta = 128;  // the portable plain tiles' key block up to hd 128 (bwd_common.h)
+// calls split until the grid has bwd_head_split_ctas_per_sm CTAs per SM (the longest blocks first, the rest fill in
+// behind them); unmasked ones only while the split grid still fits in one wave, since a second wave costs more than
+// the idle SMs of a nearly full one. The splits add into fp32 accumulators (2 x total_k x nheads_k x the padded head
+// dim, bounded by the small grid) and a conversion follows. Deterministic calls keep one CTA per group (the
+// additions' order would vary). H200, bf16, hd 128, 4 x 4k, 32 query heads, TFLOP/s without / with the split at 4 CTAs
+// per SM, FA2 in brackets (twenty-second session A/B): causal 32/1 158 / 296 (261), 32/4 243 / 268 (258); 32/1
+// non-causal split in two 328 / 314 (292), hence the one-wave rule (128 CTAs on 132 SMs: no split).
 inline int64_t bwd_head_splits(const BwdParams& params, int num_sms) {
   const AttentionShape& s = params.fwd.shape;
   if (!kBwdSplitsHeads || params.deterministic || s.nheads_k < 1 || s.nheads_q % s.nheads_k != 0) return 1;
@@ -106,7 +118,8 @@ inline int64_t bwd_head_splits(const BwdParams& params, int num_sms) {
   while (splits < group) {
     int64_t next = splits + 1;
     while (group % next != 0) ++next;
-    const bool enough = masked ? ctas * splits >= kBwdHeadSplitCtasPerSm * num_sms : ctas * next > num_sms;
+    const bool enough =
+        masked ? ctas * splits >= bwd_head_split_ctas_per_sm(s.seqlen_k) * num_sms : ctas * next > num_sms;
     if (enough) break;
     splits = next;
   }
