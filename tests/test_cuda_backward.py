@@ -344,13 +344,22 @@ def test_compact_tiles_head_dims(head_dim, causal, dtype, monkeypatch):
     _run_and_check(q, k, v, dict(causal=causal), causal=causal)
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_compact_tiles_a100_class(head_dim, causal, monkeypatch):
     _require(torch.bfloat16, head_dim)
     monkeypatch.setenv(SMEM_LIMIT_ENV, str(A100_SMEM))
     q, k, v = _qkv(2, 257, 113, 4, 1, head_dim, torch.bfloat16)
     _run_and_check(q, k, v, dict(causal=causal), causal=causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_one_stage_tiles_varlen_hd192(causal, monkeypatch):
+    """hd 192's one-stage tiles (an A100's, and the candidate for Hopper's plain calls: docs/perf_log.md, sixty-second
+    session) on ragged, empty and one-row sequences."""
+    _require(torch.bfloat16, 192)
+    monkeypatch.setenv(SMEM_LIMIT_ENV, str(A100_SMEM))
+    _check_varlen_grads(192, causal, torch.bfloat16)
 
 
 @pytest.mark.parametrize("case", ["softcap", "alibi", "alibi_causal"])
