@@ -355,8 +355,8 @@ def test_compact_tiles_a100_class(head_dim, causal, monkeypatch):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_one_stage_tiles_varlen_hd192(causal, monkeypatch):
-    """hd 192's one-stage tiles (an A100's, and the candidate for Hopper's plain calls: docs/perf_log.md, sixty-second
-    session) on ragged, empty and one-row sequences."""
+    """hd 192's one-stage tiles (an A100's, and Hopper's for plain calls that are not deterministic since the
+    sixty-third session: bwd_common.h bwd_prefers_one_stage_tiles) on ragged, empty and one-row sequences."""
     _require(torch.bfloat16, 192)
     monkeypatch.setenv(SMEM_LIMIT_ENV, str(A100_SMEM))
     _check_varlen_grads(192, causal, torch.bfloat16)
@@ -477,6 +477,9 @@ TILES_SELECTED = {
     "hd64_a100_alibi": (64, A100_SMEM, dict(alibi=True), "one_stage", "one_stage"),
     "hd96_a100_softcap": (96, A100_SMEM, dict(softcap=5.0, causal=True), "one_stage", "full"),
     "hd32_sm86_alibi": (32, SM86_SMEM, dict(alibi=True, causal=True), "compact", "one_stage"),
+    "hd192_full_causal": (192, None, dict(causal=True), "one_stage", "one_stage"),
+    "hd192_full_deterministic": (192, None, dict(deterministic=True), "full", "full"),
+    "hd192_full_softcap": (192, None, dict(softcap=5.0), "full", "full"),
 }
 
 
@@ -484,7 +487,8 @@ TILES_SELECTED = {
 @pytest.mark.usefixtures("portable_kernels")
 def test_tiles_selected(case, monkeypatch):
     """The limit picks the tile set: compact under 99 KB, one-stage full tiles under an A100's 163 KB where the full
-    ones do not fit, the full tiles on the real (Hopper-class) device."""
+    ones do not fit, the full tiles on the real (Hopper-class) device but for hd 192's plain calls that are not
+    deterministic, which take the one-stage ones there too (bwd_common.h bwd_prefers_one_stage_tiles)."""
     head_dim, limit, kwargs, staged_tiles, unstaged_tiles = TILES_SELECTED[case]
     kwargs = dict(kwargs)
     _require(torch.bfloat16, head_dim)

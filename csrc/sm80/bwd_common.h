@@ -347,6 +347,21 @@ __host__ __device__ constexpr bool bwd_takes_one_stage_tiles(int head_dim) {
   return kBwdOneStageTiles;
 }
 
+// Whether a call of the plain kernel runs its one-stage full tiles (one Q / dO stage: 120 KB at hd 192 instead of
+// 172) even where the two-stage ones fit: hd 192's plain calls that are not deterministic. H100, bf16, 20 heads,
+// best of two interleaved rounds, TFLOP/s at 1k / 4k, two-stage -> one-stage (FA2's varlen kernels in the same
+// processes), sixty-third session: plain 213 / 252 -> 221 / 261 (228 / 265), causal 169 / 233 -> 170 / 239 (186 /
+// 253), window 160 / 229 -> 163 / 234, causal window 112 / 197 -> 115 / 202; deterministic 70 / 75 -> 68 / 74 and
+// causal 63 / 71 -> 62 / 68, so those keep two stages. Softcap / ALiBi (kBwdScoreModsOneStagePreferred) mixed:
+// non-causal +1-2 %, causal level to -2 %. The sixty-second session's 16k: plain 236 -> 237, causal 258 -> 264.
+constexpr int kBwdOneStagePreferredHeadDim = 192;
+constexpr bool kBwdOneStagePreferred = true;
+constexpr bool kBwdScoreModsOneStagePreferred = false;
+__host__ __device__ constexpr bool bwd_prefers_one_stage_tiles(int head_dim, bool score_mods, bool deterministic) {
+  return bwd_takes_one_stage_tiles(head_dim) && head_dim == kBwdOneStagePreferredHeadDim && !deterministic &&
+         (score_mods ? kBwdScoreModsOneStagePreferred : kBwdOneStagePreferred);
+}
+
 // Whether the score-mods kernel's exponent takes -lse log2(e) in its first FFMA (z = s scale log2(e) - lse log2(e),
 // then ALiBi's FFMA, then exp2) instead of an FADD after ALiBi: one instruction a score less, as the plain pass has
 // (one FFMA before exp2). An ALiBi score now costs an FMUL, an FADD for its distance, an FFMA and the FADD this removes

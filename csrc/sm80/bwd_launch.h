@@ -246,9 +246,11 @@ void run_bwd(const BwdParams& params, void* stream) {
 
   const bool compact_first = score_mods && bwd::bwd_score_mods_take_compact_tiles(
                                                 kHeadDim, kMask != MaskKind::kNone, params.fwd.softcap > 0.0);
-  const bool full = smem_limit >= full_smem && !compact_first;
-  // Where the full tiles do not fit, the plain kernel's full tiles with one Q / dO stage (bwd_takes_one_stage_tiles),
-  // for calls of its instantiations, before the compact ones.
+  const bool prefers_one_stage =
+      !feature_kernel && bwd::bwd_prefers_one_stage_tiles(kHeadDim, score_mods, params.deterministic);
+  const bool full = smem_limit >= full_smem && !compact_first && !prefers_one_stage;
+  // Where the full tiles do not fit, or bwd_prefers_one_stage_tiles prefers them, the plain kernel's full tiles with
+  // one Q / dO stage (bwd_takes_one_stage_tiles), for calls of its instantiations, before the compact ones.
   constexpr bool kOneStage = bwd::bwd_takes_one_stage_tiles(kHeadDim);
   const int one_stage_smem =
       score_mods
