@@ -249,8 +249,8 @@ int main() {
     const int64_t expected_own = flash::sm90::bwd_orders_dq(64) ? 1 : 8;
     if (own_keys != expected_own) fail("hd 64 16k dq accumulators", p, own_keys, expected_own);
   }
-  // The portable head splits at the shapes they were measured on (docs/perf_log.md, twenty-second and sixty-second
-  // sessions): hd 128, 32 query heads, 132 SMs. At 4 x 4k masked calls split to 8 CTAs per SM: MQA causal's 128
+  // The portable head splits at the shapes they were measured on (docs/perf_log.md, twenty-second, sixty-second and
+  // sixty-third sessions): hd 128, 32 query heads, 132 SMs. At 4 x 4k masked calls split to 8 CTAs per SM: MQA causal's 128
   // key-block CTAs 16 ways, GQA 32/8 causal's 1,024 two ways; MQA non-causal: 128 CTAs already fill the one wave (two
   // ways ran 328 -> 314 TFLOP/s). At 16 x 1k the target is 4 CTAs per SM: GQA 32/8 causal's 1,024 CTAs stay whole.
   if (flash::kBwdSplitsHeads) {
@@ -272,6 +272,16 @@ int main() {
     p.fwd.mask.window_right = 0;
     const int64_t gqa = flash::bwd_head_splits(p, 132);
     if (gqa != 2) fail("GQA 32/8 causal head splits", p, gqa, 2);
+    // The 8-per-SM target is for causal masks up to hd 128 (sixty-third session): a window and hd 256 keep 4, which
+    // the 1,024 key-block CTAs already reach.
+    p.fwd.mask.window_left = 512;
+    const int64_t gqa_window = flash::bwd_head_splits(p, 132);
+    if (gqa_window != 1) fail("GQA 32/8 causal window head splits", p, gqa_window, 1);
+    p.fwd.mask.window_left = flash::kUnboundedWindow;
+    s.head_dim = 256;
+    const int64_t gqa_hd256 = flash::bwd_head_splits(p, 132);
+    if (gqa_hd256 != 1) fail("GQA 32/8 causal hd 256 head splits", p, gqa_hd256, 1);
+    s.head_dim = 128;
     s.batch = 16;
     s.seqlen_q = s.seqlen_k = 1024;
     const int64_t gqa_short = flash::bwd_head_splits(p, 132);

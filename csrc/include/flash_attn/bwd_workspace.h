@@ -86,16 +86,23 @@ inline int64_t bwd_dq_splits(const BwdParams& params, int num_sms) {
 constexpr bool kBwdSplitsHeads = true;
 constexpr int64_t kBwdHeadSplitKeysPerCta = 128;  // the portable plain tiles' key block up to hd 128 (bwd_common.h)
 
-// The masked calls' target in CTAs per SM (bwd_head_splits). From kBwdHeadSplitLongKeys keys a CTA walks enough
-// query blocks that twice the CTAs pay: H100, bf16, hd 128, 16k tokens, 32 query heads, causal, TFLOP/s at 4 -> 8
-// per SM (FA2's varlen kernels on K / V repeated to the query heads; sixty-second session A/B, 2-3 rounds): 32/8 at
-// 2k / 4k / 16k 235 / 251-259 / 322-327 -> 246 / 281-286 / 332-343 (FA2 231 / 274 / 316), 32/4 245 / 275 / 331 ->
-// 252 / 292 / 336, 32/1 level. At 1k the same split lost 2-4 % on 32/8 (202 -> 193-197), so shorter keys keep 4.
+// The masked calls' target in CTAs per SM (bwd_head_splits). From kBwdHeadSplitLongKeys keys a causal CTA of a
+// 128-key block walks enough query blocks that twice the CTAs pay: H100, bf16, hd 128, 16k tokens, 32 query heads,
+// causal, TFLOP/s at 4 -> 8 per SM (FA2's varlen kernels on K / V repeated to the query heads; sixty-second session
+// A/B, 2-3 rounds): 32/8 at 2k / 4k / 16k 235 / 251-259 / 322-327 -> 246 / 281-286 / 332-343 (FA2 231 / 274 / 316),
+// 32/4 245 / 275 / 331 -> 252 / 292 / 336, 32/1 level; hd 64 64/8 at 2k / 4k 228 / 255 -> 235 / 269. At 1k the same
+// split lost 2-4 % on 32/8 (202 -> 193-197), so shorter keys keep 4, and so do (sixty-third session, 2k / 4k, 8 ->
+// 4 per SM) windows (hd 64 64/8 causal window 171 / 216 -> 179 / 221, non-causal level) and the head dims past
+// kBwdHeadSplitLongKeysMaxHeadDim, whose smaller key blocks already give twice the CTAs this count assumes (hd 256
+// 16/8 causal 193 / 219 -> 204 / 239, windows 181 / 217 -> 204 / 240, causal 141 / 183 -> 173 / 203).
 constexpr int64_t kBwdHeadSplitCtasPerSm = 4;
 constexpr int64_t kBwdHeadSplitCtasPerSmLongKeys = 8;
 constexpr int64_t kBwdHeadSplitLongKeys = 2048;
-constexpr int64_t bwd_head_split_ctas_per_sm(int64_t seqlen_k) {
-  return seqlen_k >= kBwdHeadSplitLongKeys ? kBwdHeadSplitCtasPerSmLongKeys : kBwdHeadSplitCtasPerSm;
+constexpr int64_t kBwdHeadSplitLongKeysMaxHeadDim = 128;
+constexpr int64_t bwd_head_split_ctas_per_sm(int64_t seqlen_k, int64_t head_dim, MaskKind mask) {
+  const bool long_causal =
+      mask == MaskKind::kCausal && seqlen_k >= kBwdHeadSplitLongKeys && head_dim <= kBwdHeadSplitLongKeysMaxHeadDim;
+  return long_causal ? kBwdHeadSplitCtasPerSmLongKeys : kBwdHeadSplitCtasPerSm;
 }
 
 // How many CTAs per key block share a KV head's query heads in the portable backward (BwdParams::head_splits; the
@@ -112,14 +119,15 @@ inline int64_t bwd_head_splits(const BwdParams& params, int num_sms) {
   const AttentionShape& s = params.fwd.shape;
   if (!kBwdSplitsHeads || params.deterministic || s.nheads_k < 1 || s.nheads_q % s.nheads_k != 0) return 1;
   const int64_t group = s.nheads_q / s.nheads_k;
-  const bool masked = mask_kind(params.fwd.mask) != MaskKind::kNone;
+  const MaskKind mask = mask_kind(params.fwd.mask);
+  const bool masked = mask != MaskKind::kNone;
   const int64_t ctas = (s.seqlen_k + kBwdHeadSplitKeysPerCta - 1) / kBwdHeadSplitKeysPerCta * s.nheads_k * s.batch;
+  const int64_t masked_target = bwd_head_split_ctas_per_sm(s.seqlen_k, s.head_dim, mask) * num_sms;
   int64_t splits = 1;
   while (splits < group) {
     int64_t next = splits + 1;
     while (group % next != 0) ++next;
-    const bool enough =
-        masked ? ctas * splits >= bwd_head_split_ctas_per_sm(s.seqlen_k) * num_sms : ctas * next > num_sms;
+    const bool enough = masked ? ctas * splits >= masked_target : ctas * next > num_sms;
     if (enough) break;
     splits = next;
   }
