@@ -118,15 +118,6 @@ __host__ __device__ constexpr bool bwd_stages_dkv(int head_dim, bool masked) {
   return kBwdStagedDkv && (head_dim == kBwdStagedDkvHeadDim || (masked && head_dim == kBwdStagedDkvMaskedHeadDim));
 }
 
-// Whether the direct dK / dV epilogue takes a form that tests only each row's key bound when the call's head dim is
-// the bucket's and both tensors take 4-byte pairs (the usual call), beside the general form that tests every pair's
-// column and pairing. ncu, hd 192 causal 1k backward against FA2 (sixty-second session): the once-per-CTA code was
-// 1,881 instructions a warp against FA2's 943 and 54 % of the time gap, the epilogue 776 of them (FA2 289): ISETP,
-// BRA and a BSSY / BSYNC region per store. ptxas, sm_90a, bf16, hd 192 causal plain full tiles: that form is ~250
-// static instructions with its 48 stores, the step loop unchanged (1,443 -> 1,439), spill 22 / 20 -> 20 / 20 bytes.
-// Predicted ~2-4 % at 1k (the causal 1k rows trail FA2 by 1-11 %), ~1 % at 4k. Off until its GPU tests and A/B run.
-constexpr bool kBwdStoresWholeRows = false;
-
 // Whether the Q/dO tiles of a head dim of an odd number of 64-byte half segments (96 / 160 / 224: no whole segments,
 // so bwd_swizzles_queries leaves them padded) are laid out as kernel_common.h HalfSegmentSwizzledRows and loaded in
 // column groups of 4 chunks (one row per thread, 3 copies at hd 96). ncu, hd 96 plain backward at 1k (forty-fourth

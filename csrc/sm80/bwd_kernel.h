@@ -912,28 +912,6 @@ __global__ void __launch_bounds__(BwdSmem<kHeadDim, kMask, kFeatures, kTiles, kS
         continue;
       }
     }
-    // kBwdStoresWholeRows (bwd_common.h): the bucket's own head dim in 4-byte pairs tests only each row's key bound;
-    // the general form below tests every pair's column and pairing.
-    if (kBwdStoresWholeRows && pair_dk && pair_dv && head_dim == kHeadDim) {
-#pragma unroll
-      for (int mt = 0; mt < kKVMT; ++mt) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int key_local = kv_key0 + mt * kMmaM + g + 8 * r;
-          if (n0 + key_local >= seqlen_k) continue;
-          T* dk_row = dk + key_local * bp.dk_strides.row + kv_dim0 + 2 * t;
-          T* dv_row = dv + key_local * bp.dv_strides.row + kv_dim0 + 2 * t;
-#pragma unroll
-          for (int nt = 0; nt < kKVNT; ++nt) {
-            *reinterpret_cast<uint32_t*>(dk_row + nt * kMmaN) =
-                pack_float2<T>(acc_dk[mt][nt].reg[2 * r] * scale, acc_dk[mt][nt].reg[2 * r + 1] * scale);
-            *reinterpret_cast<uint32_t*>(dv_row + nt * kMmaN) =
-                pack_float2<T>(acc_dv[mt][nt].reg[2 * r], acc_dv[mt][nt].reg[2 * r + 1]);
-          }
-        }
-      }
-      continue;
-    }
 #pragma unroll
     for (int mt = 0; mt < kKVMT; ++mt) {
 #pragma unroll
