@@ -250,9 +250,9 @@ int main() {
     if (own_keys != expected_own) fail("hd 64 16k dq accumulators", p, own_keys, expected_own);
   }
   // The portable head splits at the shapes they were measured on (docs/perf_log.md, twenty-second, sixty-second and
-  // sixty-third sessions): hd 128, 32 query heads, 132 SMs. At 4 x 4k masked calls split to 8 CTAs per SM: MQA causal's 128
-  // key-block CTAs 16 ways, GQA 32/8 causal's 1,024 two ways; MQA non-causal: 128 CTAs already fill the one wave (two
-  // ways ran 328 -> 314 TFLOP/s). At 16 x 1k the target is 4 CTAs per SM: GQA 32/8 causal's 1,024 CTAs stay whole.
+  // sixty-third sessions): hd 128, 32 query heads, 132 SMs. At 4 x 4k causal calls split to 8 CTAs per SM: MQA's 128
+  // key-block CTAs 16 ways, GQA 32/8's 1,024 two ways; MQA non-causal: 128 CTAs already fill the one wave (two ways
+  // ran 328 -> 314 TFLOP/s). At 16 x 1k the target is 4 CTAs per SM: GQA 32/8 causal's 1,024 CTAs stay whole.
   if (flash::kBwdSplitsHeads) {
     flash::BwdParams p;
     flash::AttentionShape& s = p.fwd.shape;
